@@ -1,0 +1,137 @@
+"""The one KVMem configuration: built once in the launcher, validated, passed down.
+
+Every knob has a default that makes the embedded SmolLM2-135M model useful on a 2-core
+CPU machine; ``FIELD_HELP`` documents each one for ``--help`` and the docs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvmem_core.errors import ConfigError
+from kvmem_core.layout import BlockLayout
+
+METHODS = ("retrieval", "recent", "sink-recent", "full")
+SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
+POSITION_MODES = ("auto", "original", "compact")
+RETENTIONS = ("evict-idle", "keep-all")
+METHOD_ALIASES = {"recency": "recent"}
+SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
+GIB = 1 << 30
+
+FIELD_HELP = {
+    "ctx": "logical workspace tokens per conversation (may exceed the model's trained context in compact mode)",
+    "budget": "history tokens materialized in the view for one step",
+    "gen_budget": "generation reserve in the view (reused, so an answer may be longer)",
+    "block_tokens": "tokens per stored block",
+    "method": "view selection: " + "|".join(METHODS),
+    "scorer": "retrieval scorer: " + "|".join(SCORERS),
+    "sink_tokens": "first tokens always kept in the view",
+    "recent_tokens": "most recent history tokens always kept in the view",
+    "positions": "position mode: original keeps positions, compact renumbers the view (auto: by model context)",
+    "cpu_gb": "host-RAM tier capacity in GiB",
+    "nvme_dir": "directory of the NVMe tier (unset: no disk tier)",
+    "nvme_gb": "NVMe tier capacity in GiB",
+    "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, keep-all refuses new history",
+    "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
+}
+
+
+@dataclass(frozen=True)
+class KVMemConfig:
+    """KVMem's knobs; ``validate`` checks them against each other and the view size."""
+
+    ctx: int = 32768
+    budget: int = 2048
+    gen_budget: int = 512
+    block_tokens: int = 128
+    method: str = "retrieval"
+    scorer: str = "retrieval-heads"
+    sink_tokens: int = 128
+    recent_tokens: int = 512
+    positions: str = "auto"
+    cpu_gb: float = 4.0
+    nvme_dir: Path | None = None
+    nvme_gb: float = 32.0
+    retention: str = "evict-idle"
+    retrieval_heads: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
+        object.__setattr__(self, "scorer", SCORER_ALIASES.get(self.scorer, self.scorer))
+        if self.nvme_dir is not None:
+            object.__setattr__(self, "nvme_dir", Path(self.nvme_dir))
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        _require(self.method in METHODS, f"--kvmem-method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        _require(self.scorer in SCORERS, f"--kvmem-retrieval-method must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
+        _require(self.positions in POSITION_MODES, f"--kvmem-positions must be one of {', '.join(POSITION_MODES)}")
+        _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
+        _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
+        for name in ("ctx", "budget", "gen_budget"):
+            _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")
+        for name in ("sink_tokens", "recent_tokens"):
+            _require(getattr(self, name) >= 0, f"--kvmem-{_flag(name)} must be >= 0")
+        _require(self.cpu_gb > 0, "--kvmem-cpu-gb must be positive")
+        _require(self.nvme_gb > 0, "--kvmem-nvme-gb must be positive")
+        _require(
+            self.sink_tokens + self.recent_tokens + self.block_tokens <= self.budget,
+            f"--kvmem-budget ({self.budget}) must hold sink ({self.sink_tokens}) + recent "
+            f"({self.recent_tokens}) + one block ({self.block_tokens}) tokens",
+        )
+
+    @property
+    def view_tokens(self) -> int:
+        """Tokens the engine's view must hold: history budget plus generation reserve."""
+        return self.budget + self.gen_budget
+
+    def replace(self, **changes: object) -> KVMemConfig:
+        """A copy with some knobs changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def validate_view(self, max_view_tokens: int) -> None:
+        """Raise ConfigError unless budget + gen_budget fit the engine's view."""
+        _require(
+            self.view_tokens <= max_view_tokens,
+            f"--kvmem-budget + --kvmem-gen-budget = {self.view_tokens} tokens do not fit the "
+            f"engine's view of {max_view_tokens} tokens; lower them",
+        )
+
+    def validate_capacity(self, layout: BlockLayout) -> None:
+        """Raise ConfigError unless one full workspace (``ctx``) fits the tiers at this layout."""
+        need = self.ctx * layout.bytes_per_token
+        have = (self.nvme_gb if self.nvme_dir is not None else self.cpu_gb) * GIB
+        where = "--kvmem-nvme-gb" if self.nvme_dir is not None else "--kvmem-cpu-gb (or set --kvmem-nvme-dir)"
+        _require(
+            need <= have,
+            f"--ctx {self.ctx} needs {need / GIB:.2f} GiB of KV at this model's layout "
+            f"({layout.bytes_per_token} bytes/token) but the tier holds {have / GIB:.2f} GiB; raise {where}",
+        )
+
+    def describe(self) -> dict[str, object]:
+        """Plain dict of every knob, for logs and ``--dry-run``."""
+        out = dataclasses.asdict(self)
+        out["nvme_dir"] = str(self.nvme_dir) if self.nvme_dir else None
+        return out
+
+
+def parse_retrieval_heads(text: str) -> tuple[tuple[int, int], ...]:
+    """Parse ``L:H,L:H`` (layer : query head) into pairs; ConfigError on bad syntax."""
+    pairs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        layer, sep, head = item.partition(":")
+        _require(sep == ":" and layer.isdigit() and head.isdigit(), f"--kvmem-retrieval-heads: bad item {item!r}, want L:H")
+        pairs.append((int(layer), int(head)))
+    _require(bool(pairs), "--kvmem-retrieval-heads needs at least one L:H pair")
+    return tuple(pairs)
+
+
+def _flag(name: str) -> str:
+    return "ctx" if name == "ctx" else "kvmem-" + name.replace("_", "-")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)

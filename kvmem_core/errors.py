@@ -1,0 +1,63 @@
+"""Typed errors raised at KVMem's boundaries.
+
+Internal invariants use ``assert``; anything a user or client can cause raises a
+``KVMemError`` subclass whose message says what to change. The server maps each class to
+an HTTP status through ``http_status``.
+"""
+from __future__ import annotations
+
+
+class KVMemError(Exception):
+    """Base class; ``http_status`` and ``code`` feed the OpenAI error JSON."""
+
+    http_status = 500
+    code = "kvmem_error"
+
+
+class ConfigError(KVMemError, ValueError):
+    """A knob is out of range or the knobs contradict each other."""
+
+    http_status = 400
+    code = "invalid_config"
+
+
+class CapacityError(KVMemError):
+    """Storage is full under a keep-everything policy; the message names the limit to raise."""
+
+    http_status = 507
+    code = "storage_full"
+
+
+class BudgetError(KVMemError):
+    """Mandatory spans (sink, system, recent window, live tail) alone exceed the budget."""
+
+    http_status = 413
+    code = "budget_exceeded"
+
+
+class ContextLengthError(KVMemError):
+    """A prompt is longer than the logical workspace (``--ctx``)."""
+
+    http_status = 400
+    code = "context_length_exceeded"
+
+
+class CorruptBlockError(KVMemError):
+    """A stored block failed its checksum, magic or layout check; it is treated as missing."""
+
+    http_status = 500
+    code = "corrupt_block"
+
+
+class UnsupportedModelError(KVMemError):
+    """The model's architecture or cache type is not handled by this adapter yet."""
+
+    http_status = 400
+    code = "unsupported_model"
+
+
+class ModelNotFoundError(KVMemError):
+    """A model path does not exist, or the embedded default model is not installed."""
+
+    http_status = 404
+    code = "model_not_found"

@@ -1,0 +1,117 @@
+"""Block layout, block values and the content-addressing chain hash.
+
+A block holds ``block_tokens`` consecutive tokens of one workspace: per attention layer
+K and V, the token ids, the original start position, scoring summaries and span tags.
+Blocks are content-addressed: the chain hash covers (namespace, parent hash, token ids),
+so equal prefixes give equal hashes and can be shared between workspaces.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ROOT_HASH = "0" * 32
+_STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Shape of one block's KV: attention layers only (recurrent layers keep their own state)."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    n_heads: int
+    block_tokens: int = 128
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        assert self.dtype in _STORAGE_DTYPES, f"unsupported KV dtype {self.dtype}"
+        assert self.n_heads % self.n_kv_heads == 0, "query heads must group evenly over kv heads"
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """numpy dtype of stored K/V (bfloat16 is kept as raw uint16 bits)."""
+        return np.dtype(_STORAGE_DTYPES[self.dtype])
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        """Shape of one block's K (and V): [layers, tokens, kv heads, head dim]."""
+        return (self.n_layers, self.block_tokens, self.n_kv_heads, self.head_dim)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.storage_dtype.itemsize
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_tokens
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (GQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def layout_hash(self) -> str:
+        """Stable 16-hex digest of the layout; stored in every block file."""
+        text = json.dumps(self.__dict__, sort_keys=True).encode()
+        return hashlib.blake2b(text, digest_size=8).hexdigest()
+
+
+def chain_hash(namespace: str, parent_hash: str, token_ids: np.ndarray | list[int]) -> str:
+    """Hash of (namespace, parent hash, token ids): a block's content address."""
+    ids = np.asarray(token_ids, dtype=np.int32)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(namespace.encode())
+    h.update(bytes.fromhex(parent_hash))
+    h.update(ids.tobytes())
+    return h.hexdigest()
+
+
+def kv_checksum(k: np.ndarray, v: np.ndarray) -> int:
+    """CRC32 over a block's K then V bytes."""
+    return zlib.crc32(np.ascontiguousarray(v).data, zlib.crc32(np.ascontiguousarray(k).data))
+
+
+@dataclass(frozen=True, eq=False)
+class BlockKV:
+    """A block's payload: K and V, each [layers, tokens, kv heads, head dim] in engine frame."""
+
+    k: np.ndarray
+    v: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def checksum(self) -> int:
+        return kv_checksum(self.k, self.v)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMeta:
+    """Everything about a block except its KV; kept in RAM for every stored block.
+
+    ``summary`` maps names to arrays the scorers read (mean pre-RoPE K, sub-block means,
+    prototypes, the retrieval-heads index keys), so scoring never loads KV.
+    """
+
+    chain_hash: str
+    parent_hash: str
+    token_ids: np.ndarray
+    start_pos: int
+    checksum: int
+    summary: dict[str, np.ndarray] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.token_ids))
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + self.n_tokens

@@ -1,0 +1,103 @@
+"""KVMem's CLI flags: one definition per knob, each also read from ``KVMEM_*``.
+
+``--kvmem-budget`` reads ``KVMEM_BUDGET``, ``--ctx`` reads ``KVMEM_CTX``. The resolved
+config remembers where each value came from (flag, env or default) for ``--dry-run``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kvmem_core.config import FIELD_HELP, METHODS, POSITION_MODES, SCORERS, KVMemConfig, parse_retrieval_heads
+from kvmem_core.errors import ConfigError
+
+_DEFAULTS = KVMemConfig()
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One config field exposed as a flag."""
+
+    field: str
+    flag: str
+    parse: Callable[[str], Any]
+
+    @property
+    def env(self) -> str:
+        return "KVMEM_" + self.flag.lstrip("-").removeprefix("kvmem-").replace("-", "_").upper()
+
+    @property
+    def dest(self) -> str:
+        return "knob_" + self.field
+
+
+def _choice(choices: tuple[str, ...], aliases: tuple[str, ...] = ()) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices + aliases:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
+        return text
+    return parse
+
+
+KNOBS = (
+    Knob("ctx", "--ctx", int),
+    Knob("budget", "--kvmem-budget", int),
+    Knob("gen_budget", "--kvmem-gen-budget", int),
+    Knob("block_tokens", "--kvmem-block-tokens", int),
+    Knob("sink_tokens", "--kvmem-sink-tokens", int),
+    Knob("recent_tokens", "--kvmem-recent-tokens", int),
+    Knob("method", "--kvmem-method", _choice(METHODS, ("recency",))),
+    Knob("scorer", "--kvmem-retrieval-method", _choice(SCORERS, ("key-direction-fixed4", "key-direction-adaptive"))),
+    Knob("retrieval_heads", "--kvmem-retrieval-heads", parse_retrieval_heads),
+    Knob("cpu_gb", "--kvmem-cpu-gb", float),
+    Knob("nvme_dir", "--kvmem-nvme-dir", str),
+    Knob("nvme_gb", "--kvmem-nvme-gb", float),
+    Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),
+    Knob("retention", "--kvmem-retention", _choice(("evict-idle", "keep-all"))),
+)
+
+
+def add_kvmem_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every knob as a flag whose help shows its default and environment variable."""
+    group = parser.add_argument_group("KVMem memory")
+    for knob in KNOBS:
+        default = getattr(_DEFAULTS, knob.field)
+        group.add_argument(
+            knob.flag, dest=knob.dest, type=knob.parse, default=None, metavar=knob.field.upper(),
+            help=f"{FIELD_HELP[knob.field]} (default: {_show(default)}; env {knob.env})",
+        )
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[KVMemConfig, dict[str, str]]:
+    """Build the config from flags, then env, then defaults; also return each field's source."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for knob in KNOBS:
+        value, source = getattr(args, knob.dest, None), "flag"
+        if value is None and knob.env in os.environ:
+            value, source = _parse_env(knob), "env"
+        if value is None:
+            value, source = getattr(_DEFAULTS, knob.field), "default"
+        values[knob.field], sources[knob.field] = value, source
+    return KVMemConfig(**values), sources
+
+
+def _parse_env(knob: Knob) -> Any:
+    raw = os.environ[knob.env]
+    try:
+        return knob.parse(raw)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise ConfigError(f"{knob.env}={raw!r}: {exc}") from None
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return str(value)
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(KVMemConfig)]

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from kvmem_core import BlockLayout, ConfigError, KVMemConfig
+from kvmem_core.config import parse_retrieval_heads
+
+SMOL = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9)
+
+
+def test_defaults_are_valid_and_fit_the_default_model():
+    cfg = KVMemConfig()
+    cfg.validate_capacity(SMOL)
+    cfg.validate_view(8192)
+    assert cfg.view_tokens == cfg.budget + cfg.gen_budget
+
+
+def test_aliases_map_to_canonical_names():
+    cfg = KVMemConfig(method="recency", scorer="key-direction-fixed4")
+    assert (cfg.method, cfg.scorer) == ("recent", "key-direction")
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"method": "magic"}, "--kvmem-method"),
+    ({"budget": 0}, "--kvmem-budget"),
+    ({"budget": 256, "recent_tokens": 512}, "must hold sink"),
+    ({"block_tokens": 4}, "block-tokens"),
+])
+def test_bad_knobs_name_the_flag(changes, words):
+    with pytest.raises(ConfigError, match=words):
+        KVMemConfig(**changes)
+
+
+def test_view_must_hold_budget_and_reserve():
+    with pytest.raises(ConfigError, match="do not fit"):
+        KVMemConfig(budget=8192, gen_budget=512).validate_view(8192)
+
+
+def test_capacity_message_says_how_much_is_needed():
+    cfg = KVMemConfig(ctx=1_000_000, cpu_gb=1.0)
+    with pytest.raises(ConfigError, match=r"needs 21\.46 GiB.*--kvmem-cpu-gb"):
+        cfg.validate_capacity(SMOL)
+
+
+def test_nvme_capacity_is_checked_when_a_directory_is_set(tmp_path):
+    cfg = KVMemConfig(ctx=1_000_000, cpu_gb=1.0, nvme_dir=tmp_path, nvme_gb=64.0)
+    cfg.validate_capacity(SMOL)
+
+
+def test_parse_retrieval_heads():
+    assert parse_retrieval_heads("3:1, 20:7") == ((3, 1), (20, 7))
+    with pytest.raises(ConfigError):
+        parse_retrieval_heads("3-1")
