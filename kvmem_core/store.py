@@ -1,0 +1,411 @@
+"""The block store: metas in RAM, payloads in the host tier and/or the NVMe tier, workspaces.
+
+Without an NVMe directory the host tier holds everything and is what retention bounds.
+With one, every completed block is written through to disk in the background; the disk
+is what retention bounds and the host tier is an LRU cache over it whose entries leave
+only once they are on disk and unpinned. Loads are two-phase: ``prepare_load`` pins and
+starts reading, ``complete_load`` returns the payloads and unpins. A block whose file
+fails a check is dropped, logged and counted, and reported missing.
+
+One caller thread drives a store (the engine serializes steps); background threads only
+do file I/O and hand results back through a queue.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from kvmem_core.blockfile import encode_header
+from kvmem_core.config import GIB, KVMemConfig
+from kvmem_core.errors import CapacityError, CorruptBlockError
+from kvmem_core.host import HostTier
+from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
+from kvmem_core.nvme import NvmeTier, WriteDone
+from kvmem_core.policy import EvictionPolicy, LRUPolicy, plan_workspace_eviction
+from kvmem_core.workspace import PrefixMatch, Workspace, WorkspaceRegistry, describe, detail
+
+log = logging.getLogger("kvmem.store")
+
+
+@dataclass(frozen=True, eq=False)
+class LoadTicket:
+    """Blocks asked for by ``prepare_load``; ``pinned`` are those held until completion."""
+
+    hashes: tuple[str, ...]
+    pinned: tuple[str, ...]
+    reads: dict[str, Future[tuple[BlockMeta, BlockKV]]]
+
+
+@dataclass(frozen=True, eq=False)
+class LoadResult:
+    """Payloads by hash, and the requested hashes that are missing (unknown or corrupt)."""
+
+    blocks: dict[str, BlockKV]
+    missing: tuple[str, ...]
+
+
+class BlockStore:
+    """Blocks of every workspace across the host and NVMe tiers; see the module docstring."""
+
+    def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
+                 retention: str = "evict-idle", policy: EvictionPolicy | None = None,
+                 clock: Callable[[], float] = time.time, fsync: bool = True) -> None:
+        assert retention in ("evict-idle", "keep-all")
+        self.layout = layout
+        self.retention = retention
+        self.host = HostTier(cpu_bytes)
+        self.policy = policy or LRUPolicy()
+        self.nvme = NvmeTier(nvme_dir, layout, nvme_bytes, fsync=fsync) if nvme_dir is not None else None
+        self.workspaces = WorkspaceRegistry(layout.block_tokens, clock)
+        self._metas: dict[str, BlockMeta] = {}
+        self._pins: Counter[str] = Counter()
+        self._writing: dict[str, tuple[int, int]] = {}  # hash -> (generation, reserved bytes) of its queued write
+        self._gen = itertools.count(1)
+        self._pending = 0
+        self._active: str | None = None
+        self._counts: Counter[str] = Counter()
+        self._events: list[dict[str, Any]] = []
+        if self.nvme is not None:
+            self._restore()
+
+    @classmethod
+    def from_config(cls, config: KVMemConfig, layout: BlockLayout, **kwargs: Any) -> BlockStore:
+        return cls(layout, cpu_bytes=int(config.cpu_gb * GIB), nvme_dir=config.nvme_dir,
+                   nvme_bytes=int(config.nvme_gb * GIB), retention=config.retention, **kwargs)
+
+    # -- workspaces -------------------------------------------------------------------
+
+    def open_workspace(self, namespace: str, token_ids: Sequence[int] | np.ndarray) -> tuple[Workspace, PrefixMatch]:
+        """Match ``token_ids`` against stored prefixes; continue or fork; it becomes the workspace in use."""
+        self._drain()
+        match = self.workspaces.find_prefix(namespace, token_ids, self._metas.get)
+        ws = self.workspaces.open(match)
+        self._active = ws.id
+        self._sync_manifests()
+        return ws, match
+
+    def append(self, ws_id: str, meta: BlockMeta, kv: BlockKV) -> None:
+        """Add a completed block at the end of a workspace, storing it unless already stored.
+
+        Raises CapacityError (naming the flag to raise) when it does not fit under the retention.
+        """
+        self._drain()
+        ws = self.workspaces.get(ws_id)
+        assert ws is not None, f"unknown workspace {ws_id}"
+        assert meta.parent_hash == (ws.hashes[-1] if ws.hashes else ROOT_HASH), "block does not extend the workspace"
+        assert kv.k.shape == self.layout.kv_shape and kv.k.dtype == self.layout.storage_dtype
+        self._active = ws_id
+        if meta.chain_hash not in self._metas:
+            self._store_new(meta, kv)
+        self.workspaces.append(ws_id, meta.chain_hash)
+        self._sync_manifests()
+
+    def set_selection(self, ws_id: str, selection: dict[str, Any]) -> None:
+        """Remember a step's selection (plain data) with its workspace."""
+        self.workspaces.set_selection(ws_id, selection)
+        self._sync_manifests()
+
+    def workspace_blocks(self, ws_id: str) -> list[BlockMeta]:
+        """Metas of a workspace's stored blocks, in order: what a step may select from."""
+        ws = self.workspaces.get(ws_id)
+        return [] if ws is None else [self._metas[h] for h in ws.hashes if h in self._metas]
+
+    def delete_workspace(self, ws_id: str) -> bool:
+        """Delete a workspace; blocks no other workspace references are freed. False if unknown."""
+        self._drain()
+        if self.workspaces.get(ws_id) is None:
+            return False
+        for h in self.workspaces.delete(ws_id):
+            self._maybe_free(h)
+        if self._active == ws_id:
+            self._active = None
+        self._sync_manifests()
+        return True
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        """Every workspace's summary, most recently used first."""
+        return [describe(ws, self._metas.get, ws.id == self._active) for ws in self.workspaces.oldest_first()[::-1]]
+
+    def workspace_info(self, ws_id: str) -> dict[str, Any] | None:
+        """A workspace's blocks (token range, tier) and totals; None if unknown."""
+        ws = self.workspaces.get(ws_id)
+        if ws is None:
+            return None
+        return detail(ws, self._metas.get, self.tier, self.layout.block_tokens, ws.id == self._active)
+
+    # -- blocks -----------------------------------------------------------------------
+
+    def lookup(self, block_hash: str) -> BlockMeta | None:
+        """The meta of a stored block; no side effects."""
+        return self._metas.get(block_hash)
+
+    def tier(self, block_hash: str) -> str | None:
+        """``host``, ``nvme``, ``host+nvme`` or None when not stored."""
+        if block_hash not in self._metas:
+            return None
+        on_disk = self.nvme is not None and block_hash in self.nvme.sizes
+        return ("host+nvme" if on_disk else "host") if block_hash in self.host else ("nvme" if on_disk else None)
+
+    def touch(self, hashes: Iterable[str]) -> None:
+        """Mark blocks recently used (host cache recency)."""
+        for h in hashes:
+            self.policy.touch(h)
+
+    def prepare_load(self, hashes: Sequence[str]) -> LoadTicket:
+        """Pin the stored blocks among ``hashes`` and start reading those not in the host tier."""
+        self._drain()
+        pinned = tuple(h for h in dict.fromkeys(hashes) if h in self._metas)
+        reads = {}
+        for h in pinned:
+            self._pins[h] += 1
+            if h not in self.host and self.nvme is not None:
+                reads[h] = self.nvme.load(h)
+        return LoadTicket(tuple(hashes), pinned, reads)
+
+    def complete_load(self, ticket: LoadTicket) -> LoadResult:
+        """Wait for a ticket's reads; return payloads and the missing hashes; unpin."""
+        blocks: dict[str, BlockKV] = {}
+        try:
+            for h in dict.fromkeys(ticket.hashes):
+                kv = self._collect(h, ticket)
+                if kv is not None:
+                    blocks[h] = kv
+        finally:
+            for h in ticket.pinned:
+                assert self._pins[h] > 0, "a load ticket completed twice"
+                self._pins[h] -= 1
+                if not self._pins[h]:
+                    del self._pins[h]
+                    self._maybe_free(h)
+        return LoadResult(blocks, tuple(h for h in dict.fromkeys(ticket.hashes) if h not in blocks))
+
+    def flush(self) -> None:
+        """Wait until every queued write (blocks, manifests, removals) has landed and is fsynced."""
+        if self.nvme is not None:
+            self.nvme.submit_sync()
+            self._pending += 1
+        while self._pending:
+            self._drain(wait=True)
+
+    def close(self) -> None:
+        """Flush and stop the background threads."""
+        try:
+            self.flush()
+        finally:
+            if self.nvme is not None:
+                self.nvme.close()
+
+    def metrics(self) -> dict[str, float]:
+        """Counts and bytes per tier, evictions, misses, corrupt files, write-through queue length."""
+        out = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
+               "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
+               "write_queue": self._pending}
+        if self.nvme is not None:
+            out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity)
+        for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed"):
+            out[name] = self._counts[name]
+        return out
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """Drain the log of notable events (workspace evictions, corrupt files, write errors)."""
+        events, self._events = self._events, []
+        return events
+
+    # -- storing and freeing ------------------------------------------------------------
+
+    def _store_new(self, meta: BlockMeta, kv: BlockKV) -> None:
+        h = meta.chain_hash
+        if self.nvme is None:
+            self._ensure_capacity(kv.nbytes)
+        else:
+            header = encode_header(meta, self.layout)
+            self._ensure_capacity(header.file_size)
+            self._make_host_room(kv.nbytes)
+            gen = next(self._gen)
+            self._writing[h] = (gen, header.file_size)
+            self.nvme.used += header.file_size
+            self.nvme.submit_block(h, gen, header, kv)
+            self._pending += 1
+        self.host.put(h, kv)
+        self.policy.insert(h)
+        self._metas[h] = meta
+
+    def _ensure_capacity(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows."""
+        used, capacity, flag = self._bound()
+        if used + nbytes <= capacity:
+            return
+        plan = None
+        if self.retention == "evict-idle":
+            idle = [(w.id, w.hashes) for w in self.workspaces.oldest_first()
+                    if w.id != self._active and not any(h in self._pins for h in w.hashes)]
+            plan = plan_workspace_eviction(idle, self.workspaces.owners, self._freeable_bytes, used + nbytes - capacity)
+        if plan is None:
+            why = ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
+                   else "evicting every idle workspace would not free enough")
+            raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and {why}; raise {flag}")
+        for ws_id in plan:
+            self._evict_workspace(ws_id)
+
+    def _bound(self) -> tuple[int, int, str]:
+        if self.nvme is None:
+            return self.host.used, self.host.capacity, "--kvmem-cpu-gb (or set --kvmem-nvme-dir)"
+        return self.nvme.used, self.nvme.capacity, "--kvmem-nvme-gb"
+
+    def _freeable_bytes(self, h: str) -> int:
+        if h in self._pins or h not in self._metas:
+            return 0
+        if self.nvme is None:
+            kv = self.host.get(h)
+            return kv.nbytes if kv is not None else 0
+        return self.nvme.sizes.get(h, self._writing.get(h, (0, 0))[1])
+
+    def _evict_workspace(self, ws_id: str) -> None:
+        ws = self.workspaces.get(ws_id)
+        log.info("evicting idle workspace %s (%d blocks, last used %.0f)", ws_id, len(ws.hashes), ws.last_used)
+        self._counts["evicted_workspaces"] += 1
+        self._events.append({"event": "evicted_workspace", "workspace": ws_id, "blocks": len(ws.hashes)})
+        for h in self.workspaces.delete(ws_id):
+            self._maybe_free(h)
+
+    def _make_host_room(self, nbytes: int) -> None:
+        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty."""
+        while not self.host.can_fit(nbytes):
+            if self._evict_one():
+                continue
+            if not self._pending:
+                raise CapacityError(f"the host tier ({self.host.capacity / GIB:.3f} GiB) is full of pinned "
+                                    "blocks; raise --kvmem-cpu-gb")
+            self._drain(wait=True)
+
+    def _evict_one(self) -> bool:
+        """Drop the policy's first clean, unpinned host copy; False if there is none."""
+        victim = next((h for h in self.policy.candidates() if self._is_evictable(h)), None)
+        if victim is None:
+            return False
+        self.host.pop(victim)
+        self.policy.remove(victim)
+        self._counts["evictions"] += 1
+        return True
+
+    def _is_evictable(self, h: str) -> bool:
+        return h not in self._pins and h in self.nvme.sizes
+
+    def _maybe_free(self, h: str) -> None:
+        """Drop a block once no workspace references it and nobody holds a pin on it."""
+        if self.workspaces.owners(h) or h in self._pins or h not in self._metas:
+            return
+        del self._metas[h]
+        self.host.pop(h)
+        self.policy.remove(h)
+        if self.nvme is not None:
+            self._drop_file(h)
+
+    def _drop_file(self, h: str) -> None:
+        _, reserved = self._writing.pop(h, (0, 0))
+        self.nvme.used -= reserved + self.nvme.sizes.pop(h, 0)
+        self.nvme.submit_remove(h)
+        self._pending += 1
+
+    # -- loading --------------------------------------------------------------------
+
+    def _collect(self, h: str, ticket: LoadTicket) -> BlockKV | None:
+        read = ticket.reads.get(h)
+        if read is None:
+            kv = self.host.get(h)
+            if kv is None:
+                self._counts["misses"] += 1
+            else:
+                self.policy.touch(h)
+            return kv
+        try:
+            _, kv = read.result()
+        except (CorruptBlockError, OSError, ValueError, KeyError) as exc:
+            self._drop_corrupt(h, exc)
+            return None
+        self._cache(h, kv)
+        return kv
+
+    def _cache(self, h: str, kv: BlockKV) -> None:
+        """Keep a loaded block in the host tier if room can be made from clean copies."""
+        if h in self.host or h not in self._metas:
+            return
+        while not self.host.can_fit(kv.nbytes):
+            if not self._evict_one():
+                return
+        self.host.put(h, kv)
+        self.policy.insert(h)
+
+    def _drop_corrupt(self, h: str, exc: BaseException) -> None:
+        log.warning("block %s is unreadable and treated as missing: %s", h, exc)
+        self._counts["corrupt"] += 1
+        self._counts["misses"] += 1
+        self._events.append({"event": "corrupt_block", "block": h, "error": str(exc)})
+        if self._metas.pop(h, None) is not None:
+            self._drop_file(h)
+
+    # -- background results, restart ----------------------------------------------------
+
+    def _drain(self, wait: bool = False) -> None:
+        """Apply finished writer jobs; re-raise the first failure among them."""
+        if self.nvme is None:
+            return
+        first: BaseException | None = None
+        done = self.nvme.next_done(block=wait)
+        while done is not None:
+            first = first or self._apply(done)
+            done = self.nvme.next_done(block=False)
+        if first is not None:
+            raise first
+
+    def _apply(self, done: WriteDone) -> BaseException | None:
+        if done.kind != "sync-error":
+            self._pending -= 1
+        if done.kind == "block" and self._writing.get(done.key, (0, 0))[0] == done.gen:
+            _, size = self._writing.pop(done.key)
+            if done.error is None:
+                self.nvme.sizes[done.key] = size
+            else:
+                self.nvme.used -= size
+        if done.error is not None:
+            log.error("NVMe %s %s failed: %s", done.kind, done.key, done.error)
+            self._counts["write_errors"] += 1
+            self._events.append({"event": "write_error", "kind": done.kind, "key": done.key, "error": str(done.error)})
+        return done.error
+
+    def _restore(self) -> None:
+        metas, corrupt = self.nvme.scan()
+        self._metas = {m.chain_hash: m for m in metas}
+        for name in corrupt:
+            self._counts["corrupt"] += 1
+            self._events.append({"event": "corrupt_block", "block": name, "error": "failed its check at start"})
+        truncated = []
+        for data in self.nvme.read_manifests():
+            ws = Workspace.from_manifest(data)
+            whole = next((i for i, h in enumerate(ws.hashes) if h not in self._metas), len(ws.hashes))
+            if whole < len(ws.hashes):
+                log.warning("workspace %s: %d of its blocks are missing; keeping its first %d", ws.id, len(ws.hashes) - whole, whole)
+                ws.hashes = ws.hashes[:whole]
+                truncated.append(ws.id)
+            self.workspaces.add(ws)
+        self.workspaces.take_dirty()
+        for ws_id in truncated:
+            self.workspaces.mark_dirty(ws_id)
+        for h in [h for h in self._metas if not self.workspaces.owners(h)]:
+            self._counts["orphans_removed"] += 1
+            self._maybe_free(h)
+        self._sync_manifests()
+
+    def _sync_manifests(self) -> None:
+        for ws_id in self.workspaces.take_dirty():
+            ws = self.workspaces.get(ws_id)
+            if self.nvme is not None and self.nvme.submit_manifest(ws_id, ws.to_manifest() if ws else None):
+                self._pending += 1

@@ -1,0 +1,207 @@
+"""Workspaces: one conversation trajectory each, as an ordered list of block chain hashes.
+
+Blocks are content-addressed, so workspaces with a common prefix share its blocks. A new
+token sequence is matched block by block against every workspace of its namespace (chain
+hash first, then the stored token ids); it either continues the workspace it extends or
+forks a new one that shares the matched prefix, leaving the original untouched.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.layout import ROOT_HASH, BlockMeta, chain_hash
+
+
+@dataclass
+class Workspace:
+    """A trajectory: its blocks in order, times, and the last selection as plain data."""
+
+    id: str
+    namespace: str
+    hashes: list[str] = field(default_factory=list)
+    created: float = 0.0
+    last_used: float = 0.0
+    last_selection: dict[str, Any] = field(default_factory=dict)
+
+    def to_manifest(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+    @classmethod
+    def from_manifest(cls, data: dict[str, Any]) -> Workspace:
+        return cls(data["id"], data["namespace"], list(data["hashes"]), data["created"], data["last_used"],
+                   dict(data.get("last_selection", {})))
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """Result of matching a token sequence: ``hashes`` covers all of its whole blocks.
+
+    ``workspace_id`` holds the longest matched prefix (None when no block matched);
+    ``continues`` is True when that workspace is exactly the matched prefix, so the new
+    sequence extends it; otherwise opening the match forks.
+    """
+
+    namespace: str
+    hashes: tuple[str, ...]
+    matched_blocks: int
+    block_tokens: int
+    workspace_id: str | None
+    continues: bool
+
+    @property
+    def matched_tokens(self) -> int:
+        return self.matched_blocks * self.block_tokens
+
+
+class WorkspaceRegistry:
+    """All workspaces plus, per block, the set of workspaces referencing it (its refcount)."""
+
+    def __init__(self, block_tokens: int, clock: Callable[[], float] = time.time) -> None:
+        self.block_tokens = block_tokens
+        self._clock = clock
+        self._spaces: dict[str, Workspace] = {}
+        self._owners: dict[str, set[str]] = {}
+        self._dirty: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._spaces)
+
+    def get(self, ws_id: str) -> Workspace | None:
+        return self._spaces.get(ws_id)
+
+    def all(self) -> list[Workspace]:
+        return list(self._spaces.values())
+
+    def owners(self, block_hash: str) -> int:
+        """How many workspaces reference a block."""
+        return len(self._owners.get(block_hash, ()))
+
+    def find_prefix(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
+                    meta_of: Callable[[str], BlockMeta | None]) -> PrefixMatch:
+        """Longest stored prefix of ``token_ids`` (whole blocks only); no side effects."""
+        hashes = block_hashes(namespace, token_ids, self.block_tokens)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        k = 0
+        while k < len(hashes) and self._verified(hashes, k, ids, meta_of):
+            k += 1
+        best = self._best_holder(namespace, hashes[k - 1] if k else None, k)
+        return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens,
+                           best.id if best else None, best is not None and len(best.hashes) == k)
+
+    def open(self, match: PrefixMatch) -> Workspace:
+        """Continue the matched workspace or fork a new one holding the matched prefix."""
+        if match.continues:
+            ws = self._spaces[match.workspace_id]
+            self.touch(ws.id)
+            return ws
+        now = self._clock()
+        ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now)
+        self.add(ws)
+        for h in match.hashes[:match.matched_blocks]:
+            self.append(ws.id, h)
+        return ws
+
+    def add(self, ws: Workspace) -> None:
+        """Register a workspace (new, or restored from its manifest)."""
+        assert ws.id not in self._spaces
+        self._spaces[ws.id] = ws
+        for h in ws.hashes:
+            self._owners.setdefault(h, set()).add(ws.id)
+        self._dirty.add(ws.id)
+
+    def append(self, ws_id: str, block_hash: str) -> None:
+        ws = self._spaces[ws_id]
+        ws.hashes.append(block_hash)
+        self._owners.setdefault(block_hash, set()).add(ws_id)
+        self.touch(ws_id)
+
+    def touch(self, ws_id: str) -> None:
+        self._spaces[ws_id].last_used = self._clock()
+        self._dirty.add(ws_id)
+
+    def set_selection(self, ws_id: str, selection: dict[str, Any]) -> None:
+        self._spaces[ws_id].last_selection = dict(selection)
+        self._dirty.add(ws_id)
+
+    def mark_dirty(self, ws_id: str) -> None:
+        """Have the workspace's manifest written again."""
+        self._dirty.add(ws_id)
+
+    def delete(self, ws_id: str) -> list[str]:
+        """Remove a workspace; return the hashes no workspace references any more."""
+        ws = self._spaces.pop(ws_id)
+        self._dirty.add(ws_id)
+        freed = []
+        for h in dict.fromkeys(ws.hashes):
+            holders = self._owners[h]
+            holders.discard(ws_id)
+            if not holders:
+                del self._owners[h]
+                freed.append(h)
+        return freed
+
+    def oldest_first(self) -> list[Workspace]:
+        return sorted(self._spaces.values(), key=lambda w: (w.last_used, w.created))
+
+    def take_dirty(self) -> list[str]:
+        """Ids changed (or deleted) since the last call, for manifest writes."""
+        dirty, self._dirty = sorted(self._dirty), set()
+        return dirty
+
+    def _verified(self, hashes: list[str], k: int, ids: np.ndarray, meta_of: Callable[[str], BlockMeta | None]) -> bool:
+        if not self._owners.get(hashes[k]):
+            return False
+        meta = meta_of(hashes[k])
+        block = ids[k * self.block_tokens:(k + 1) * self.block_tokens]
+        parent = hashes[k - 1] if k else ROOT_HASH
+        return meta is not None and meta.parent_hash == parent and np.array_equal(meta.token_ids, block)
+
+    def _best_holder(self, namespace: str, last_hash: str | None, k: int) -> Workspace | None:
+        """The workspace to continue (exactly the prefix) or fork from; most recent wins ties."""
+        if last_hash is None:
+            pool = [w for w in self._spaces.values() if w.namespace == namespace and not w.hashes]
+        else:
+            pool = [self._spaces[i] for i in self._owners[last_hash]]
+        if not pool:
+            return None
+        return max(pool, key=lambda w: (len(w.hashes) == k, w.last_used, w.created))
+
+
+def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int) -> list[str]:
+    """Chain hashes of every whole block of a token sequence."""
+    ids = np.asarray(token_ids, dtype=np.int32)
+    out, parent = [], ROOT_HASH
+    for start in range(0, len(ids) - block_tokens + 1, block_tokens):
+        parent = chain_hash(namespace, parent, ids[start:start + block_tokens])
+        out.append(parent)
+    return out
+
+
+def describe(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], in_use: bool) -> dict[str, Any]:
+    """A workspace's summary for listings: ids, sizes (stored tokens), times."""
+    tokens = sum(m.n_tokens for m in map(meta_of, ws.hashes) if m is not None)
+    return {"id": ws.id, "namespace": ws.namespace, "blocks": len(ws.hashes), "tokens": tokens,
+            "created": ws.created, "last_used": ws.last_used, "in_use": in_use}
+
+
+def detail(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], tier_of: Callable[[str], str | None],
+           block_tokens: int, in_use: bool) -> dict[str, Any]:
+    """Summary plus each block's token range and tier (``missing`` if lost) and per-tier totals."""
+    blocks = []
+    for i, h in enumerate(ws.hashes):
+        meta = meta_of(h)
+        start = meta.start_pos if meta else i * block_tokens
+        end = meta.end_pos if meta else start + block_tokens
+        blocks.append({"index": i, "hash": h, "start": start, "end": end, "tier": tier_of(h) or "missing"})
+    tiers = Counter(b["tier"] for b in blocks)
+    summary = describe(ws, meta_of, in_use)
+    totals = {"blocks": len(blocks), "tokens": summary["tokens"], "host_blocks": tiers["host"] + tiers["host+nvme"],
+              "nvme_blocks": tiers["nvme"] + tiers["host+nvme"], "missing_blocks": tiers["missing"]}
+    return {**summary, "blocks": blocks, "totals": totals, "last_selection": ws.last_selection}
