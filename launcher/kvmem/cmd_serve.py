@@ -1,0 +1,217 @@
+"""``kvmem serve``: the OpenAI-compatible server and web UI on one engine.
+
+``--dry-run`` prints the resolved configuration and starts nothing. A server this command
+started answers ``/health`` with a fingerprint of its configuration: the same configuration
+on the same port is reused ("already up"), a different one needs ``--restart``. ``--stop``
+stops only a server this command started, found through its pidfile and checked against
+the running process.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kvmem import devices
+from kvmem.flags import add_kvmem_flags, resolve_config
+from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import ConfigError
+
+DEFAULT_MODEL = "embedded SmolLM2-135M-Instruct (Q4_1)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    env = os.environ.get
+    p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API and the web UI")
+    p.add_argument("--host", default=env("KVMEM_HOST", "127.0.0.1"), help="bind address (env KVMEM_HOST)")
+    p.add_argument("--port", type=int, default=int(env("KVMEM_PORT", "8080")), help="port (env KVMEM_PORT)")
+    p.add_argument("--api-key", default=env("KVMEM_API_KEY"), help="require this bearer key on API routes (env KVMEM_API_KEY)")
+    p.add_argument("--backend", default=env("KVMEM_BACKEND", "auto"), choices=devices.BACKENDS, help="engine (env KVMEM_BACKEND)")
+    p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (env KVMEM_DEVICE)")
+    p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (env KVMEM_GPU)")
+    p.add_argument("--model", default=env("KVMEM_MODEL"), help="GGUF file or model directory (default: the embedded SmolLM2)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting for the engine before 429 (default 16)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
+    p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the checkout's webui/)")
+    p.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--restart", action="store_true", help="replace a server this command started with another configuration")
+    p.add_argument("--stop", action="store_true", help="stop the server this command started on --port")
+    add_kvmem_flags(p)
+    p.set_defaults(func=run)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Stop, describe, reuse or start a server, as the flags ask."""
+    if args.stop:
+        return 0 if stop_server(args.port) else 1
+    config, sources = resolve_config(args)
+    placement = devices.resolve(args.backend, args.device, args.gpu)
+    fingerprint = config_fingerprint(args, config, placement)
+    if args.dry_run:
+        print(describe(args, config, sources, placement))
+        return 0
+    running = probe_health(args.host, args.port)
+    if running is not None:
+        if running.get("fingerprint") == fingerprint:
+            print(f"kvmem: already up on port {args.port} ({running.get('model')})")
+            print_urls(args)
+            return 0
+        if not args.restart:
+            raise ConfigError(f"a server with another configuration is running on port {args.port}; "
+                              "add --restart to replace it, or pick another --port")
+        if not stop_server(args.port):
+            return 1
+    return start(args, config, placement, fingerprint)
+
+
+def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement) -> str:
+    """A short hash of everything that makes two servers behave differently."""
+    key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
+    gpu = placement.gpu.index if placement.gpu else None
+    blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
+                       _ui_dir(args) and str(_ui_dir(args))], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, str], placement: devices.Placement) -> str:
+    """The ``--dry-run`` text: placement, model, every knob with its source."""
+    gpu = placement.gpu
+    lines = [
+        f"backend   {placement.backend}",
+        f"device    {placement.device}",
+        f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
+        f"model     {args.model or DEFAULT_MODEL}",
+        f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
+        f"web UI    {_ui_dir(args) or 'off'}",
+        "knobs:",
+    ]
+    width = max(len(name) for name in sources)
+    for name, value in config.describe().items():
+        lines.append(f"  {name:<{width}}  {value!s:<24} ({sources[name]})")
+    return "\n".join(lines)
+
+
+def _ui_dir(args: argparse.Namespace) -> Path | None:
+    from kvmem.server.app import DEFAULT_UI_DIR
+
+    if args.no_ui:
+        return None
+    folder = args.ui_dir or DEFAULT_UI_DIR
+    return folder if (folder / "index.html").is_file() else None
+
+
+def probe_health(host: str, port: int) -> dict[str, Any] | None:
+    """The ``/health`` JSON of a KVMem server on the port, or None if nothing answers there."""
+    url = f"http://{_connect_host(host)}:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return json.loads(exc.read())
+        except ValueError:
+            raise ConfigError(f"port {port} is taken by something that is not a KVMem server") from None
+    except (urllib.error.URLError, OSError):
+        return None
+    except ValueError:
+        raise ConfigError(f"port {port} is taken by something that is not a KVMem server") from None
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def pidfile(port: int) -> Path:
+    """Where this command records the server it started on ``port``."""
+    root = Path(os.environ.get("KVMEM_RUN_DIR") or Path.home() / ".cache" / "kvmem")
+    return root / f"serve-{port}.json"
+
+
+def stop_server(port: int) -> bool:
+    """Stop the server this command started on ``port``; False (and a message) if there is none."""
+    path = pidfile(port)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        print(f"kvmem: no server started by `kvmem serve` on port {port}", file=sys.stderr)
+        return False
+    pid = int(record["pid"])
+    if not _is_our_server(pid):
+        path.unlink(missing_ok=True)
+        print(f"kvmem: the server recorded for port {port} (pid {pid}) is no longer running", file=sys.stderr)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _is_our_server(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    path.unlink(missing_ok=True)
+    print(f"kvmem: stopped the server on port {port} (pid {pid})")
+    return True
+
+
+def _is_our_server(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"kvmem" in b" ".join(cmdline) and b"serve" in cmdline
+
+
+def print_urls(args: argparse.Namespace) -> None:
+    base = f"http://{_connect_host(args.host)}:{args.port}"
+    if _ui_dir(args) is not None:
+        print(f"  web UI: {base}/")
+    print(f"  API:    {base}/v1", flush=True)
+
+
+def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str) -> int:
+    """Run the server in the foreground until SIGINT/SIGTERM."""
+    from kvmem import protocol as P
+    from kvmem.server.app import serve
+    from kvmem.server.engine_client import EngineClient
+    from kvmem.server.state import ServerState
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
+    spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
+                        opts={"progress": sys.stderr.isatty()})
+    engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
+    state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
+                        fingerprint=fingerprint)
+    path = pidfile(args.port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))
+
+    def ready() -> None:
+        print(f"kvmem: serving {engine.model_id} ({placement.backend} on {placement.device})")
+        print_urls(args)
+
+    print(f"kvmem: loading {args.model or DEFAULT_MODEL} on {placement.backend} ({placement.device}); "
+          "a model's first start calibrates its retrieval heads (about a minute on a CPU)", flush=True)
+    try:
+        asyncio.run(serve(state, args.host, args.port, ready, int(args.max_body_mb * (1 << 20))))
+    except RuntimeError as exc:
+        print(f"kvmem: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kvmem: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    finally:
+        if path.is_file() and json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    return 0

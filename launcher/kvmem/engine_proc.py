@@ -1,0 +1,173 @@
+"""The engine process: one loaded ``Engine`` serving steps one at a time over ZMQ.
+
+Started by the API server as ``python -m kvmem.engine_proc IN_ADDR OUT_ADDR SPEC_JSON``; it
+connects a PULL socket to ``IN_ADDR`` (requests) and a PUSH socket to ``OUT_ADDR`` (replies),
+loads the engine, says ``Ready`` and serves. Text pieces stream back as ``Text`` frames while
+a step runs; between pieces it reads its inbox so an ``Abort`` (client gone) stops the step.
+A request error (a ``KVMemError``, a template error) fails that request only; anything else
+is fatal: the process sends ``Dead`` and exits non-zero, and the server restarts it.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from typing import Any
+
+import jinja2
+import msgspec
+import zmq
+
+from kvmem import protocol as P
+from kvmem_core.contract import Engine, StepRequest
+from kvmem_core.errors import KVMemError
+
+
+def load(spec: P.EngineSpec) -> Engine:
+    """Load the engine ``spec`` names (imported lazily: the server process never loads models)."""
+    from kvmem.engines import load_engine
+
+    return load_engine(spec.backend, spec.model, P.config_from_wire(spec.config), **spec.opts)
+
+
+def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
+    """The ``Failed`` frame for an error that harms only its request, or None when ``exc`` is fatal."""
+    if isinstance(exc, KVMemError):
+        return P.Failed(id=req_id, status=exc.http_status, code=exc.code, message=str(exc))
+    if isinstance(exc, jinja2.TemplateError):
+        return P.Failed(id=req_id, status=400, code="template_error", message=f"chat template: {exc}")
+    return None
+
+
+def count_tokens(engine: Engine, request: StepRequest) -> int:
+    """Prompt tokens ``request`` renders to: the engine's own count, else its adapter's rendering."""
+    counter = getattr(engine, "count_tokens", None)
+    if counter is not None:
+        return int(counter(request))
+    from kvmem_core.prompt import build_prompt
+
+    return len(build_prompt(engine.adapter, request).ids)  # type: ignore[attr-defined]
+
+
+class EngineLoop:
+    """Reads frames, runs each request to its end, writes replies; one request at a time."""
+
+    def __init__(self, engine: Engine, inbox: zmq.Socket, outbox: zmq.Socket) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.outbox = outbox
+        self.pending: collections.deque[P.Message] = collections.deque()
+        self.aborted: set[str] = set()
+        self.parent = os.getppid()
+
+    def send(self, msg: Any) -> None:
+        self.outbox.send(P.encode(msg))
+
+    def run(self) -> None:
+        """Serve until a ``Shutdown`` frame; a fatal error propagates to the caller."""
+        while True:
+            msg = self.pending.popleft() if self.pending else self.receive()
+            if isinstance(msg, P.Shutdown):
+                return
+            if isinstance(msg, P.Step):
+                self.step(msg)
+            elif isinstance(msg, P.Call):
+                self.call(msg)
+            self.aborted.clear()
+
+    def receive(self) -> P.Message:
+        """The next frame; a ``Shutdown`` if the server process is gone (it may have been killed)."""
+        while not self.inbox.poll(1000):
+            if os.getppid() != self.parent:
+                return P.Shutdown()
+        return P.decode(self.inbox.recv())
+
+    def drain(self) -> None:
+        """Read whatever arrived without blocking: aborts apply now, the rest waits its turn."""
+        while self.inbox.poll(0):
+            msg = P.decode(self.inbox.recv())
+            if isinstance(msg, P.Abort):
+                self.aborted.add(msg.id)
+            else:
+                self.pending.append(msg)
+
+    def step(self, msg: P.Step) -> None:
+        self.drain()
+        if msg.id in self.aborted:
+            return
+
+        def on_text(piece: str) -> bool:
+            self.send(P.Text(id=msg.id, text=piece))
+            self.drain()
+            return msg.id not in self.aborted
+
+        try:
+            result = self.engine.step(P.from_wire_request(msg.request), on_text)
+        except Exception as exc:
+            self.fail(msg.id, exc)
+            return
+        self.send(P.Done(id=msg.id, result=P.to_wire_result(result), metrics=self.engine.metrics()))
+
+    def call(self, msg: P.Call) -> None:
+        try:
+            value = self.dispatch(msg)
+        except Exception as exc:
+            self.fail(msg.id, exc)
+            return
+        self.send(P.Reply(id=msg.id, value=value))
+
+    def dispatch(self, msg: P.Call) -> Any:
+        op, arg = msg.op, msg.arg
+        if op == "count_tokens" and msg.request is not None:
+            return count_tokens(self.engine, P.from_wire_request(msg.request))
+        if op == "tokenize":
+            return self.engine.tokenize(arg or "")
+        if op == "list_workspaces":
+            return self.engine.list_workspaces()
+        if op == "workspace_info":
+            return self.engine.workspace_info(arg or "")
+        if op == "delete_workspace":
+            return self.engine.delete_workspace(arg or "")
+        if op == "metrics":
+            return self.engine.metrics()
+        raise KVMemError(f"unknown engine call {op!r}")
+
+    def fail(self, req_id: str, exc: Exception) -> None:
+        failed = request_error(req_id, exc)
+        if failed is None:
+            raise exc
+        self.send(failed)
+
+
+def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:
+    """Load, announce, serve; returns the process exit code."""
+    ctx = zmq.Context()
+    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inbox.connect(in_addr)
+    outbox.connect(out_addr)
+    outbox.setsockopt(zmq.LINGER, 2000)
+    try:
+        engine = load(spec)
+    except Exception as exc:
+        outbox.send(P.encode(P.Dead(message=f"engine failed to load: {type(exc).__name__}: {exc}")))
+        return 1
+    supports_tools = bool(getattr(engine, "supports_tools", False))
+    outbox.send(P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), supports_tools=supports_tools,
+                                 metrics=engine.metrics())))
+    try:
+        EngineLoop(engine, inbox, outbox).run()
+    except Exception as exc:
+        outbox.send(P.encode(P.Dead(message=f"engine error: {type(exc).__name__}: {exc}")))
+        return 1
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    in_addr, out_addr, spec_json = argv
+    return serve(in_addr, out_addr, msgspec.json.decode(spec_json, type=P.EngineSpec))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,144 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: JSON replies and SSE chunk streams."""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from kvmem import tools_format
+from kvmem.server import convert, sse
+from kvmem.server import schemas as S
+from kvmem.server.errors import to_api_error
+from kvmem.server.state import STATE, ServerState
+from kvmem_core.contract import StepResult
+
+
+def usage(result: StepResult) -> dict[str, Any]:
+    """Chat usage with the prefix-cache hits in both spellings clients look for."""
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+        "prompt_cache_hit_tokens": result.cached_tokens,
+        "prompt_cache_miss_tokens": result.prompt_tokens - result.cached_tokens,
+    }
+
+
+def kvmem_info(result: StepResult) -> dict[str, Any]:
+    """The ``kvmem`` object of a response: workspace, selection stats, step timings."""
+    return {"workspace_id": result.workspace_id, "selection": result.selection, "timings": result.timings}
+
+
+async def read_body(request: web.Request, schema: type[Any]) -> Any:
+    """Decode and validate the JSON body (errors go through ``errors.to_api_error``)."""
+    return msgspec.json.decode(await request.read(), type=schema)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body: S.ChatRequest = await read_body(request, S.ChatRequest)
+    step = convert.chat_step(body, state.config, state.engine.supports_tools)
+    model = state.served_model(body.model)
+    has_tools = bool(body.tools) and body.tool_choice != "none"
+    base = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model,
+            "system_fingerprint": state.fingerprint}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await _stream_chat(request, state, step, base, has_tools, include_usage)
+    result = await state.run(step)
+    content, calls = tools_format.parse_tool_calls(result.text) if has_tools else (result.text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    choice = {"index": 0, "message": message, "logprobs": None,
+              "finish_reason": "tool_calls" if calls else result.finish_reason}
+    return web.json_response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(result),
+                              "kvmem": kvmem_info(result)})
+
+
+async def _stream_chat(request: web.Request, state: ServerState, step: Any, base: dict[str, Any],
+                       has_tools: bool, include_usage: bool) -> web.StreamResponse:
+    chunk = {**base, "object": "chat.completion.chunk"}
+    extra = {"usage": None} if include_usage else {}
+
+    def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse.frame({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}], **extra})
+
+    gen = state.stream(step)
+    first = await first_item(gen)
+    resp = await sse.open_stream(request)
+    await resp.write(delta({"role": "assistant", "content": ""}))
+    tool_filter = tools_format.ToolCallFilter() if has_tools else None
+    try:
+        async with contextlib.aclosing(gen):
+            item = first
+            while not isinstance(item, StepResult):
+                text = tool_filter.feed(item) if tool_filter else item
+                if text:
+                    await resp.write(delta({"content": text}))
+                item = await gen.__anext__()
+        result = item
+        rest, calls = tool_filter.finish() if tool_filter else ("", [])
+        if rest:
+            await resp.write(delta({"content": rest}))
+        if calls:
+            await resp.write(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+        await resp.write(delta({}, "tool_calls" if calls else result.finish_reason))
+        if include_usage:
+            await resp.write(sse.frame({**chunk, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))
+    except (ConnectionResetError, ConnectionError):
+        return resp
+    except Exception as exc:
+        await resp.write(sse.frame(to_api_error(exc).body()))
+    await resp.write(sse.DONE)
+    return resp
+
+
+async def first_item(gen: Any) -> Any:
+    """The stream's first item, so errors before any output (queue full, context too long) are plain HTTP errors."""
+    try:
+        return await gen.__anext__()
+    except BaseException:
+        await gen.aclose()
+        raise
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body: S.CompletionRequest = await read_body(request, S.CompletionRequest)
+    step = convert.completion_step(body, state.config)
+    model = state.served_model(body.model)
+    base = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()), "model": model}
+    if not body.stream:
+        result = await state.run(step)
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        return web.json_response({**base, "choices": [choice], "usage": usage(result), "kvmem": kvmem_info(result)})
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    gen = state.stream(step)
+    first = await first_item(gen)
+    resp = await sse.open_stream(request)
+
+    def piece(text: str, finish: str | None = None) -> bytes:
+        return sse.frame({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
+
+    try:
+        async with contextlib.aclosing(gen):
+            item = first
+            while not isinstance(item, StepResult):
+                await resp.write(piece(item))
+                item = await gen.__anext__()
+        await resp.write(piece("", item.finish_reason))
+        if include_usage:
+            await resp.write(sse.frame({**base, "choices": [], "usage": usage(item)}))
+    except (ConnectionResetError, ConnectionError):
+        return resp
+    except Exception as exc:
+        await resp.write(sse.frame(to_api_error(exc).body()))
+    await resp.write(sse.DONE)
+    return resp

@@ -1,0 +1,121 @@
+"""Validated request bodies -> ``StepRequest``: messages, tools, sampling and KVMem overrides."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from kvmem import tools_format
+from kvmem.server import schemas as S
+from kvmem.server.errors import APIError, invalid
+from kvmem_core.config import KVMemConfig, parse_retrieval_heads
+from kvmem_core.contract import SamplingParams, StepRequest
+from kvmem_core.errors import ConfigError
+
+_DEFAULT = SamplingParams()
+_OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
+                    "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads"}
+
+
+def check_model(requested: str | None, model_id: str) -> None:
+    """404 unless ``requested`` is unset or names the served model."""
+    if requested not in (None, "", model_id):
+        raise APIError(404, f"model {requested!r} is not served here; this server serves {model_id!r}",
+                       "model_not_found", "model")
+
+
+def overrides(options: S.KVMemOptions | None, config: KVMemConfig) -> dict[str, Any]:
+    """The request's ``kvmem`` object as config-field overrides, validated against ``config``."""
+    if options is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, field in _OVERRIDE_FIELDS.items():
+        value = getattr(options, name)
+        if value is not None:
+            out[field] = value
+    try:
+        if "retrieval_heads" in out:
+            out["retrieval_heads"] = parse_retrieval_heads(out["retrieval_heads"])
+        config.replace(**out).validate_view(config.view_tokens)
+    except ConfigError as exc:
+        raise invalid(str(exc), "kvmem", "invalid_kvmem_options") from None
+    return out
+
+
+def sampling(body: Any, max_tokens: int | None) -> SamplingParams:
+    """Sampling knobs from any request body with the OpenAI field names."""
+    stop = getattr(body, "stop", None) or getattr(body, "stop_sequences", None) or ()
+    return SamplingParams(
+        temperature=_pick(body.temperature, _DEFAULT.temperature),
+        top_p=_pick(body.top_p, _DEFAULT.top_p),
+        top_k=_pick(getattr(body, "top_k", None), _DEFAULT.top_k),
+        seed=getattr(body, "seed", None),
+        max_tokens=_pick(max_tokens, _DEFAULT.max_tokens),
+        stop=(stop,) if isinstance(stop, str) else tuple(s for s in stop if s),
+    )
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def text_content(content: str | list[Any] | None, where: str) -> str | None:
+    """Join text parts; 400 on any non-text part (images are not served yet)."""
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise invalid(f"content part type {part.type!r} is not supported; send text", f"{where}.content[{i}]")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def chat_messages(messages: list[S.ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI chat dicts with string content; checks what the schema cannot."""
+    out = []
+    for i, msg in enumerate(messages):
+        content = text_content(msg.content, f"messages[{i}]")
+        if content is None and not (msg.role == "assistant" and msg.tool_calls):
+            raise invalid(f"messages[{i}] ({msg.role}) needs content", f"messages[{i}].content")
+        d: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": content or ""}
+        if msg.tool_calls:
+            d["tool_calls"] = msgspec.to_builtins(msg.tool_calls)
+        if msg.tool_call_id is not None:
+            d["tool_call_id"] = msg.tool_call_id
+        if msg.name is not None:
+            d["name"] = msg.name
+        out.append(d)
+    if all(m["role"] == "system" for m in out):
+        raise invalid("messages need at least one user, assistant or tool turn", "messages")
+    return out
+
+
+def engine_transcript(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                      supports_tools: bool) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
+    """Messages and tools as the engine gets them: native when its template knows tools, else plain text."""
+    if supports_tools:
+        return tuple(messages), tuple(tools) if tools else None
+    return tuple(tools_format.render_plain(messages, tools)), None
+
+
+def chat_step(body: S.ChatRequest, config: KVMemConfig, supports_tools: bool) -> StepRequest:
+    """The engine step for a chat completion request."""
+    tools = msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
+    messages, engine_tools = engine_transcript(chat_messages(body.messages), tools, supports_tools)
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs,
+                       sampling=sampling(body, max_tokens), overrides=overrides(body.kvmem, config))
+
+
+def completion_step(body: S.CompletionRequest, config: KVMemConfig) -> StepRequest:
+    """The engine step for a raw-prompt completion request."""
+    if body.echo:
+        raise invalid("echo is not supported", "echo")
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    if not prompt:
+        raise invalid("prompt is empty", "prompt")
+    return StepRequest(prompt=prompt, sampling=sampling(body, body.max_tokens), overrides=overrides(body.kvmem, config))

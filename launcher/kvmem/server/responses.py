@@ -1,0 +1,221 @@
+"""``/v1/responses``: the Responses API over the same engine step as chat.
+
+A stored response keeps its full transcript (``instructions`` excluded, as the API says), so
+a request with ``previous_response_id`` sends only the new input: the server rebuilds the
+transcript, which renders to the same tokens as before, and the engine reuses their KV.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from kvmem import tools_format
+from kvmem.server import convert, sse
+from kvmem.server import schemas as S
+from kvmem.server.chat import first_item, kvmem_info, read_body
+from kvmem.server.errors import APIError, invalid, to_api_error
+from kvmem.server.state import STATE, ServerState
+from kvmem_core.contract import StepRequest, StepResult
+
+
+def input_messages(items: str | list[S.InputItem]) -> list[dict[str, Any]]:
+    """Responses input items as chat messages (function calls become assistant ``tool_calls``)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if item.type == "message":
+            if item.role is None or item.role == "tool":
+                raise invalid(f"{where} needs a role of user, assistant, system or developer", f"{where}.role")
+            content = convert.text_content(item.content, where)
+            if content is None:
+                raise invalid(f"{where} needs content", f"{where}.content")
+            out.append({"role": "system" if item.role == "developer" else item.role, "content": content})
+        elif item.type == "function_call":
+            if not item.call_id or not item.name:
+                raise invalid(f"{where}: a function_call needs call_id and name", where)
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments or "{}"}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif item.type == "function_call_output":
+            output = convert.text_content(item.output, where) if item.output is not None else None
+            if not item.call_id or output is None:
+                raise invalid(f"{where}: a function_call_output needs call_id and output", where)
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        else:
+            raise invalid(f"{where}: input item type {item.type!r} is not supported", f"{where}.type")
+    return out
+
+
+def chat_tools(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]] | None:
+    """Flat Responses function tools as nested chat tools; hosted tools are refused."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.type != "function" or not tool.name:
+            raise invalid(f"tools[{i}]: only function tools with a name are supported", f"tools[{i}]")
+        fn = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+    return out
+
+
+class Turn:
+    """One Responses request resolved against the store: transcript, step and the response skeleton."""
+
+    def __init__(self, body: S.ResponsesRequest, state: ServerState) -> None:
+        previous = state.responses.get(body.previous_response_id) if body.previous_response_id else None
+        if body.previous_response_id and previous is None:
+            raise APIError(404, f"previous response {body.previous_response_id!r} not found (was it stored?)",
+                           "previous_response_not_found", "previous_response_id")
+        self.body = body
+        new = input_messages(body.input)
+        if not new:
+            raise invalid("input is empty", "input")
+        self.history = (previous["transcript"] if previous else []) + new
+        self.tools = chat_tools(body.tools) if body.tool_choice != "none" else None
+        head = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.supports_tools)
+        effort = body.reasoning.effort if body.reasoning else None
+        self.step = StepRequest(
+            messages=messages, tools=engine_tools, template_kwargs={"reasoning_effort": effort} if effort else {},
+            sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config))
+        self.model = state.served_model(body.model)
+        self.id = "resp_" + uuid.uuid4().hex
+        self.msg_id = "msg_" + uuid.uuid4().hex
+        self.created = time.time()
+
+    def message_item(self, text: str, status: str) -> dict[str, Any]:
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
+        return {"id": self.msg_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+    def response(self, status: str, output: list[dict[str, Any]], result: StepResult | None) -> dict[str, Any]:
+        b = self.body
+        out = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+            "output": output, "parallel_tool_calls": True, "tool_choice": b.tool_choice or "auto",
+            "tools": _builtins(b.tools), "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": b.instructions, "metadata": b.metadata or {}, "temperature": b.temperature, "top_p": b.top_p,
+            "max_output_tokens": b.max_output_tokens, "previous_response_id": b.previous_response_id, "store": b.store,
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", "usage": None,
+        }
+        if result is not None:
+            out["usage"] = {
+                "input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": result.cached_tokens},
+                "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": result.prompt_tokens + result.completion_tokens,
+            }
+            out["kvmem"] = kvmem_info(result)
+        return out
+
+    def finish(self, state: ServerState, result: StepResult, content: str, calls: list[dict[str, Any]],
+               always_message: bool) -> dict[str, Any]:
+        """The final response object; stores it (with the grown transcript) when ``store`` is set."""
+        status = "incomplete" if result.finish_reason == "length" else "completed"
+        output = [self.message_item(content, "completed")] if content or always_message or not calls else []
+        output += [_call_item(c) for c in calls]
+        response = self.response(status, output, result)
+        if self.body.store:
+            reply: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = calls
+            state.responses.put(self.id, response, self.history + [reply])
+        return response
+
+
+def _builtins(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]]:
+    return msgspec.to_builtins(tools or [])
+
+
+def _call_item(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "call_id": call["id"],
+            "name": fn["name"], "arguments": fn["arguments"], "status": "completed"}
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    turn = Turn(await read_body(request, S.ResponsesRequest), state)
+    if turn.body.stream:
+        return await _stream(request, state, turn)
+    result = await state.run(turn.step)
+    content, calls = tools_format.parse_tool_calls(result.text) if turn.tools else (result.text, [])
+    return web.json_response(turn.finish(state, result, content, calls, always_message=False))
+
+
+async def get_response(request: web.Request) -> web.Response:
+    stored = request.app[STATE].responses.get(request.match_info["response_id"])
+    if stored is None:
+        raise APIError(404, f"response {request.match_info['response_id']!r} not found", "response_not_found")
+    return web.json_response(stored["response"])
+
+
+class _Events:
+    """Writes Responses stream events with increasing ``sequence_number``."""
+
+    def __init__(self, resp: web.StreamResponse) -> None:
+        self.resp = resp
+        self.seq = 0
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.resp.write(sse.frame({"type": kind, "sequence_number": self.seq, **fields}, event=kind))
+        self.seq += 1
+
+
+async def _stream(request: web.Request, state: ServerState, turn: Turn) -> web.StreamResponse:
+    gen = state.stream(turn.step)
+    first = await first_item(gen)
+    ev = _Events(await sse.open_stream(request))
+    await ev.send("response.created", response=turn.response("in_progress", [], None))
+    await ev.send("response.in_progress", response=turn.response("in_progress", [], None))
+    where = {"item_id": turn.msg_id, "output_index": 0}
+    await ev.send("response.output_item.added", output_index=0, item=turn.message_item("", "in_progress"))
+    await ev.send("response.content_part.added", **where, content_index=0,
+                  part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+    tool_filter = tools_format.ToolCallFilter() if turn.tools else None
+    text = ""
+    try:
+        async with contextlib.aclosing(gen):
+            item = first
+            while not isinstance(item, StepResult):
+                piece = tool_filter.feed(item) if tool_filter else item
+                if piece:
+                    text += piece
+                    await ev.send("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[])
+                item = await gen.__anext__()
+        rest, calls = tool_filter.finish() if tool_filter else ("", [])
+        if rest:
+            text += rest
+            await ev.send("response.output_text.delta", **where, content_index=0, delta=rest, logprobs=[])
+        final = turn.finish(state, item, text, calls, always_message=True)
+        await _close_items(ev, turn, final, text)
+        await ev.send("response.completed", response=final)
+    except (ConnectionResetError, ConnectionError):
+        return ev.resp
+    except Exception as exc:
+        err = to_api_error(exc)
+        await ev.send("error", message=err.message, code=err.code, param=err.param, **err.body())
+    return ev.resp
+
+
+async def _close_items(ev: _Events, turn: Turn, final: dict[str, Any], text: str) -> None:
+    where = {"item_id": turn.msg_id, "output_index": 0}
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    await ev.send("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+    await ev.send("response.content_part.done", **where, content_index=0, part=part)
+    await ev.send("response.output_item.done", output_index=0, item=final["output"][0])
+    for index, item in enumerate(final["output"][1:], start=1):
+        await ev.send("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+        await ev.send("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
+        await ev.send("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                      arguments=item["arguments"], name=item["name"])
+        await ev.send("response.output_item.done", output_index=index, item=item)

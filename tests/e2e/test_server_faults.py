@@ -1,0 +1,116 @@
+"""Faults against a live server: client disconnects, a killed engine, a flood of clients."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import time
+from typing import Iterator
+
+import openai
+import pytest
+import requests
+from serving import LiveServer, get_json
+
+pytestmark = pytest.mark.llamacpp
+SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer in plain words." for i in range(40))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("faults")
+    live = LiveServer(root, "--no-ui", "--max-queue", "4", "--ctx", "4096", "--kvmem-budget", "1024",
+                      "--kvmem-recent-tokens", "256", "--kvmem-nvme-dir", str(root / "nvme")).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def long_answer_stream(server: LiveServer) -> requests.Response:
+    body = {"messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    resp = requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60)
+    assert resp.status_code == 200
+    return resp
+
+
+def test_client_disconnect_aborts_the_step(server: LiveServer, client: openai.OpenAI) -> None:
+    engine_pid = server.health()["engine_pid"]
+    resp = long_answer_stream(server)
+    lines = resp.iter_lines()
+    for _ in range(6):
+        next(lines)
+    resp.close()
+    started = time.monotonic()
+    done = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+    assert done.choices[0].message.content
+    assert time.monotonic() - started < 4.0  # the 400-token answer alone would take ~9 s
+    assert server.health()["engine_pid"] == engine_pid
+
+
+def test_a_plain_request_abandoned_by_its_client_is_aborted(server: LiveServer, client: openai.OpenAI) -> None:
+    body = {"messages": [{"role": "user", "content": "Tell me a very long story about a cat."}], "max_tokens": 400, "temperature": 0}
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
+    started = time.monotonic()
+    client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+    assert time.monotonic() - started < 4.0
+
+
+def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: LiveServer, client: openai.OpenAI) -> None:
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say yes."}]
+    first = client.chat.completions.create(model="", messages=turn1, max_tokens=4, temperature=0)
+    ws_id = first.model_extra["kvmem"]["workspace_id"]
+    deadline = time.monotonic() + 10
+    while get_json(f"{server.url}/v1/kvmem/workspaces/{ws_id}")[1]["totals"]["nvme_blocks"] == 0:
+        assert time.monotonic() < deadline, "no block reached the NVMe tier"
+        time.sleep(0.2)
+    old_pid = server.health()["engine_pid"]
+    stream = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Tell me a very long story."}],
+                                            max_tokens=400, temperature=0, stream=True)
+    with pytest.raises(openai.APIError, match="exited"):
+        for i, _ in enumerate(stream):
+            if i == 3:
+                os.kill(old_pid, signal.SIGKILL)
+    statuses = []
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                             {"role": "user", "content": "Say no."}]
+            second = client.chat.completions.create(model="", messages=turn2, max_tokens=4, temperature=0)
+            break
+        except openai.APIStatusError as exc:
+            statuses.append(exc.status_code)
+            assert exc.status_code == 503 and exc.response.headers["Retry-After"]
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    health = server.health()
+    assert health["engine_pid"] != old_pid and health["status"] == "ok"
+    assert second.usage.prompt_tokens_details.cached_tokens >= 128
+    text = requests.get(server.url + "/metrics", timeout=5).text
+    assert "kvmem_engine_restarts_total 1" in text.splitlines()
+
+
+def test_32_clients_on_a_queue_of_4(server: LiveServer, client: openai.OpenAI) -> None:
+    def ask(i: int) -> int:
+        try:
+            client.chat.completions.create(model="", messages=[{"role": "user", "content": f"Number {i}?"}], max_tokens=4)
+            return 200
+        except openai.APIStatusError as exc:
+            assert exc.response.headers.get("Retry-After") == "1"
+            return exc.status_code
+
+    before = requests.get(server.url + "/metrics", timeout=5).text
+    with cf.ThreadPoolExecutor(32) as pool:
+        codes = list(pool.map(ask, range(32)))
+    assert len(codes) == 32 and set(codes) <= {200, 429}
+    assert codes.count(200) >= 5 and codes.count(429) >= 1
+    after = requests.get(server.url + "/metrics", timeout=5).text
+    key = 'kvmem_requests_total{route="/v1/chat/completions",status="429"}'
+    count = lambda text: next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
+    assert count(after) - count(before) == codes.count(429)

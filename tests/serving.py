@@ -1,0 +1,152 @@
+"""Test helpers for the server: the app in-process, and ``kvmem serve`` as a live subprocess."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from kvmem import protocol as P
+from kvmem.server.app import build_app
+from kvmem.server.engine_client import EngineClient
+from kvmem.server.state import ServerState
+from kvmem_core.config import KVMemConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class AppClient:
+    """The app on a private event loop with a synchronous ``request``; the engine starts only if asked."""
+
+    def __init__(self, api_key: str | None = None, ui_dir: Path | None = None, start_engine: bool = False,
+                 config: KVMemConfig | None = None, max_body_bytes: int = 4096) -> None:
+        self.loop = asyncio.new_event_loop()
+        config = config or KVMemConfig()
+        spec = P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(config))
+        self.engine = self.loop.run_until_complete(self._make_engine(spec))
+        if start_engine:
+            self.loop.run_until_complete(self.engine.start())
+        state = ServerState(engine=self.engine, config=config, api_key=api_key, ui_dir=ui_dir)
+        self.server = TestServer(build_app(state, max_body_bytes=max_body_bytes))
+        self.loop.run_until_complete(self.server.start_server())
+
+    @staticmethod
+    async def _make_engine(spec: P.EngineSpec) -> EngineClient:
+        return EngineClient(spec)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
+        async def go() -> tuple[int, dict[str, str], bytes]:
+            async with aiohttp.ClientSession() as session:
+                async with session.request(method, self.server.make_url(path), **kwargs) as resp:
+                    return resp.status, dict(resp.headers), await resp.read()
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.server.close())
+        self.loop.run_until_complete(self.engine.close())
+        self.loop.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, headers: dict[str, str] | None = None, timeout: float = 5) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+class LiveServer:
+    """``python -m kvmem serve`` on a free port; ``run_dir`` keeps its pidfile away from the user's."""
+
+    def __init__(self, run_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = port or free_port()
+        self.run_dir = run_dir
+        self.args = ["--port", str(self.port), *args]
+        self.env = {**os.environ, "KVMEM_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.log = run_dir / f"serve-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run another ``kvmem serve`` with this server's flags plus ``extra`` and wait for it."""
+        return subprocess.run([sys.executable, "-m", "kvmem", "serve", *self.args, *extra], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+    def start(self, timeout: float = 300) -> LiveServer:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kvmem", "serve", *self.args], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 300) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"kvmem serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                status, body = get_json(self.url + "/health", timeout=2)
+                if status == 200 and (self.proc is None or body["pid"] == self.proc.pid):
+                    return body
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"kvmem serve not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def health(self) -> dict[str, Any]:
+        return get_json(self.url + "/health")[1]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def exercise(base_url: str, api_key: str = "none") -> dict[str, Any]:
+    """One client script for any KVMem server: chat, streamed chat, a stored Responses chain.
+
+    Returns what it saw; raises AssertionError when the server breaks the API.
+    """
+    import openai
+
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Name one planet."}]
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
+    assert plain.choices[0].message.role == "assistant" and plain.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == plain.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    first = client.responses.create(model=model, input="Name one ocean.", max_output_tokens=6, temperature=0)
+    second = client.responses.create(model=model, input="Another one?", previous_response_id=first.id,
+                                     max_output_tokens=6, temperature=0)
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0
+    return {"model": model, "chat": plain, "responses": (first, second)}

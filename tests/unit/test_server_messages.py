@@ -1,0 +1,69 @@
+"""The Anthropic Messages subset: blocks -> chat turns, usage split, error shape."""
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from kvmem.server import messages as M
+from kvmem.server import schemas as S
+from kvmem.server.errors import APIError
+from kvmem_core.contract import StepResult
+from kvmem_core.errors import BudgetError
+
+
+def body(**fields: object) -> S.MessagesRequest:
+    return msgspec.json.decode(json.dumps({"model": "m", "max_tokens": 5, **fields}), type=S.MessagesRequest)
+
+
+def test_blocks_become_chat_turns_with_tool_calls_and_results() -> None:
+    req = body(system=[{"type": "text", "text": "Be brief."}], messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "-3 C"}]},
+                                     {"type": "text", "text": "Thanks"}]},
+    ])
+    assert M.chat_messages(req) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "-3 C"},
+        {"role": "user", "content": "Thanks"},
+    ]
+
+
+@pytest.mark.parametrize("content", [
+    [{"type": "image", "source": {}}], [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+])
+def test_unsupported_blocks_are_400(content: list[dict[str, object]]) -> None:
+    with pytest.raises(APIError) as info:
+        M.chat_messages(body(messages=[{"role": "user", "content": content}]))
+    assert info.value.status == 400 and info.value.param == "messages[0].content[0]"
+
+
+def test_tools_map_to_chat_tools_and_none_drops_them() -> None:
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    assert M.chat_tools(body(messages=[{"role": "user", "content": "x"}], tools=tools)) == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert M.chat_tools(body(messages=[{"role": "user", "content": "x"}], tools=tools, tool_choice={"type": "none"})) is None
+
+
+def test_usage_splits_cache_reads_from_input_tokens() -> None:
+    result = StepResult("hi", (1, 2), "length", 40, 30, "w")
+    assert M.usage(result) == {"input_tokens": 10, "output_tokens": 2, "cache_read_input_tokens": 30,
+                               "cache_creation_input_tokens": 0}
+
+
+def test_tool_calls_become_tool_use_blocks() -> None:
+    calls = [{"id": "call_ab", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    assert M.content_blocks("", calls) == [{"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"a": 1}}]
+    assert M.content_blocks("", []) == [{"type": "text", "text": ""}]
+
+
+def test_errors_take_the_anthropic_shape() -> None:
+    assert M.anthropic_error(BudgetError("spans")) == {
+        "type": "error", "error": {"type": "request_too_large", "message": "spans", "code": "budget_exceeded"}}
+    assert M.anthropic_error(APIError(503, "later", "engine_unavailable"))["error"]["type"] == "overloaded_error"

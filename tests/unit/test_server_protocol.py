@@ -1,0 +1,80 @@
+"""The engine wire: every message survives a round trip; foreign frames are refused."""
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from kvmem import protocol as P
+from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import SamplingParams, StepRequest, StepResult
+
+
+def test_step_request_round_trips_through_a_frame() -> None:
+    req = StepRequest(messages=({"role": "user", "content": "hi"},), tools=({"type": "function", "function": {"name": "f"}},),
+                      template_kwargs={"reasoning_effort": "low"}, sampling=SamplingParams(0.0, 0.5, 7, 42, 9, ("END",)),
+                      overrides={"budget": 1024, "method": "recent"})
+    msg = P.decode(P.encode(P.Step(id="a", request=P.to_wire_request(req))))
+    assert isinstance(msg, P.Step)
+    assert P.from_wire_request(msg.request) == req
+
+
+def test_step_result_round_trips_through_a_frame() -> None:
+    result = StepResult("text", (1, 2, 3), "stop", 10, 4, "ws1", {"blocks_selected": 2, "tiers": {"host": 1}}, {"select_s": 0.5})
+    msg = P.decode(P.encode(P.Done(id="a", result=P.to_wire_result(result), metrics={"blocks": 3.0})))
+    assert isinstance(msg, P.Done)
+    assert P.from_wire_result(msg.result) == result
+    assert msg.metrics == {"blocks": 3.0}
+
+
+@pytest.mark.parametrize("msg", [
+    P.Call(id="c", op="tokenize", arg="hello"), P.Abort(id="x"), P.Shutdown(),
+    P.Ready(model_id="m", pid=1, supports_tools=True, metrics={}), P.Text(id="x", text="piece"),
+    P.Reply(id="x", value=[1, 2]), P.Failed(id="x", status=413, code="budget_exceeded", message="too big"),
+    P.Dead(message="boom"),
+])
+def test_every_message_round_trips(msg: P.Message) -> None:
+    assert P.decode(P.encode(msg)) == msg
+
+
+def test_foreign_version_is_refused() -> None:
+    frame = P.encode(P.Abort(id="x", v=P.PROTOCOL_VERSION + 1))
+    with pytest.raises(P.ProtocolError, match="protocol version"):
+        P.decode(frame)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x93\x01\x02\x03", msgspec.msgpack.encode({"type": "Nope", "v": 1}),
+                                   msgspec.msgpack.encode({"type": "Text", "v": 1, "id": 5, "text": "x"})])
+def test_malformed_frames_are_refused(frame: bytes) -> None:
+    with pytest.raises(P.ProtocolError):
+        P.decode(frame)
+
+
+def test_config_round_trips_including_retrieval_heads() -> None:
+    config = KVMemConfig(budget=1024, recent_tokens=256, method="recent", retrieval_heads=((3, 1), (7, 4)), nvme_dir="/tmp/x")
+    wire = msgspec.json.decode(msgspec.json.encode(P.config_to_wire(config)))
+    assert P.config_from_wire(wire) == config
+
+
+def test_engine_spec_travels_as_json() -> None:
+    spec = P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(KVMemConfig()), opts={"device": "cpu"})
+    assert msgspec.json.decode(msgspec.json.encode(spec), type=P.EngineSpec) == spec
+
+
+def test_numpy_values_in_engine_dicts_travel_as_plain_numbers() -> None:
+    import numpy as np
+
+    msg = P.Reply(id="x", value={"blocks": np.int64(3), "scores": np.array([0.5, 0.25]), "path": __import__("pathlib").Path("/a")})
+    assert P.decode(P.encode(msg)).value == {"blocks": 3, "scores": [0.5, 0.25], "path": "/a"}
+
+
+def test_request_errors_fail_one_request_and_other_errors_are_fatal() -> None:
+    import jinja2
+
+    from kvmem.engine_proc import request_error
+    from kvmem_core.errors import BudgetError, CorruptBlockError
+
+    assert request_error("r", BudgetError("spans")) == P.Failed(id="r", status=413, code="budget_exceeded", message="spans")
+    assert request_error("r", CorruptBlockError("bad")).status == 500
+    failed = request_error("r", jinja2.TemplateError("no tools here"))
+    assert (failed.status, failed.code) == (400, "template_error") and "no tools here" in failed.message
+    assert request_error("r", RuntimeError("segfault ahead")) is None
