@@ -1,0 +1,19 @@
+"""KVMem's native torch engine: Llama and Qwen3.5 hybrid (Gated DeltaNet) models over paged KV.
+
+``create_adapter`` is the ``kvmem.adapters`` entry point named ``torch``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kvmem_core.config import KVMemConfig
+
+
+def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> "TorchAdapter":  # noqa: F821
+    """Load ``model_path`` (GGUF file or HF directory) with a view of ``config.view_tokens`` cells."""
+    from kvmem_torch.adapter import TorchAdapter
+
+    return TorchAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens, **opts)
+
+
+__all__ = ["create_adapter"]

@@ -1,0 +1,159 @@
+"""``TorchAdapter``: the EngineAdapter (kvmem_core.adapter) over the native torch engine.
+
+The engine frame of a block is pre-RoPE K, so ``content_keys`` is the identity and placing a
+block at another position (compact mode) only changes the positions stored with its slots.
+Hybrid (qwen35) models also expose their recurrent state: ``save_state`` / ``restore_state``
+take and apply checkpoints (the query-replay point, turn boundaries).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
+from kvmem_core.errors import ModelNotFoundError
+from kvmem_core.layout import BlockKV, BlockLayout
+from kvmem_torch.model import Model, RecurrentState
+from kvmem_torch.runner import Runner
+from kvmem_torch.tokenizer import Tokenizer, from_gguf_meta, from_hf_dir
+from kvmem_torch.transfer import BlockStager
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class TorchAdapter:
+    """One model (GGUF file or HF directory) and its view of ``view_tokens`` cells."""
+
+    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
+                 device: str | None = None, dtype: torch.dtype | None = None, prefill_chunk: int = 512,
+                 cuda_graphs: bool | None = None, progress: bool = True, n_threads: int = 1) -> None:
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            torch.set_num_threads(n_threads)  # threads of one process share a vCPU on small machines
+        dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        path = Path(model_path)
+        spec, weights, self.tokenizer, self.fingerprint = _load(path, dtype, device, progress)
+        self.model = Model(spec, weights)
+        num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
+        self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs)
+        self.stager = BlockStager(self.runner.cache)
+        self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
+        self.prefill_chunk = prefill_chunk
+        self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
+                                  block_tokens, _DTYPE_NAMES[dtype])
+        self.caps = Capabilities(
+            backend="torch", max_view_tokens=view_tokens, trained_ctx=spec.max_context, paged_slots=True,
+            recurrent_state=bool(spec.deltanet_layers), async_copies=device.startswith("cuda"), devices=(device,))
+
+    # ---- text ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, special=special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(self.tokenizer.token_bytes(t) for t in ids).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.tokenizer.token_bytes(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.tokenizer.is_eog(token)
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        return self.tokenizer.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    # ---- forward ------------------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
+                capture_from: int | None = None) -> ForwardOut:
+        assert len(tokens) == len(positions) and len(tokens) > 0
+        assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
+        self.stager.wait()
+        captured, logits = [], None
+        for a in range(0, len(tokens), self.prefill_chunk):
+            b = min(a + self.prefill_chunk, len(tokens))
+            capture = capture_from is not None and b > capture_from
+            logits, q = self.runner.forward(list(tokens[a:b]), list(positions[a:b]), capture=capture)
+            if capture:
+                captured.append(torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a):])
+        queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
+        out = logits[-1].float().cpu().numpy() if want_logits else None
+        return ForwardOut(out, queries)
+
+    def view_free(self) -> int:
+        return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())
+
+    # ---- blocks -------------------------------------------------------------------------
+
+    def read_block(self, start_pos: int, n_tokens: int) -> BlockKV:
+        self.stager.wait()
+        k, v = self.runner.read_cells(start_pos, n_tokens)
+        return BlockKV(_to_numpy(k), _to_numpy(v))
+
+    def write_blocks(self, placements: Sequence[Placement]) -> None:
+        """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
+        for p in placements:
+            n = p.kv.k.shape[1]
+            k, v = (_from_numpy(x, self.model.dtype) for x in (p.kv.k, p.kv.v))
+            self.stager.put(self.runner, k, v, list(range(p.dst_pos, p.dst_pos + n)))
+
+    def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
+        return _from_numpy(k, torch.float32).numpy() if k.dtype == np.uint16 else k.astype(np.float32)
+
+    def drop(self, p0: int, p1: int) -> None:
+        self.stager.wait()
+        self.runner.drop(p0, p1 if p1 >= 0 else 1 << 62)
+
+    def clear_view(self) -> None:
+        """Empty the view and reset the recurrent state (a fresh sequence)."""
+        self.stager.wait()
+        self.runner.clear()
+
+    # ---- recurrent state (hybrid models) ------------------------------------------------
+
+    def save_state(self) -> RecurrentState:
+        """Checkpoint of the recurrent state at the view's current end."""
+        return self.runner.state.snapshot()
+
+    def restore_state(self, snap: RecurrentState) -> None:
+        self.runner.state.restore(snap)
+
+    def close(self) -> None:
+        self.stager.wait()
+        del self.runner, self.model
+
+
+def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> tuple[Any, dict, Tokenizer | None, str]:
+    """Spec, weights, tokenizer (None for ``no_vocab`` test models) and fingerprint."""
+    from kvmem_torch.gguf_loader import load_gguf
+    from kvmem_torch.hf_loader import load_hf_dir
+
+    if path.is_dir():
+        spec, weights = load_hf_dir(path, dtype, device, progress)
+        digest = hashlib.blake2b(digest_size=8)
+        for f in sorted(path.glob("*.safetensors")):
+            digest.update(file_fingerprint(str(f)).encode())
+        return spec, weights, from_hf_dir(path), digest.hexdigest()
+    if not path.is_file():
+        raise ModelNotFoundError(f"model not found: {path}")
+    spec, weights, meta = load_gguf(path, dtype, device, progress)
+    tokenizer = None if meta.get("tokenizer.ggml.model") == "no_vocab" else from_gguf_meta(meta)
+    return spec, weights, tokenizer, file_fingerprint(str(path))
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    """Block tensor -> numpy in the layout's storage dtype (bfloat16 as raw uint16 bits)."""
+    x = x.cpu()
+    return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
+
+
+def _from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if a.dtype == np.uint16:
+        t = t.view(torch.int16).view(torch.bfloat16)
+    return t.to(dtype)

@@ -1,0 +1,209 @@
+"""Device benchmark of the torch engine on a random-weight model (no checkpoint needed).
+
+``python -m kvmem_torch.bench --shape 27b --views 4096,32768`` prints one JSON object:
+the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
+writes) and decode / prefill speed next to the bandwidth floor of the bytes each step reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+import torch
+
+from kvmem_torch.model import Model
+from kvmem_torch.runner import Runner
+from kvmem_torch.spec import ModelSpec, qwen35_kinds
+from kvmem_torch.tiny import random_weights
+from kvmem_torch.transfer import BlockStager
+
+SHAPES = {
+    "27b": dict(hidden_size=5120, intermediate_size=17408, n_heads=24, n_kv_heads=4, n_layers=64,
+                linear_k_heads=16, linear_v_heads=48),
+    "9b": dict(hidden_size=4096, intermediate_size=12288, n_heads=16, n_kv_heads=4, n_layers=32,
+               linear_k_heads=16, linear_v_heads=32),
+    "small": dict(hidden_size=1024, intermediate_size=3072, n_heads=8, n_kv_heads=2, n_layers=8,
+                  linear_k_heads=8, linear_v_heads=16),
+}
+GB = 1e9
+
+
+def qwen35_spec(shape: str) -> ModelSpec:
+    s = dict(SHAPES[shape])
+    n_layers = s.pop("n_layers")
+    return ModelSpec(arch="qwen35", vocab_size=248320, head_dim=256, rotary_dim=64, rope_theta=1e7, rms_eps=1e-6,
+                     layer_kinds=qwen35_kinds(n_layers, 4), max_context=262144, linear_k_dim=128,
+                     linear_v_dim=128, conv_kernel=4, **s)
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Seconds per call (CUDA events, after one warm-up call)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeat
+
+
+def bandwidths(block_bytes: int) -> dict[str, float]:
+    """HBM copy (read + write counted), pinned host->device, and block-sized pinned copies, in GB/s."""
+    n = 1 << 30
+    a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    hbm = 2 * n / timed(lambda: b.copy_(a), 10) / GB
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    h2d = n / timed(lambda: a.copy_(host, non_blocking=True), 5) / GB
+    k = n // block_bytes
+
+    def blocks() -> None:
+        for i in range(k):
+            part = slice(i * block_bytes, (i + 1) * block_bytes)
+            a[part].copy_(host[part], non_blocking=True)
+
+    return {"hbm_copy_GBps": hbm, "pinned_h2d_GBps": h2d, "pinned_block_copies_GBps": k * block_bytes / timed(blocks, 3) / GB}
+
+
+def staging(runner: Runner, n_blocks: int) -> dict[str, float]:
+    """Blocks inserted through the stager from pageable host tensors (host memcpy included), GB/s."""
+    cache, stager = runner.cache, BlockStager(runner.cache)
+    k = torch.randn(cache.kv.shape[2:], dtype=torch.float32).to(cache.kv.dtype)
+    v = k.clone()
+    B = cache.block_tokens
+
+    def run() -> None:
+        runner.clear()
+        for i in range(n_blocks):
+            stager.put(runner, k, v, list(range(i * B, (i + 1) * B)))
+        stager.wait()
+
+    sec = timed(run, 2)
+    runner.clear()
+    return {"staged_blocks_GBps": n_blocks * cache.block_nbytes / sec / GB, "block_MiB": cache.block_nbytes / 2**20}
+
+
+def fill_view(runner: Runner, n_tokens: int) -> None:
+    """Synthesize a view of random KV blocks (what KVMem materializes) at positions 0..n-1."""
+    cache, B = runner.cache, runner.B
+    runner.clear()
+    for i in range(n_tokens // B):
+        k = torch.randn(cache.kv.shape[2:], device="cuda", dtype=cache.kv.dtype)
+        runner.insert_block(k, k, list(range(i * B, (i + 1) * B)))
+
+
+def decode_speed(runner: Runner, n_tokens: int, steps: int) -> float:
+    """Seconds per decoded token with ``n_tokens`` in the view (graphs as configured)."""
+    fill_view(runner, n_tokens)
+    pos = [n_tokens]
+
+    def step() -> None:
+        runner.forward([1], [pos[0]])
+        pos[0] += 1
+
+    step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / steps
+
+
+def hf_decode_ms(spec: ModelSpec, prompt: int = 512, new: int = 16) -> float:
+    """ms per generated token of HF transformers ``generate`` on the same shape (random bf16 weights)."""
+    import transformers
+
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim, linear_num_key_heads=spec.linear_k_heads, linear_num_value_heads=spec.linear_v_heads,
+        linear_key_head_dim=spec.linear_k_dim, linear_value_head_dim=spec.linear_v_dim)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        hf = transformers.Qwen3_5ForCausalLM(config).eval()
+    torch.set_default_dtype(torch.float32)
+    ids = torch.randint(0, spec.vocab_size, (1, prompt), device="cuda")
+
+    def generate(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    generate(2)  # warm-up
+    one, many = generate(1), generate(new + 1)
+    return (many - one) / new * 1e3
+
+
+def profile(runner: Runner, n_view: int) -> str:
+    """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and one 2048-token prefill chunk."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    graphs, runner.use_graphs = runner.use_graphs, False
+    fill_view(runner, n_view)
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for i in range(3):
+            runner.forward([1], [n_view + i])
+        torch.cuda.synchronize()
+    decode = p.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+    runner.clear()
+    runner.forward([1] * 2048, list(range(2048)))
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        runner.forward([1] * 2048, list(range(2048, 4096)))
+        torch.cuda.synchronize()
+    runner.use_graphs = graphs
+    runner.clear()
+    return "decode x3\n" + decode + "\nprefill chunk 2048 at 2048\n" + p.key_averages().table(
+        sort_by="cuda_time_total", row_limit=14)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    ap.add_argument("--views", default="4096,32768")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--prefill", type=int, default=4096)
+    ap.add_argument("--profile", help="write a kernel profile to this file")
+    ap.add_argument("--hf", action="store_true", help="also time HF transformers generate on the same shape")
+    args = ap.parse_args()
+    spec, views = qwen35_spec(args.shape), [int(v) for v in args.views.split(",")]
+    t = time.perf_counter()
+    model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
+    weight_bytes = sum(w.nbytes for _, _, ws in model.layers for w in ws.values()) + model.lm_head.nbytes
+    out: dict[str, object] = {"shape": args.shape, "weights_GB": weight_bytes / GB, "build_s": time.perf_counter() - t}
+    runner = Runner(model, max(views) // 128 + 4, 128)
+    out |= bandwidths(runner.cache.block_nbytes) | staging(runner, 64)
+    kv_per_token = runner.cache.block_nbytes / 128
+    for n in views:
+        sec = decode_speed(runner, n, args.steps)
+        floor = (weight_bytes + n * kv_per_token) / (out["hbm_copy_GBps"] * GB)  # bytes a step must read
+        out[f"decode_{n}"] = {"ms_per_token": sec * 1e3, "tok_s": 1 / sec, "floor_ms": floor * 1e3,
+                              "fraction_of_floor": floor / sec}
+    runner.use_graphs = False
+    out[f"decode_{views[0]}_eager_ms"] = decode_speed(runner, views[0], 4) * 1e3
+    runner.use_graphs = True
+    runner.clear()
+    ids = torch.randint(0, spec.vocab_size, (args.prefill,)).tolist()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    runner.prefill(ids, list(range(args.prefill)), chunk=2048)
+    torch.cuda.synchronize()
+    out["prefill_tok_s"] = args.prefill / (time.perf_counter() - t)
+    runner.clear()
+    if args.profile:
+        with open(args.profile, "w") as f:
+            f.write(profile(runner, views[0]))
+    print(json.dumps(out, indent=1), flush=True)
+    if args.hf:
+        del runner, model
+        torch.cuda.empty_cache()
+        out["hf_generate_ms_per_token"] = hf_decode_ms(spec)
+        print(json.dumps({"hf_generate_ms_per_token": out["hf_generate_ms_per_token"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Gated DeltaNet (qwen35 linear-attention layers): causal conv + gated delta rule.
+
+Per sequence each layer keeps a fixed-size state: the conv tail [conv_dim, kernel-1] in the
+run dtype and the recurrent matrix [v_heads, k_dim, v_dim] in fp32. Prefill runs the
+chunked (WY) form of the delta rule, decode the recurrent one; both update the state in
+place so decode can be graph-captured.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvmem_torch.layers import fuse
+from kvmem_torch.spec import ModelSpec
+
+CHUNK = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         state: torch.Tensor) -> torch.Tensor:
+    """Token by token. q,k [h, T, dk], v [h, T, dv], g/beta [h, T], state [h, dk, dv] (updated). -> [h, T, dv]"""
+    out = torch.empty_like(v)
+    for t in range(q.shape[1]):
+        state.mul_(g[:, t].exp()[:, None, None])
+        kv = torch.bmm(k[:, t, None, :], state)[:, 0]  # [h, dv]: what the state predicts for k
+        delta = (v[:, t] - kv) * beta[:, t, None]
+        state.baddbmm_(k[:, t, :, None], delta[:, None, :])
+        out[:, t] = torch.bmm(q[:, t, None, :], state)[:, 0]
+    return out
+
+
+def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """Same contract as ``recurrent_delta_rule``, in chunks: intra-chunk work as matmuls (UT transform)."""
+    h, T, dv = v.shape
+    pad = (-T) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (T + pad) // chunk
+    q, k, v = (x.reshape(h, n, chunk, -1) for x in (q, k, v))
+    g, beta = g.reshape(h, n, chunk), beta.reshape(h, n, chunk)
+    gc = g.cumsum(-1)  # [h, n, C] log decay from chunk start
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # [h, n, C, C]
+    k_beta = k * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * gc.exp()[..., None], upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay
+    q_dec = q * gc.exp()[..., None]
+    k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
+    chunk_decay = gc[..., -1].exp()[..., None, None]  # [h, n, 1, 1]
+    out = torch.empty_like(v)
+    s = state
+    for i in range(n):
+        v_new = u[:, i] - w[:, i] @ s
+        out[:, i] = q_dec[:, i] @ s + intra[:, i] @ v_new
+        s = s * chunk_decay[:, i] + k_dec[:, i].transpose(-1, -2) @ v_new
+    state.copy_(s)
+    return out.reshape(h, n * chunk, dv)[:, :T]
+
+
+class DeltaNet:
+    """One Gated DeltaNet layer; ``__call__`` reads and updates (conv, recurrent) state in place."""
+
+    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor]) -> None:
+        self.w, self.eps = w, spec.rms_eps
+        self.nk, self.nv, self.dk, self.dv = spec.linear_k_heads, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim
+        self.conv_dim = spec.conv_dim
+        self.sizes = fuse(w, ("qkv", "z", "b", "a"), "in_fused")
+
+    def __call__(self, x: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
+        T, w = x.shape[0], self.w
+        mixed, z, b, a = F.linear(x, w["in_fused"]).split(self.sizes, dim=-1)
+        mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
+        q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
+        rep = self.nv // self.nk
+        q = l2norm(q.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk ** -0.5
+        k = l2norm(k.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1)
+        v = v.float().view(T, self.nv, self.dv)
+        beta = torch.sigmoid(b.float())
+        g = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"])
+        rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
+        core = rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state)
+        core = core.transpose(0, 1).to(x.dtype)  # [T, nv, dv]
+        return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
+
+    def conv(self, mixed: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
+        """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail."""
+        xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
+        conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1]:])
+        out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
+        return F.silu(out).T.to(mixed.dtype)
+
+    def gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over each head's output (plain weight, no 1+w), gated by silu(z)."""
+        normed = F.rms_norm(core.float(), (core.shape[-1],), eps=self.eps).to(core.dtype)
+        return (self.w["ssm_norm"] * normed * F.silu(z.float())).to(core.dtype)

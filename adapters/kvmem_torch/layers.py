@@ -1,0 +1,129 @@
+"""Token-mixing and feed-forward layers over the paged cache: RMSNorm, RoPE, MLP, attention.
+
+Shapes carry no batch dimension: one sequence per forward, ``T`` new tokens, ``S`` key
+slots (the view's blocks, flattened). Every layer works in the run dtype; norms and the
+softmax accumulate in fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kvmem_torch.paged import PagedKV
+from kvmem_torch.spec import ModelSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight (the effective multiplier, kept in fp32), computed in fp32."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+
+
+def rope_inv_freq(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
+    rd = spec.rotary_dim
+    return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32, device=device) / rd))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, rotary_dim] for NeoX-style (rotate-half) RoPE at the given positions."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` dims of x [N, heads, head_dim]; the rest pass through."""
+    rd = cos.shape[-1]
+    xr, xp = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    out = xr * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([out, xp], dim=-1) if xp.shape[-1] else out
+
+
+@dataclass
+class StepContext:
+    """Where one forward's tokens go and what they attend to (tensors, so decode can be graph-captured)."""
+
+    new_rows: torch.Tensor  # [T] base row (see PagedKV.base_rows) of each new token
+    key_rows: torch.Tensor  # [S] base rows of the view's slots, in view order
+    mask: torch.Tensor  # [group * T, S] True where the query may attend (rows repeat per GQA group member)
+    q_cos: torch.Tensor  # [T, rd]
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor  # [S, rd]
+    k_sin: torch.Tensor
+    capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd], when asked
+
+
+_PREFILL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+SMALL_QUERY = 64
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked attention [1, kv, rows, hd] x [1, kv, S, hd]. Few query rows (decode): two matmuls that read
+    K and V once; more rows: SDPA without the cuDNN backend, which builds a plan for every new key count."""
+    if q.shape[2] <= SMALL_QUERY:
+        scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
+        return probs @ v
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with sdpa_kernel(_PREFILL_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def mlp(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w["down"])
+
+
+def fuse(w: dict[str, torch.Tensor], names: tuple[str, ...], fused: str) -> list[int]:
+    """Replace projections that read the same input by one stacked matrix (one GEMM); -> output sizes."""
+    sizes = [w[n].shape[0] for n in names]
+    w[fused] = torch.cat([w.pop(n) for n in names])
+    return sizes
+
+
+class Attention:
+    """GQA attention over the paged cache; qwen35 adds q/k norms and a sigmoid output gate."""
+
+    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor], cache_layer: int, layer: int) -> None:
+        self.w, self.cache_layer, self.layer = w, cache_layer, layer
+        self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.gated, self.eps = spec.gated_attention, spec.rms_eps
+        self.sizes = fuse(w, ("q", "k", "v"), "qkv_fused")
+
+    def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
+        T, w = x.shape[0], self.w
+        q, k, v = F.linear(x, w["qkv_fused"]).split(self.sizes, dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(T, self.n_heads, 2 * self.hd).split(self.hd, dim=-1)
+            gate = gate.reshape(T, -1)
+        q = q.reshape(T, self.n_heads, self.hd)
+        k, v = k.reshape(T, self.n_kv, self.hd), v.reshape(T, self.n_kv, self.hd)
+        if "q_norm" in w:
+            q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
+        if ctx.capture is not None:
+            ctx.capture[self.layer] = q
+        cache.rows.index_copy_(0, ctx.new_rows + cache.k_offset(self.cache_layer), k)
+        cache.rows.index_copy_(0, ctx.new_rows + cache.v_offset(self.cache_layer), v)
+        out = self.attend(q, ctx, cache).reshape(T, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return F.linear(out, w["o"])
+
+    def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
+        """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""
+        keys = cache.rows.index_select(0, ctx.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
+        values = cache.rows.index_select(0, ctx.key_rows + cache.v_offset(self.cache_layer))
+        T, g = q.shape[0], self.n_heads // self.n_kv
+        # GQA folded into the query length: each kv head serves its group's queries, K/V are not expanded
+        q = apply_rope(q, ctx.q_cos, ctx.q_sin).view(T, self.n_kv, g, self.hd).permute(1, 2, 0, 3)
+        q = q.reshape(1, self.n_kv, g * T, self.hd)
+        keys = apply_rope(keys, ctx.k_cos, ctx.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]
+        values = values.transpose(0, 1)[None]
+        out = sdpa(q, keys, values, ctx.mask)  # [1, kv, g*T, hd]
+        return out.view(self.n_kv, g, T, self.hd).permute(2, 0, 1, 3).reshape(T, self.n_heads, self.hd)

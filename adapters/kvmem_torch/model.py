@@ -1,0 +1,131 @@
+"""The decoder: embeddings, a stack of attention / DeltaNet layers with MLPs, the LM head.
+
+``Model.forward`` takes new tokens, their explicit positions and a ``StepContext`` (slots
+to write, key slots to read, mask), writes their K/V into the paged cache, updates the
+recurrent state in place and returns logits. ``Model.context`` builds that context from the
+view's slots in view order; decode graphs build the same context from static buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from kvmem_torch.deltanet import DeltaNet
+from kvmem_torch.layers import Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
+from kvmem_torch.paged import PagedKV, View
+from kvmem_torch.spec import ATTENTION, ModelSpec
+
+
+@dataclass
+class RecurrentState:
+    """DeltaNet state of one sequence: conv tails [n, conv_dim, K-1] and fp32 matrices [n, hv, dk, dv]."""
+
+    conv: torch.Tensor
+    rec: torch.Tensor
+
+    @classmethod
+    def zeros(cls, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> RecurrentState:
+        n = len(spec.deltanet_layers)
+        conv = torch.zeros(n, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
+        rec = torch.zeros(n, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim, dtype=torch.float32, device=device)
+        return cls(conv, rec)
+
+    def snapshot(self) -> RecurrentState:
+        """An independent copy (a checkpoint at the current position)."""
+        return RecurrentState(self.conv.clone(), self.rec.clone())
+
+    def restore(self, snap: RecurrentState) -> None:
+        """Overwrite this state with a checkpoint, in place (graph buffers stay valid)."""
+        self.conv.copy_(snap.conv)
+        self.rec.copy_(snap.rec)
+
+    def reset(self) -> None:
+        self.conv.zero_()
+        self.rec.zero_()
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.rec.nbytes
+
+
+class Model:
+    """Weights in the internal layout (see ``spec``) plus the per-layer callables."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+        self.spec = spec
+        self.embed = weights["embed"]
+        self.norm = weights["norm"].float()
+        self.lm_head = weights.get("lm_head", self.embed)
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.inv_freq = rope_inv_freq(spec, self.device)
+        self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
+        attn_i = dn_i = 0
+        for i, kind in enumerate(spec.layer_kinds):
+            w = {name[len(f"layers.{i}."):]: t for name, t in weights.items() if name.startswith(f"layers.{i}.")}
+            for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+                if name in w:
+                    w[name] = w[name].float()
+            fuse(w, ("gate", "up"), "gate_up")
+            if kind == ATTENTION:
+                self.layers.append((kind, Attention(spec, w, attn_i, i), w))
+                attn_i += 1
+            else:
+                self.layers.append((kind, DeltaNet(spec, w), w))
+                dn_i += 1
+
+    def new_cache(self, num_blocks: int, block_tokens: int) -> PagedKV:
+        s = self.spec
+        return PagedKV(len(s.attention_layers), num_blocks, block_tokens, s.n_kv_heads, s.head_dim, self.dtype, self.device)
+
+    def new_state(self) -> RecurrentState:
+        return RecurrentState.zeros(self.spec, self.dtype, self.device)
+
+    def context(self, cache: PagedKV, key_slots: Sequence[int], n_new: int, positions: torch.Tensor,
+                capture: bool = False) -> StepContext:
+        """Context for a forward whose view is ``key_slots`` (view order); its last ``n_new`` are the new tokens."""
+        dev, start = self.device, len(key_slots) - n_new
+        key_slots_t = torch.tensor(key_slots, dtype=torch.long, device=dev)
+        q_index = torch.arange(start, start + n_new, device=dev)
+        return self.static_context(cache, key_slots_t[start:], key_slots_t, q_index, positions.to(dev), capture)
+
+    def static_context(self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor,
+                       positions: torch.Tensor, capture: bool = False) -> StepContext:
+        """Device-side part of the context (no host sync): positions written, mask and RoPE tables built."""
+        cache.pos.index_copy_(0, slots, positions)
+        mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
+        mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
+        q_cos, q_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
+        k_cos, k_sin = rope_cos_sin(cache.pos.index_select(0, key_slots), self.inv_freq, self.dtype)
+        return StepContext(cache.base_rows(slots), cache.base_rows(key_slots), mask, q_cos, q_sin, k_cos, k_sin,
+                           {} if capture else None)
+
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
+                last_only: bool = True) -> torch.Tensor:
+        """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``)."""
+        x = F.embedding(tokens, self.embed)
+        dn_i = 0
+        for kind, mixer, w in self.layers:
+            h = rms_norm(x, w["attn_norm"], self.spec.rms_eps)
+            if kind == ATTENTION:
+                h = mixer(h, ctx, cache)
+            else:
+                h = mixer(h, state.conv[dn_i], state.rec[dn_i])
+                dn_i += 1
+            x = x + h
+            x = x + mlp(rms_norm(x, w["mlp_norm"], self.spec.rms_eps), w)
+        if last_only:
+            x = x[-1:]
+        return F.linear(rms_norm(x, self.norm, self.spec.rms_eps), self.lm_head)
+
+    @torch.inference_mode()
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: PagedKV, view: View, state: RecurrentState,
+            last_only: bool = True) -> torch.Tensor:
+        """Append tokens to ``view`` (reserving blocks), run them, advance the view. -> logits"""
+        assert cache.reserve(view, len(tokens)), "paged cache is full"
+        ctx = self.context(cache, view.slots(0, view.length + len(tokens), cache.block_tokens), len(tokens), positions)
+        logits = self.forward(tokens.to(self.device), ctx, cache, state, last_only)
+        view.length += len(tokens)
+        return logits

@@ -1,0 +1,100 @@
+"""Paged attention KV: fixed-size blocks of slots, block-major so one block is one contiguous copy.
+
+Storage is ``kv[num_blocks, 2, layers, block_tokens, kv_heads, head_dim]``: K then V of
+every attention layer of a block sit together, so moving a block between host and GPU is
+a single memcpy. K is stored **pre-RoPE** (after the k norm); each slot also keeps its
+position and attention rotates keys by it when reading them, so a block can be placed at
+any position (``compact`` mode) without touching its bytes, and what is read out of the
+cache is exactly what KVMem stores.
+
+Slot ``s`` is token ``s % B`` of block ``s // B``. A ``View`` is a sequence's logical token
+order: the concatenation of its blocks in table order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class View:
+    """A sequence's block table and logical length (tokens written so far)."""
+
+    table: list[int] = field(default_factory=list)
+    length: int = 0
+
+    def slots(self, start: int, stop: int, block_tokens: int) -> list[int]:
+        """Physical slot of each view index in ``[start, stop)``."""
+        return [self.table[i // block_tokens] * block_tokens + i % block_tokens for i in range(start, stop)]
+
+
+class PagedKV:
+    """K/V/position storage for ``num_blocks`` blocks of ``block_tokens`` slots, with a free list."""
+
+    def __init__(self, n_layers: int, num_blocks: int, block_tokens: int, n_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self.kv = torch.zeros(num_blocks, 2, n_layers, block_tokens, n_kv_heads, head_dim, dtype=dtype, device=device)
+        self.rows = self.kv.view(-1, n_kv_heads, head_dim)  # row r: see ``base_rows``
+        self.pos = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=device)
+        self.n_layers, self.block_tokens, self.num_blocks = n_layers, block_tokens, num_blocks
+        self.free: list[int] = list(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.kv[0].nbytes
+
+    def base_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Row of each slot's layer-0 K in ``rows``; layer l's K is ``+ l*B``, its V ``+ (L + l)*B``."""
+        B = self.block_tokens
+        return (slots // B) * (2 * self.n_layers * B) + slots % B
+
+    def k_offset(self, layer: int) -> int:
+        return layer * self.block_tokens
+
+    def v_offset(self, layer: int) -> int:
+        return (self.n_layers + layer) * self.block_tokens
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` free blocks; the caller checked ``can_allocate``."""
+        assert self.can_allocate(n), f"{n} blocks wanted, {len(self.free)} free"
+        taken, self.free = self.free[:n], self.free[n:]
+        return taken
+
+    def release(self, blocks: list[int]) -> None:
+        assert not set(blocks) & set(self.free), "double free"
+        self.free.extend(blocks)
+
+    def reserve(self, view: View, n_tokens: int) -> bool:
+        """Grow ``view``'s table so ``n_tokens`` more tokens fit; False (nothing taken) if no room."""
+        need = -(-(view.length + n_tokens) // self.block_tokens) - len(view.table)
+        if need <= 0:
+            return True
+        if not self.can_allocate(need):
+            return False
+        view.table.extend(self.allocate(need))
+        return True
+
+    def block_slots(self, block: int) -> slice:
+        return slice(block * self.block_tokens, (block + 1) * self.block_tokens)
+
+    def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, V, positions) of one block: K/V [layers, block_tokens, kv heads, head dim], pre-RoPE (views)."""
+        return self.kv[block, 0], self.kv[block, 1], self.pos[self.block_slots(block)]
+
+    def write_block(self, block: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Place a block's pre-RoPE K/V at ``block`` with the given positions (any, e.g. compacted)."""
+        self.kv[block, 0].copy_(k, non_blocking=True)
+        self.kv[block, 1].copy_(v, non_blocking=True)
+        self.pos[self.block_slots(block)].copy_(positions, non_blocking=True)
+
+    def set_positions(self, block: int, positions: torch.Tensor) -> None:
+        """Re-position a block in place (compact mode): K stays pre-RoPE, so this is all it takes."""
+        self.pos[self.block_slots(block)].copy_(positions)

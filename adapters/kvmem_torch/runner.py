@@ -1,0 +1,199 @@
+"""One sequence's view over the paged cache: cells in position order, recurrent state, decode graphs.
+
+The view is a list of cells (slots) sorted by position; attention is causal in that order.
+New tokens append (their positions exceed every position in the view); stored blocks can
+be inserted anywhere by position and cells dropped by position range, so any chronological
+subset of history can be attended. A device mirror of the slot list feeds attention; on
+CUDA, decode replays a graph captured per view-size bucket.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import torch
+
+from kvmem_torch.model import Model, RecurrentState
+
+
+class Runner:
+    """The model plus one view (paged KV cells), its recurrent state and decode graphs."""
+
+    def __init__(self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None) -> None:
+        self.model = model
+        self.cache = model.new_cache(num_blocks, block_tokens)
+        self.state = model.new_state()
+        self.B = block_tokens
+        self.cells: list[int] = []  # slots, view order
+        self.positions: list[int] = []  # ascending, parallel to cells
+        self.live: dict[int, int] = {}  # block -> live cells in it
+        self.tail: list[int] = []  # free slots of the block new tokens fill
+        self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
+        self.synced = 0  # cells[:synced] are mirrored in slots_dev
+        self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.static = {n: torch.zeros(1, dtype=torch.long, device=model.device) for n in ("tok", "pos", "slot", "q")}
+
+    @property
+    def max_view_tokens(self) -> int:
+        return self.cache.num_blocks * self.B
+
+    @property
+    def length(self) -> int:
+        return len(self.cells)
+
+    def view_free(self) -> int:
+        """Cells that can still be appended."""
+        return len(self.tail) + self.cache.num_free * self.B
+
+    def _take_slots(self, n: int) -> list[int]:
+        assert n <= self.view_free(), f"view full: {n} cells wanted, {self.view_free()} free"
+        out = []
+        while len(out) < n:
+            if not self.tail:
+                block = self.cache.allocate(1)[0]
+                self.tail = list(range(block * self.B, (block + 1) * self.B))
+            take, self.tail = self.tail[:n - len(out)], self.tail[n - len(out):]
+            out.extend(take)
+        for s in out:
+            self.live[s // self.B] = self.live.get(s // self.B, 0) + 1
+        return out
+
+    def _sync(self) -> None:
+        if self.synced < len(self.cells):
+            new = torch.tensor(self.cells[self.synced:], dtype=torch.long)
+            self.slots_dev[self.synced:len(self.cells)].copy_(new, non_blocking=True)
+            self.synced = len(self.cells)
+
+    def forward(self, tokens: Sequence[int], positions: Sequence[int], last_only: bool = True,
+                capture: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """Append tokens at ``positions`` (all beyond the view's last) and run them. -> (logits, pre-RoPE q)"""
+        assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
+        if len(tokens) == 1 and self.use_graphs and not capture:
+            return self._decode_graph(tokens[0], positions[0]), None
+        dev, start = self.model.device, len(self.cells)
+        slots = self._take_slots(len(tokens))
+        self.cells.extend(slots)
+        self.positions.extend(positions)
+        self._sync()
+        with torch.inference_mode():
+            ctx = self.model.static_context(
+                self.cache, self.slots_dev[start:start + len(tokens)], self.slots_dev[:len(self.cells)],
+                torch.arange(start, len(self.cells), device=dev), torch.tensor(positions, device=dev), capture)
+            logits = self.model.forward(torch.tensor(tokens, device=dev), ctx, self.cache, self.state, last_only)
+        return logits, ctx.capture
+
+    def prefill(self, tokens: Sequence[int], positions: Sequence[int], chunk: int = 512,
+                snapshot_at: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, RecurrentState]]:
+        """Chunked prefill; snapshots of the recurrent state after ``i`` tokens for each ``i`` in ``snapshot_at``."""
+        cuts = sorted({0, len(tokens), *(i for i in snapshot_at if 0 < i < len(tokens))}
+                      | set(range(0, len(tokens), chunk)))
+        snaps, logits = {}, None
+        for a, b in zip(cuts, cuts[1:]):
+            logits, _ = self.forward(tokens[a:b], positions[a:b])
+            if b in snapshot_at:
+                snaps[b] = self.state.snapshot()
+        return logits, snaps
+
+    def _bucket(self, n: int) -> int:
+        """Keys a decode graph attends to: n rounded up to an eighth of its power-of-two octave."""
+        octave = self.B
+        while octave < n:
+            octave *= 2
+        step = max(self.B, octave // 8)
+        return min(-(-n // step) * step, self.max_view_tokens)
+
+    def _decode_graph(self, token: int, position: int) -> torch.Tensor:
+        """One decode step through a CUDA graph captured for the view's size bucket."""
+        slot = self._take_slots(1)[0]
+        self.cells.append(slot)
+        self.positions.append(position)
+        self._sync()
+        s = self.static
+        for name, value in (("tok", token), ("pos", position), ("slot", slot), ("q", len(self.cells) - 1)):
+            s[name].fill_(value)
+        bucket = self._bucket(len(self.cells))
+        if bucket not in self.graphs:
+            self.graphs[bucket] = self._capture(bucket)
+        graph, out = self.graphs[bucket]
+        graph.replay()
+        return out
+
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        s, snap = self.static, self.state.snapshot()
+
+        def step() -> torch.Tensor:
+            ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
+            return self.model.forward(s["tok"], ctx, self.cache, self.state)
+
+        with torch.inference_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=getattr(self, "_pool", None)):
+                out = step()
+            self._pool = graph.pool()
+        return graph, out
+
+    def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:
+        """Write a block's pre-RoPE K/V [layers, >= n, kv, hd] into a new block; its first n = len(positions)
+        tokens become cells at ``positions``."""
+        n, block = len(positions), self.cache.allocate(1)[0]
+        if k.shape[1] < self.B:
+            k, v = _pad_tokens(k, self.B), _pad_tokens(v, self.B)
+        pos_t = torch.tensor(list(positions) + [0] * (self.B - n), dtype=torch.long).to(self.model.device, non_blocking=True)
+        self.cache.write_block(block, k, v, pos_t)
+        self.live[block] = n
+        i = bisect.bisect_left(self.positions, positions[0])
+        self.cells[i:i] = list(range(block * self.B, block * self.B + n))
+        self.positions[i:i] = list(positions[:n])
+        self.synced = min(self.synced, i)
+
+    def cells_at(self, p0: int, p1: int) -> tuple[int, int]:
+        """Index range of the cells with positions in ``[p0, p1)``."""
+        return bisect.bisect_left(self.positions, p0), bisect.bisect_left(self.positions, p1)
+
+    def read_cells(self, p0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [layers, n, kv heads, head dim] (pre-RoPE) of the ``n`` cells from position ``p0``."""
+        i, j = self.cells_at(p0, p0 + n)
+        assert j - i == n, f"view holds {j - i} cells in [{p0}, {p0 + n})"
+        rows = self.cache.base_rows(torch.tensor(self.cells[i:j], dtype=torch.long, device=self.model.device))
+        L = self.cache.n_layers
+        k = torch.stack([self.cache.rows.index_select(0, rows + self.cache.k_offset(l)) for l in range(L)])
+        v = torch.stack([self.cache.rows.index_select(0, rows + self.cache.v_offset(l)) for l in range(L)])
+        return k, v
+
+    def drop(self, p0: int, p1: int) -> None:
+        """Remove cells with positions in ``[p0, p1)``; blocks left without live cells are freed."""
+        i, j = self.cells_at(p0, p1)
+        for s in self.cells[i:j]:
+            self.live[s // self.B] -= 1
+        del self.cells[i:j], self.positions[i:j]
+        self.synced = min(self.synced, i)
+        self._free_dead()
+
+    def _free_dead(self) -> None:
+        tail_block = self.tail[0] // self.B if self.tail else None
+        dead = [b for b, n in self.live.items() if n == 0 and b != tail_block]
+        for b in dead:
+            del self.live[b]
+        self.cache.release(dead)
+
+    def clear(self) -> None:
+        """Empty the view and reset the recurrent state."""
+        self.drop(-(1 << 62), 1 << 62)
+        if self.tail:
+            block = self.tail[0] // self.B
+            self.live.pop(block, None)
+            self.cache.release([block])
+            self.tail = []
+        self.state.reset()
+
+
+def _pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Pad dim 1 (tokens) of [layers, tokens, heads, dim] with zeros up to ``n``."""
+    return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, n - x.shape[1]))

@@ -1,0 +1,105 @@
+"""Small random models: HF oracles for tests and random internal weights for benchmarks.
+
+Nothing is downloaded. ``tiny_hf_model`` needs ``transformers``; ``random_weights`` needs
+only torch and builds weights directly on the target device (a 27B shape on a GPU).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvmem_torch.spec import ATTENTION, ModelSpec
+
+TINY = {
+    "llama": dict(
+        model_type="llama", vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
+    ),
+    "qwen35": dict(
+        model_type="qwen3_5_text", vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+        max_position_embeddings=4096, full_attention_interval=2, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def tiny_hf_config(arch: str) -> dict[str, Any]:
+    return dict(TINY[arch])
+
+
+def tiny_hf_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
+    """A randomly initialised HF ``LlamaForCausalLM`` / ``Qwen3_5ForCausalLM`` with non-trivial norms,
+    dt_bias and A_log, in eval mode."""
+    import transformers
+
+    cfg = tiny_hf_config(arch)
+    model_type = cfg.pop("model_type")
+    if model_type == "llama":
+        config, cls = transformers.LlamaConfig(**cfg), transformers.LlamaForCausalLM
+    else:
+        config, cls = transformers.Qwen3_5TextConfig(**cfg), transformers.Qwen3_5ForCausalLM
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(_random_like(name, p, gen))
+    return model.to(dtype)
+
+
+def _random_like(name: str, p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if name.endswith("A_log"):
+        return torch.empty(p.shape).uniform_(0.01, 4.0, generator=gen).log()
+    if name.endswith("dt_bias"):
+        return torch.empty(p.shape).uniform_(-1.0, 1.0, generator=gen)
+    if "norm" in name:  # keep each norm's centre (0 for Qwen's 1+w norms, 1 otherwise), then perturb
+        return p.mean() + 0.2 * torch.randn(p.shape, generator=gen)
+    return 0.15 * torch.randn(p.shape, generator=gen)
+
+
+def tiny_spec_weights(model: Any, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str = "cpu") -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """The internal spec and weights of an HF model object (same conversion as the safetensors path)."""
+    from kvmem_torch.hf_loader import weights_from_hf
+    from kvmem_torch.spec import spec_from_hf
+
+    spec = spec_from_hf(model.config.to_dict())
+    return spec, weights_from_hf(spec, model.state_dict(), dtype, device)
+
+
+def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
+                   std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Random internal weights for ``spec`` generated on ``device`` (benchmarks; no checkpoint needed)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def mat(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=gen, device=device, dtype=dtype) * std
+
+    def ones(n: int, value: float = 1.0, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.full((n,), value, device=device, dtype=dt)
+
+    s, h = spec, spec.hidden_size
+    w = {"embed": mat(s.vocab_size, h), "norm": ones(h), "lm_head": mat(s.vocab_size, h)}
+    for i, kind in enumerate(s.layer_kinds):
+        p = f"layers.{i}."
+        w |= {p + "attn_norm": ones(h), p + "mlp_norm": ones(h), p + "gate": mat(s.intermediate_size, h),
+              p + "up": mat(s.intermediate_size, h), p + "down": mat(h, s.intermediate_size)}
+        if kind == ATTENTION:
+            q_rows = s.n_heads * s.head_dim * (2 if s.gated_attention else 1)
+            w |= {p + "q": mat(q_rows, h), p + "k": mat(s.n_kv_heads * s.head_dim, h),
+                  p + "v": mat(s.n_kv_heads * s.head_dim, h), p + "o": mat(h, s.n_heads * s.head_dim)}
+            if s.gated_attention:
+                w |= {p + "q_norm": ones(s.head_dim), p + "k_norm": ones(s.head_dim)}
+        else:
+            vd = s.linear_v_heads * s.linear_v_dim
+            w |= {p + "qkv": mat(s.conv_dim, h), p + "z": mat(vd, h), p + "b": mat(s.linear_v_heads, h),
+                  p + "a": mat(s.linear_v_heads, h), p + "out": mat(h, vd),
+                  p + "conv": mat(s.conv_dim, s.conv_kernel), p + "dt_bias": ones(s.linear_v_heads, 0.5, torch.float32),
+                  p + "ssm_a": ones(s.linear_v_heads, -1.0, torch.float32), p + "ssm_norm": ones(s.linear_v_dim)}
+    return w

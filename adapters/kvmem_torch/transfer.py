@@ -1,0 +1,51 @@
+"""Block writes host -> device: pinned staging buffers and a copy stream, so staging overlaps compute.
+
+A block's K and V for every layer are one contiguous region of the paged cache, so each
+block is a single host->device copy from a pinned buffer of the same shape. ``wait`` orders
+later compute after the pending copies without blocking the host. On CPU, writes are plain
+copies.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kvmem_torch.paged import PagedKV
+
+
+class BlockStager:
+    """A ring of pinned [2, layers, B, kv heads, head dim] buffers feeding a copy stream."""
+
+    def __init__(self, cache: PagedKV, n_buffers: int = 8) -> None:
+        self.cuda = cache.kv.is_cuda
+        if not self.cuda:
+            return
+        shape = cache.kv.shape[1:]
+        self.buffers = [torch.empty(shape, dtype=cache.kv.dtype, pin_memory=True) for _ in range(n_buffers)]
+        self.done: list[torch.cuda.Event | None] = [None] * n_buffers
+        self.stream = torch.cuda.Stream()
+        self.next = 0
+
+    def put(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
+        """Insert a block (host K/V [layers, n, kv, hd]) into ``runner``'s view at ``positions``."""
+        if not self.cuda:
+            runner.insert_block(k, v, positions)
+            return
+        i, n = self.next, k.shape[1]
+        self.next = (i + 1) % len(self.buffers)
+        if self.done[i] is not None:
+            self.done[i].synchronize()  # the buffer's previous copy must have left it
+        buf = self.buffers[i]
+        buf[0, :, :n].copy_(k)
+        buf[1, :, :n].copy_(v)
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            runner.insert_block(buf[0], buf[1], positions)
+            self.done[i] = torch.cuda.Event()
+            self.done[i].record(self.stream)
+
+    def wait(self) -> None:
+        """Make the compute stream wait for every copy issued so far (the host does not block)."""
+        if self.cuda:
+            torch.cuda.current_stream().wait_stream(self.stream)

@@ -1,0 +1,101 @@
+"""The runner's position-ordered view: block round trips, reordering, compaction, drops, snapshots."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from kvmem_torch.model import Model  # noqa: E402
+from kvmem_torch.paged import View  # noqa: E402
+from kvmem_torch.runner import Runner  # noqa: E402
+from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
+
+B = 16
+
+
+@pytest.fixture(scope="module", params=("llama", "qwen35"))
+def model(request: pytest.FixtureRequest) -> Model:
+    torch.set_num_threads(1)
+    return Model(*tiny_spec_weights(tiny_hf_model(request.param, seed=2)))
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 160, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def prefilled(model: Model, n: int = 50) -> tuple[Runner, list[int]]:
+    r, toks = Runner(model, 12, B), ids(n + 1)
+    r.prefill(toks[:n], list(range(n)), chunk=20)
+    return r, toks
+
+
+def test_prefill_decode_matches_block_table_path(model: Model) -> None:
+    r, toks = prefilled(model)
+    got, _ = r.forward(toks[50:], [50])
+    cache, view, state = model.new_cache(12, B), View(), model.new_state()
+    model.run(torch.tensor(toks[:50]), torch.arange(50), cache, view, state)
+    ref = model.run(torch.tensor(toks[50:]), torch.tensor([50]), cache, view, state)
+    assert (got - ref).abs().max().item() <= 1e-4  # different chunk cuts: fp32 rounding only
+
+
+def test_blocks_read_out_and_written_back_in_any_order_are_bit_exact(model: Model) -> None:
+    r, toks = prefilled(model)
+    snap = r.state.snapshot()
+    expected, _ = r.forward(toks[50:], [50])
+    r.drop(50, 51)
+    blocks = [(p, *r.read_cells(p, min(B, 50 - p))) for p in range(0, 50, B)]
+    blocks = [(p, k.clone(), v.clone()) for p, k, v in blocks]
+    r.clear()
+    assert r.length == 0 and r.cache.num_free == r.cache.num_blocks
+    for p, k, v in reversed(blocks):
+        r.insert_block(k, v, list(range(p, p + k.shape[1])))
+    r.state.restore(snap)
+    got, _ = r.forward(toks[50:], [50])
+    assert torch.equal(got, expected)
+
+
+def test_compacted_positions_equal_the_shifted_run(model: Model) -> None:
+    r, toks = prefilled(model)
+    snap = r.state.snapshot()
+    expected, _ = r.forward(toks[50:], [50])
+    r.drop(50, 51)
+    blocks = [(p, *(x.clone() for x in r.read_cells(p, min(B, 50 - p)))) for p in range(0, 50, B)]
+    r.clear()
+    for p, k, v in blocks:
+        r.insert_block(k, v, list(range(1000 + p, 1000 + p + k.shape[1])))
+    r.state.restore(snap)
+    got, _ = r.forward(toks[50:], [1050])
+    assert (got - expected).abs().max().item() <= 1e-4
+
+
+def test_dropping_a_block_equals_a_view_without_it(model: Model) -> None:
+    r, toks = prefilled(model, 48)
+    free = r.view_free()
+    cache, view, state = r.cache, View(), r.state.snapshot()
+    view.table = [r.cells[0] // B, r.cells[32] // B]
+    r.drop(16, 32)
+    assert r.view_free() == free + B and r.length == 32
+    got, _ = r.forward(toks[48:], [48])
+    view.length = 32
+    ref = model.run(torch.tensor(toks[48:]), torch.tensor([48]), cache, view, state)
+    assert (got - ref).abs().max().item() <= 1e-6
+
+
+def test_snapshots_taken_during_prefill_restore_the_state_at_that_point(model: Model) -> None:
+    if not model.spec.deltanet_layers:
+        pytest.skip("attention-only model has no recurrent state")
+    r, toks = Runner(model, 12, B), ids(40, seed=3)
+    _, snaps = r.prefill(toks, list(range(40)), chunk=16, snapshot_at=[25])
+    fresh = Runner(model, 12, B)
+    fresh.prefill(toks[:25], list(range(25)), chunk=16)  # the same chunk cuts: 0, 16, 25
+    assert torch.equal(snaps[25].rec, fresh.state.rec) and torch.equal(snaps[25].conv, fresh.state.conv)
+    assert not torch.equal(snaps[25].rec, r.state.rec)
+
+
+def test_capture_returns_pre_rope_queries(model: Model) -> None:
+    r = Runner(model, 12, B)
+    _, q = r.forward(ids(20), list(range(20)), capture=True)
+    spec = model.spec
+    assert sorted(q) == list(spec.attention_layers)
+    assert q[spec.attention_layers[0]].shape == (20, spec.n_heads, spec.head_dim)
