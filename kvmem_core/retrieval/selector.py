@@ -1,0 +1,200 @@
+"""Fill a token budget with a workspace's blocks: mandatory spans first, then by score.
+
+Mandatory: the sink (blocks holding the first ``sink_tokens`` tokens), blocks tagged
+``mandatory`` (system prompt, tool schemas), the recent window (blocks holding the last
+``recent_tokens`` history tokens) and the live tail (``tail_tokens`` not yet in blocks, which
+only consume budget). Blocks tagged ``atomic:<name>`` form a group taken whole or not at all.
+A block whose winning token sits within ``edge_tokens`` of an edge is taken together with
+the neighbour on that side, so a fact that straddles two blocks is not cut in half.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import BudgetError, ConfigError
+from kvmem_core.layout import BlockMeta
+from kvmem_core.retrieval.base import BlockScores
+
+MANDATORY_TAG = "mandatory"
+ATOMIC_PREFIX = "atomic:"
+BASELINES = ("recent", "sink-recent", "full")
+
+
+@dataclass(frozen=True, eq=False)
+class BlockSpans:
+    """What the selector knows of each block: tokens [N], mandatory tag [N], atomic group [N] (-1: none)."""
+
+    n_tokens: np.ndarray
+    mandatory: np.ndarray
+    groups: np.ndarray
+
+    @classmethod
+    def from_metas(cls, metas: Sequence[BlockMeta]) -> BlockSpans:
+        names: dict[str, int] = {}
+        groups = [_group_of(m.tags, names) for m in metas]
+        return cls(
+            np.array([m.n_tokens for m in metas], dtype=np.int64),
+            np.array([MANDATORY_TAG in m.tags for m in metas], dtype=bool),
+            np.array(groups, dtype=np.int64),
+        )
+
+    @classmethod
+    def uniform(cls, n_blocks: int, block_tokens: int) -> BlockSpans:
+        """Untagged full blocks."""
+        return cls(np.full(n_blocks, block_tokens, np.int64), np.zeros(n_blocks, bool), np.full(n_blocks, -1, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.n_tokens)
+
+
+def _group_of(tags: frozenset[str], names: dict[str, int]) -> int:
+    atomic = sorted(t for t in tags if t.startswith(ATOMIC_PREFIX))
+    return names.setdefault(atomic[0], len(names)) if atomic else -1
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Chosen block indices in chronological order and how they were chosen."""
+
+    blocks: tuple[int, ...]
+    tokens: int
+    tail_tokens: int
+    mandatory: tuple[int, ...] = ()
+    expanded: tuple[int, ...] = ()
+    method: str = "retrieval"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "blocks": list(self.blocks),
+            "history_tokens": self.tokens,
+            "tail_tokens": self.tail_tokens,
+            "mandatory_blocks": list(self.mandatory),
+            "expanded_blocks": list(self.expanded),
+        }
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Budget and mandatory-span policy; ``select`` is deterministic for equal inputs."""
+
+    budget: int
+    sink_tokens: int = 128
+    recent_tokens: int = 512
+    edge_tokens: int = 16
+
+    @classmethod
+    def from_config(cls, config: KVMemConfig, budget: int | None = None) -> Selector:
+        return cls(budget or config.budget, config.sink_tokens, config.recent_tokens)
+
+    def select(self, spans: BlockSpans, scores: BlockScores | None, tail_tokens: int = 0, method: str = "retrieval") -> Selection:
+        """Mandatory spans, then blocks by descending score (ties: the later block first).
+
+        ``method`` is ``retrieval`` (needs ``scores``) or a baseline: ``recent`` (newest
+        blocks, no sink), ``sink-recent`` (sink plus newest), ``full`` (everything, or
+        BudgetError). Raises BudgetError when the mandatory spans alone exceed the budget.
+        """
+        n = len(spans)
+        if method == "full":
+            return self._full(spans, tail_tokens)
+        if method == "retrieval":
+            if scores is None:
+                raise ConfigError("retrieval selection needs block scores")
+            order_key, peaks = np.asarray(scores.scores, dtype=np.float64), scores.peaks
+        elif method in ("recent", "sink-recent"):
+            order_key, peaks = np.arange(n, dtype=np.float64), np.full(n, -1)
+        else:
+            raise ConfigError(f"unknown selection method {method!r}")
+        picker = _Picker(spans, self.budget - tail_tokens)
+        mandatory = self._mandatory(spans, sink=method != "recent")
+        picker.take_mandatory(mandatory, self.budget, tail_tokens)
+        for b in np.lexsort((-np.arange(n), -order_key)):
+            if picker.full():
+                break
+            picker.offer(int(b), self._unit(int(b), peaks, spans))
+        return picker.result(tail_tokens, method)
+
+    def _mandatory(self, spans: BlockSpans, sink: bool) -> np.ndarray:
+        ends = np.cumsum(spans.n_tokens)
+        starts = ends - spans.n_tokens
+        mask = spans.mandatory.copy()
+        if sink:
+            mask |= starts < self.sink_tokens
+        total = ends[-1] if len(ends) else 0
+        mask |= ends > total - self.recent_tokens
+        return mask
+
+    def _unit(self, b: int, peaks: np.ndarray, spans: BlockSpans) -> list[int]:
+        unit = [b]
+        peak = int(peaks[b])
+        if peak < 0:
+            return unit
+        if peak < self.edge_tokens and b > 0:
+            unit.append(b - 1)
+        if peak >= spans.n_tokens[b] - self.edge_tokens and b + 1 < len(spans):
+            unit.append(b + 1)
+        return unit
+
+    def _full(self, spans: BlockSpans, tail_tokens: int) -> Selection:
+        need = int(spans.n_tokens.sum()) + tail_tokens
+        if need > self.budget:
+            raise BudgetError(f"method full needs {need} tokens but --kvmem-budget is {self.budget}; raise it or use retrieval")
+        return Selection(tuple(range(len(spans))), need - tail_tokens, tail_tokens, method="full")
+
+
+class _Picker:
+    """Greedy budget filling with whole atomic groups."""
+
+    def __init__(self, spans: BlockSpans, room: int) -> None:
+        self.spans = spans
+        self.room = room
+        self.chosen = np.zeros(len(spans), dtype=bool)
+        self.mandatory: tuple[int, ...] = ()
+        self.expanded: list[int] = []
+        self._members: dict[int, list[int]] = {}
+        for i, g in enumerate(spans.groups):
+            if g >= 0:
+                self._members.setdefault(int(g), []).append(i)
+        self._smallest = int(spans.n_tokens.min()) if len(spans) else 0
+
+    def take_mandatory(self, mask: np.ndarray, budget: int, tail_tokens: int) -> None:
+        blocks = self._close([int(i) for i in np.flatnonzero(mask)])
+        need = int(self.spans.n_tokens[blocks].sum()) if blocks else 0
+        if need + tail_tokens > budget:
+            raise BudgetError(
+                f"mandatory spans need {need + tail_tokens} tokens ({need} history + {tail_tokens} live tail) "
+                f"but --kvmem-budget is {budget}; raise the budget or lower --kvmem-sink-tokens/--kvmem-recent-tokens"
+            )
+        self.chosen[blocks] = True
+        self.room -= need
+        self.mandatory = tuple(sorted(blocks))
+
+    def full(self) -> bool:
+        return self.room < self._smallest
+
+    def offer(self, b: int, unit: list[int]) -> None:
+        if self.chosen[b]:
+            return
+        new = [i for i in self._close(unit) if not self.chosen[i]]
+        need = int(self.spans.n_tokens[new].sum())
+        if need <= self.room:
+            self.chosen[new] = True
+            self.room -= need
+            self.expanded.extend(i for i in new if i != b)
+
+    def _close(self, blocks: list[int]) -> list[int]:
+        out = set(blocks)
+        for b in blocks:
+            g = int(self.spans.groups[b])
+            if g >= 0:
+                out.update(self._members[g])
+        return sorted(out)
+
+    def result(self, tail_tokens: int, method: str) -> Selection:
+        blocks = tuple(int(i) for i in np.flatnonzero(self.chosen))
+        tokens = int(self.spans.n_tokens[list(blocks)].sum()) if blocks else 0
+        return Selection(blocks, tokens, tail_tokens, self.mandatory, tuple(sorted(self.expanded)), method)
