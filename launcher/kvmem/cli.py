@@ -12,7 +12,7 @@ import sys
 
 from kvmem_core.errors import KVMemError
 
-SUBCOMMANDS = ("kvmem.cmd_test",)
+SUBCOMMANDS = ("kvmem.cmd_run", "kvmem.cmd_chat", "kvmem.cmd_calibrate", "kvmem.cmd_bench", "kvmem.cmd_test", "kvmem.cmd_serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     if args.command is None:
-        print("kvmem: no engine is available yet: the llama.cpp adapter and `kvmem run`/`kvmem serve` "
-              "are not built; `kvmem test` runs the test suite", file=sys.stderr)
+        parser.print_usage(sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)

@@ -1,0 +1,179 @@
+"""``LlamaCppAdapter``: the EngineAdapter over an unmodified llama.cpp (llama-cpp-python 0.3.36).
+
+The view is sequence 0 of a unified KV cache. A block travels as a sequence-state blob:
+copied to the scratch sequence 1 with ``seq_cp`` and saved (export), or synthesized for
+sequence 1, restored and copied into the view (import). Every buffer is reused.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any, Sequence
+
+import jinja2.sandbox
+import llama_cpp as L
+import numpy as np
+
+from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
+from kvmem_core.layout import BlockKV, BlockLayout
+from kvmem_llamacpp import blob
+from kvmem_llamacpp.capture import QueryCapture
+from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel
+from kvmem_llamacpp.rope import rotate
+
+
+class LlamaCppAdapter:
+    """One GGUF model and its view of ``view_tokens`` cells (see kvmem_core.adapter.EngineAdapter)."""
+
+    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int = 1,
+                 n_batch: int = 512, flash_attn: bool = True, f32_cache: bool = False) -> None:
+        path = Path(model_path)
+        self.model = LlamaModel(path)
+        m = self.model
+        self.capture = QueryCapture(m.n_layer, m.n_head, m.head_dim)
+        self.ctx = LlamaContext(m, view_tokens, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn,
+                                f32_cache=f32_cache, cb_eval=self.capture.callback)
+        self.model_path = str(path)
+        self.model_id = path.stem
+        self.fingerprint = file_fingerprint(self.model_path)
+        self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens,
+                                  "float32" if f32_cache else "float16")
+        self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train)
+        self._n_embd_kv = m.n_head_kv * m.head_dim
+        self._v_trans = 0 if flash_attn else 1
+        self._import = np.empty(0, dtype=np.uint8)
+        self._view: set[int] = set()
+        self._template = self._compile_template()
+
+    # ---- text -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        raw = text.encode()
+        cap = len(raw) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.model.vocab, raw, len(raw), buf, cap, False, special)
+        assert n >= 0, "token buffer too small"
+        ids = list(buf[:n])
+        bos = L.llama_vocab_bos(self.model.vocab)
+        if L.llama_vocab_get_add_bos(self.model.vocab) and bos >= 0 and ids[:1] != [bos]:
+            ids.insert(0, bos)  # models trained with BOS get it once, whether or not the template wrote it
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.model.vocab, token))
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
+                                     add_generation_prompt=add_generation_prompt, bos_token=self._special(L.llama_vocab_bos),
+                                     eos_token=self._special(L.llama_vocab_eos), **kwargs)
+
+    def _special(self, getter: Any) -> str:
+        token = getter(self.model.vocab)
+        return self.token_bytes(token).decode("utf-8", "replace") if token >= 0 else ""
+
+    def _compile_template(self) -> jinja2.Template:
+        source = self.model.meta("tokenizer.chat_template")
+        if source is None:  # ChatML, the common default of instruction-tuned GGUFs without one
+            source = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+                      "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        return env.from_string(source)
+
+    # ---- forward ----------------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
+                capture_from: int | None = None) -> ForwardOut:
+        assert len(tokens) == len(positions) and len(tokens) > 0
+        assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
+        if capture_from is not None:
+            self.capture.arm()
+        step = self.ctx.n_batch
+        for i in range(0, len(tokens), step):
+            last = i + step >= len(tokens)
+            if capture_from is not None:
+                self.capture.next_chunk()
+            self.ctx.decode(tokens[i:i + step], positions[i:i + step], LlamaContext.VIEW, want_logits and last)
+        self._view.update(int(p) for p in positions)
+        queries = self.capture.take(capture_from) if capture_from is not None else None
+        return ForwardOut(self.ctx.last_logits() if want_logits else None, queries)
+
+    def view_free(self) -> int:
+        return self.ctx.n_ctx - len(self._view)
+
+    # ---- blocks -----------------------------------------------------------------------
+
+    def read_block(self, start_pos: int, n_tokens: int) -> BlockKV:
+        c = self.ctx
+        c.seq_cp(c.VIEW, c.SCRATCH, start_pos, start_pos + n_tokens)
+        try:
+            kv, _ = blob.parse(c.get_state(c.SCRATCH), self.model.n_layer, self._n_embd_kv)
+        finally:
+            c.seq_rm(c.SCRATCH)
+        assert kv.positions.size == n_tokens and kv.positions[0] == start_pos, "block not resident in the view"
+        shape = (self.model.n_layer, n_tokens, self.model.n_head_kv, self.model.head_dim)
+        return BlockKV(kv.k.reshape(shape), kv.v.reshape(shape))
+
+    def write_blocks(self, placements: Sequence[Placement]) -> None:
+        if not placements:
+            return
+        kv = self._assemble(placements)
+        c = self.ctx
+        size = blob.blob_size(kv.positions.size, self.model.n_layer, self._n_embd_kv, kv.k.itemsize)
+        if self._import.size < size:
+            self._import = np.empty(size, dtype=np.uint8)
+        n = blob.synthesize(self._import, c.SCRATCH, kv, self._v_trans)
+        assert n == size
+        c.set_state(c.SCRATCH, self._import, n)
+        c.seq_cp(c.SCRATCH, c.VIEW)
+        c.seq_rm(c.SCRATCH)
+        self._view.update(int(p) for p in kv.positions)
+
+    def _assemble(self, placements: Sequence[Placement]) -> blob.SeqKV:
+        ks, vs, pos = [], [], []
+        for p in placements:
+            n = p.kv.k.shape[1]
+            k = p.kv.k if p.dst_pos == p.src_pos else self._shift(p.kv.k, p.dst_pos - p.src_pos)
+            ks.append(k.reshape(self.model.n_layer, n, -1))
+            vs.append(p.kv.v.reshape(self.model.n_layer, n, -1))
+            pos.append(np.arange(p.dst_pos, p.dst_pos + n, dtype=np.int32))
+        return blob.SeqKV(np.concatenate(pos), np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+
+    def _shift(self, k: np.ndarray, delta: int) -> np.ndarray:
+        m = self.model
+        shifted = rotate(k, np.full(k.shape[1], delta), n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type)
+        return shifted.astype(k.dtype)
+
+    def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
+        m = self.model
+        positions = -np.arange(start_pos, start_pos + k.shape[1])
+        return rotate(k, positions, n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type)
+
+    def drop(self, p0: int, p1: int) -> None:
+        self.ctx.seq_rm(LlamaContext.VIEW, p0, p1)
+        hi = p1 if p1 >= 0 else (1 << 62)
+        self._view = {p for p in self._view if not p0 <= p < hi}
+
+    def clear_view(self) -> None:
+        self.ctx.clear()
+        self._view.clear()
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+def _raise_template_error(message: str) -> None:
+    raise jinja2.TemplateError(message)

@@ -1,0 +1,118 @@
+"""Parse and synthesize llama.cpp sequence-state blobs (``llama_state_seq_get_data``).
+
+Format (llama-kv-cache.cpp ``state_write``), all little-endian:
+u32 magic 0xAF143CD8, i32 seq id, u32 n_stream; per stream: u32 cell_count; per cell {i32 pos, u32 n_seq_id = 1, i32 seq_id};
+u32 v_trans, u32 n_layer; K per layer {i32 type, u64 row_bytes, cell_count rows};
+V per layer {i32 type, u64 row_bytes, rows} (v_trans 0) or
+{i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements} (v_trans 1).
+Cells come in cell-slot order; ``parse`` sorts them by position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvmem_core.errors import UnsupportedModelError
+
+MAGIC = 0xAF143CD8
+_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2")}
+_CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
+
+
+@dataclass(frozen=True, eq=False)
+class SeqKV:
+    """Cells of one sequence sorted by position: K and V ``[layers, cells, n_embd_kv]``."""
+
+    positions: np.ndarray  # int32 [cells]
+    k: np.ndarray
+    v: np.ndarray
+
+
+def _dtype(type_id: int) -> np.dtype:
+    if type_id not in _DTYPES:
+        raise UnsupportedModelError(f"KV cache type {type_id} is not supported by this adapter yet (f16 and f32 are)")
+    return _DTYPES[type_id]
+
+
+class _Reader:
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.off = buf, 0
+
+    def scalar(self, fmt: str) -> int:
+        dt = np.dtype(fmt)
+        value = np.frombuffer(self.buf, dtype=dt, count=1, offset=self.off)[0]
+        self.off += dt.itemsize
+        return int(value)
+
+    def array(self, dtype: np.dtype, count: int) -> np.ndarray:
+        out = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.off)
+        self.off += out.nbytes
+        return out
+
+
+def parse(buf: memoryview, n_layer: int, n_embd_kv: int) -> tuple[SeqKV, int]:
+    """Cells of a one-stream blob sorted by position, and the blob's v_trans flag. Copies out of ``buf``."""
+    r = _Reader(buf)
+    assert r.scalar("<u4") == MAGIC, "not a llama.cpp sequence-state blob"
+    r.scalar("<i4")
+    assert r.scalar("<u4") == 1, "unified KV cache expected (one stream)"
+    n = r.scalar("<u4")
+    cells = r.array(_CELL, n)
+    assert n == 0 or (cells["n_seq"] == 1).all()
+    v_trans, layers = r.scalar("<u4"), r.scalar("<u4")
+    assert layers == n_layer, (layers, n_layer)
+    order = np.argsort(cells["pos"], kind="stable")
+    k = _layers(r, n_layer, n, n_embd_kv, transposed=False)
+    v = _layers(r, n_layer, n, n_embd_kv, transposed=bool(v_trans))
+    assert r.off == len(buf), "trailing bytes in sequence blob"
+    if (np.diff(order) == 1).all():  # cells already in position order: one plain copy each
+        return SeqKV(cells["pos"].copy(), np.ascontiguousarray(k), np.ascontiguousarray(v)), v_trans
+    return SeqKV(cells["pos"][order].copy(), k[:, order], v[:, order]), v_trans
+
+
+def _layers(r: _Reader, n_layer: int, n: int, width: int, transposed: bool) -> np.ndarray:
+    """A strided [layers, cells, width] view over every layer's rows (each layer has a 12-byte header)."""
+    dt = _dtype(int(np.frombuffer(r.buf, "<i4", 1, r.off)[0]))
+    header = np.frombuffer(r.buf, "<u4", 2, r.off + 4)
+    if transposed:
+        assert header[0] == dt.itemsize and header[1] == width, "unexpected V layout"
+    else:
+        assert int(np.frombuffer(r.buf, "<u8", 1, r.off + 4)[0]) == width * dt.itemsize, "unexpected row size"
+    item, stride = dt.itemsize, 12 + n * width * dt.itemsize
+    inner = (item, n * item) if transposed else (width * item, item)
+    view = np.ndarray((n_layer, n, width), dtype=dt, buffer=r.buf, offset=r.off + 12, strides=(stride, *inner))
+    r.off += n_layer * stride
+    return view
+
+
+def blob_size(n_cells: int, n_layer: int, n_embd_kv: int, itemsize: int) -> int:
+    """Bytes of a blob holding ``n_cells`` cells (K and V layer headers are 12 bytes either way)."""
+    return 24 + n_cells * _CELL.itemsize + n_layer * (24 + 2 * n_cells * n_embd_kv * itemsize)
+
+
+def synthesize(out: np.ndarray, seq: int, kv: SeqKV, v_trans: int) -> int:
+    """Write ``kv`` as a blob for sequence ``seq`` into ``out`` (uint8, large enough); return its size."""
+    n_layer, n, width = kv.k.shape
+    dt = kv.k.dtype
+    type_id = next(t for t, d in _DTYPES.items() if d == dt)
+    parts: list[bytes | np.ndarray] = [np.array([MAGIC, seq, 1, n], dtype="<u4")]
+    cells = np.empty(n, dtype=_CELL)
+    cells["pos"], cells["n_seq"], cells["seq"] = kv.positions, 1, seq
+    parts += [cells, np.array([v_trans, n_layer], dtype="<u4")]
+    row_hdr = np.array([type_id], "<i4").tobytes() + np.array([width * dt.itemsize], "<u8").tobytes()
+    for il in range(n_layer):
+        parts += [row_hdr, kv.k[il]]
+    vt_hdr = np.array([type_id], "<i4").tobytes() + np.array([dt.itemsize, width], "<u4").tobytes()
+    for il in range(n_layer):
+        parts += [vt_hdr, kv.v[il].T] if v_trans else [row_hdr, kv.v[il]]
+    return _write(out, parts)
+
+
+def _write(out: np.ndarray, parts: list[bytes | np.ndarray]) -> int:
+    off = 0
+    for part in parts:
+        raw = np.frombuffer(part, dtype=np.uint8) if isinstance(part, bytes) else np.ascontiguousarray(part).view(np.uint8).reshape(-1)
+        out[off:off + raw.size] = raw
+        off += raw.size
+    return off

@@ -1,0 +1,194 @@
+"""A llama.cpp model and context built with llama-cpp-python's low-level API.
+
+The high-level ``Llama`` class hides ``n_seq_max`` and ``kv_unified``, which block
+assembly through a scratch sequence needs, so the context is built here directly.
+Flash attention is set explicitly: a state blob saved with one setting does not restore
+with the other (V is transposed without it).
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as L
+import numpy as np
+
+from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+_ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L.llama_log_set(_QUIET, None)
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+@L.llama_log_callback
+def _QUIET(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+def check_gguf(path: Path) -> None:
+    """Raise ModelNotFoundError / UnsupportedModelError before llama.cpp sees a bad file."""
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise UnsupportedModelError(f"{path} is not a GGUF file")
+
+
+class LlamaModel:
+    """Loaded weights plus vocabulary and metadata."""
+
+    def __init__(self, path: Path, *, vocab_only: bool = False) -> None:
+        check_gguf(path)
+        _init_backend()
+        if not vocab_only:  # metadata first: refuse unsupported architectures before reading weights
+            LlamaModel(path, vocab_only=True).close()
+        params = L.llama_model_default_params()
+        params.vocab_only = vocab_only
+        self.path = path
+        self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise UnsupportedModelError(f"llama.cpp could not load {path.name} (unknown architecture or a damaged file)")
+        self._refuse(self._arch_problem())
+        if vocab_only:
+            return
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = L.llama_model_n_layer(self.ptr)
+        self.n_head = L.llama_model_n_head(self.ptr)
+        self.n_head_kv = L.llama_model_n_head_kv(self.ptr)
+        self.n_embd = L.llama_model_n_embd(self.ptr)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
+        self.rope_type = L.llama_model_rope_type(self.ptr)
+        self.head_dim = int(self.meta("attention.key_length", self.n_embd // self.n_head))
+        self.rope_dims = int(self.meta("rope.dimension_count", self.head_dim))
+        self.rope_base = float(self.meta("rope.freq_base", 10000.0))
+        self._refuse("sliding-window attention models" if L.llama_model_n_swa(self.ptr) > 0 else None)
+
+    def meta(self, key: str, default: object = None) -> str | object:
+        """Metadata value as text; ``key`` without the ``<arch>.`` prefix is looked up under the architecture."""
+        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
+        buf = ctypes.create_string_buffer(1 << 17)
+        n = L.llama_model_meta_val_str(self.ptr, full.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else default
+
+    @property
+    def arch(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_meta_val_str(self.ptr, b"general.architecture", buf, len(buf))
+        return buf.value.decode()
+
+    def _arch_problem(self) -> str | None:
+        """What makes the architecture unsupported (known from metadata alone), or None."""
+        rope = L.llama_model_rope_type(self.ptr)
+        if L.llama_model_is_recurrent(self.ptr) or L.llama_model_is_hybrid(self.ptr):
+            return "recurrent/hybrid models"
+        if rope in _ROPE_MULTI:
+            return "multi-axis RoPE models"
+        if L.llama_model_has_encoder(self.ptr):
+            return "encoder-decoder models"
+        if rope not in (0, 2):
+            return "models without RoPE"
+        return None
+
+    def _refuse(self, why: str | None) -> None:
+        if why:
+            arch = self.arch
+            self.close()
+            raise UnsupportedModelError(f"{self.path.name} ({arch}): {why} are not supported by this adapter yet")
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaContext:
+    """One context over a model: sequence 0 is the view, sequence 1 the scratch for blob assembly."""
+
+    VIEW, SCRATCH = 0, 1
+
+    def __init__(self, model: LlamaModel, n_ctx: int, *, n_batch: int = 512, n_threads: int = 1,
+                 flash_attn: bool = True, f32_cache: bool = False, cb_eval: object | None = None) -> None:
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 2
+        p.n_threads = p.n_threads_batch = n_threads
+        p.kv_unified = True
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.type_k = p.type_v = GGML_TYPE_F32 if f32_cache else GGML_TYPE_F16
+        p.no_perf = True
+        if cb_eval is not None:
+            p.cb_eval = cb_eval
+        self.model, self.n_batch = model, n_batch
+        self.ptr = L.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            raise UnsupportedModelError("llama.cpp could not create a context for this model")
+        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.mem = L.llama_get_memory(self.ptr)
+        self._batch = L.llama_batch_init(n_batch, 0, 1)
+        self._state = np.empty(0, dtype=np.uint8)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq: int, want_logits: bool) -> None:
+        """One ``llama_decode`` of at most ``n_batch`` tokens; logits only for the last when asked."""
+        n = len(tokens)
+        assert 0 < n <= self.n_batch
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 0
+        b.logits[n - 1] = int(want_logits)
+        rc = L.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (rc={rc}, view free cells may be exhausted)")
+
+    def last_logits(self) -> np.ndarray:
+        """Copy of the last decoded token's logits, float32 [vocab]."""
+        ptr = L.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_max(self.mem, seq)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    def get_state(self, seq: int) -> memoryview:
+        """The sequence's state blob, in a buffer reused across calls (valid until the next call)."""
+        size = L.llama_state_seq_get_size(self.ptr, seq)
+        if self._state.size < size:
+            self._state = np.empty(max(size, 2 * self._state.size), dtype=np.uint8)
+        ptr = self._state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = L.llama_state_seq_get_data(self.ptr, ptr, size, seq)
+        assert n == size, (n, size)
+        return memoryview(self._state)[:n]
+
+    def set_state(self, seq: int, blob: np.ndarray, n_bytes: int) -> None:
+        """Restore ``seq`` (cleared first by llama.cpp) from the first ``n_bytes`` of ``blob``."""
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self.ptr, ptr, n_bytes, seq) != n_bytes:
+            raise RuntimeError("llama_state_seq_set_data failed: the view has no room for these blocks")
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_batch_free(self._batch)
+            L.llama_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,152 @@
+"""What an engine binding implements so that the backend-neutral step can drive it.
+
+The adapter owns one *view*: the bounded set of KV cells the model attends to, each at an
+explicit position. The core decides what the view holds; the adapter only runs forwards
+over it and moves blocks of KV in and out. Shapes use the adapter's ``layout``:
+K and V of a block are ``[layers, tokens, kv heads, head dim]`` in the engine's frame
+(K rotated at the block's stored start position).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from kvmem_core.layout import BlockKV, BlockLayout
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Declared once per loaded model; the core plans around these."""
+
+    backend: str
+    max_view_tokens: int  # cells the view holds (history budget + generation reserve must fit)
+    trained_ctx: int  # positions the model was trained on; compact mode is needed beyond it
+    position_modes: tuple[str, ...] = ("original", "compact")
+    paged_slots: bool = False  # True: the core addresses KV slots directly (torch engine)
+    recurrent_state: bool = False  # True: hybrid model with checkpoints to save/restore
+    async_copies: bool = False
+    devices: tuple[str, ...] = ("cpu",)
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """One block to write into the view: its KV as stored at ``src_pos``, placed at ``dst_pos``."""
+
+    kv: BlockKV
+    src_pos: int
+    dst_pos: int
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardOut:
+    """Result of a forward over the view.
+
+    ``logits``: float32 ``[vocab]`` of the last token (None when not asked for).
+    ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
+    for the tokens asked for with ``capture_from`` (None otherwise).
+    """
+
+    logits: np.ndarray | None
+    queries: np.ndarray | None = None
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """A loaded model and its view. Calls are serialized by the core."""
+
+    model_id: str
+    model_path: str
+    fingerprint: str  # stable id of the weights file, keys calibration profiles
+    caps: Capabilities
+    layout: BlockLayout
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``special`` parses control tokens such as ``<|im_start|>``."""
+        ...
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (control tokens rendered as text)."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """Raw bytes of one token, for streaming text that may split UTF-8 sequences."""
+        ...
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ``<|im_end|>``...)."""
+        ...
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The model's own chat template applied to ``messages``."""
+        ...
+
+    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
+                capture_from: int | None = None) -> ForwardOut:
+        """Append ``tokens`` at ``positions`` to the view and run the model over them.
+
+        Positions must exceed every position already in the view. ``capture_from``: index
+        into ``tokens`` from which pre-RoPE queries are returned.
+        """
+        ...
+
+    def view_free(self) -> int:
+        """Cells still free in the view."""
+        ...
+
+    def read_block(self, start_pos: int, n_tokens: int) -> BlockKV:
+        """Copy out the KV of the view cells at positions ``[start_pos, start_pos + n_tokens)``."""
+        ...
+
+    def write_blocks(self, placements: Sequence[Placement]) -> None:
+        """Write blocks into the view, re-rotating K where ``dst_pos != src_pos``."""
+        ...
+
+    def drop(self, p0: int, p1: int) -> None:
+        """Remove the view cells with positions in ``[p0, p1)`` (p1 < 0: to the end)."""
+        ...
+
+    def clear_view(self) -> None:
+        """Empty the view."""
+        ...
+
+    def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
+        """Pre-RoPE (content-frame) float32 keys of a block's stored K rotated at ``start_pos``."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and its buffers; the adapter is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class RecurrentCheckpoints(Protocol):
+    """Also implemented by adapters whose models keep recurrent state (``caps.recurrent_state``).
+
+    The state cannot be subsetted like attention blocks: a replay from position N restores
+    the checkpoint taken at N.
+    """
+
+    def save_state(self) -> Any:
+        """Checkpoint of the recurrent state at the view's current end."""
+        ...
+
+    def restore_state(self, snap: Any) -> None:
+        """Put a checkpoint taken by ``save_state`` back."""
+        ...
+
+
+def file_fingerprint(path: str) -> str:
+    """Stable 16-hex id of a weights file: its size plus its first and last MiB (fast on large files)."""
+    size = os.path.getsize(path)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()

@@ -1,0 +1,330 @@
+"""``KVMemEngine``: one KVMem step per request over any ``EngineAdapter`` (DESIGN section 1).
+
+Render and tokenize, match the stored workspace, prefill the new suffix in chunks while
+archiving completed blocks, select blocks for the query, materialize them, replay the
+query, decode into the generation reserve, commit. When the whole prompt fits in the
+budget nothing is selected or replayed, so the result equals the plain engine's.
+"""
+from __future__ import annotations
+
+import codecs
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter
+from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import OnText, StepRequest, StepResult
+from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
+from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
+from kvmem_core.prompt import Prompt, Sampler, build_prompt
+from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
+from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
+from kvmem_core.step import ViewState, append_computed, materialize, reset, truncate
+from kvmem_core.store import BlockStore
+from kvmem_core.workspace import Workspace
+
+log = logging.getLogger("kvmem.engine")
+MAX_QUERY_TOKENS = 512
+PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
+
+
+class KVMemEngine:
+    """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine``.
+
+    ``heads`` are the retrieval heads (layer, query head) whose full keys every stored
+    block indexes. ``last_logits`` holds the logits the first generated token of the last
+    step was sampled from (tests and benchmarks compare them).
+    """
+
+    def __init__(self, adapter: EngineAdapter, config: KVMemConfig, *, heads: Sequence[tuple[int, int]] = (),
+                 store: BlockStore | None = None) -> None:
+        config.validate_view(adapter.caps.max_view_tokens)
+        config.validate_capacity(adapter.layout)
+        self.adapter, self.config, self.layout = adapter, config, adapter.layout
+        self.model_id = adapter.model_id
+        self.heads = tuple(config.retrieval_heads or heads)
+        self.store = store or BlockStore.from_config(config, adapter.layout)
+        self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
+        self.view = ViewState(adapter.layout.block_tokens)
+        adapter.clear_view()
+        self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
+        self.last_logits: np.ndarray | None = None
+        self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
+        self._indexes: dict[str, BlockIndex] = {}
+        self._view_ws: str | None = None
+        self._counts: Counter[str] = Counter()
+
+    # ---- the Engine contract ------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.adapter.tokenize(text)
+
+    def count_tokens(self, request: StepRequest) -> int:
+        """Prompt tokens ``request`` renders to (what ``step`` would report as ``prompt_tokens``)."""
+        return len(build_prompt(self.adapter, request).ids)
+
+    def step(self, request: StepRequest, on_text: OnText) -> StepResult:
+        """Run one KVMem step (see module docstring); stream text through ``on_text``.
+
+        Bad input raises a ``KVMemError`` before anything changes. A step that fails later
+        empties the view (stored blocks stay), so the next step starts from a known state.
+        """
+        cfg = self.config.replace(**request.overrides) if request.overrides else self.config
+        prompt = build_prompt(self.adapter, request)
+        self._check(cfg, prompt)
+        try:
+            return self._run(cfg, prompt, request, on_text)
+        except BaseException:
+            reset(self.view, self.adapter)
+            self._view_ws = None
+            raise
+
+    def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText) -> StepResult:
+        t0 = time.perf_counter()
+        ws, cached = self._open(prompt.ids)
+        fits = len(prompt.ids) <= cfg.budget
+        mode = self._mode(cfg)
+        self._setup_view(cfg, mode, fits, cached)
+        logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached)
+        t1 = time.perf_counter()
+        selection: dict[str, Any] = {"method": "full" if fits else cfg.method, "position_mode": mode}
+        if not fits:
+            logits, selection = self._select(cfg, mode, ws, prompt, queries, logits)
+        t2 = time.perf_counter()
+        text, ids, finish = self._decode(cfg, ws, request, logits, on_text)
+        t3 = time.perf_counter()
+        self.store.set_selection(ws.id, selection)
+        timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
+                   "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids))}
+        self._count(len(prompt.ids), cached, len(ids), timings)
+        return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        return self.store.list_workspaces()
+
+    def workspace_info(self, workspace_id: str) -> dict[str, Any] | None:
+        return self.store.workspace_info(workspace_id)
+
+    def delete_workspace(self, workspace_id: str) -> bool:
+        self._indexes.pop(workspace_id, None)
+        if workspace_id == self._view_ws:
+            reset(self.view, self.adapter)
+            self._view_ws = None
+        return self.store.delete_workspace(workspace_id)
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"store_{k}": float(v) for k, v in self.store.metrics().items()}
+        out.update({k: float(v) for k, v in self._counts.items()})
+        return out
+
+    def close(self) -> None:
+        self.store.close()
+        self.adapter.close()
+
+    # ---- step phases --------------------------------------------------------------------
+
+    def _check(self, cfg: KVMemConfig, prompt: Prompt) -> None:
+        n = len(prompt.ids)
+        cfg.validate_view(self.adapter.caps.max_view_tokens)
+        if n == 0:
+            raise ContextLengthError("the prompt is empty")
+        if n > cfg.ctx:
+            raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
+        if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not self.summary_opts.prototypes:
+            raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
+        sink = cfg.sink_tokens if cfg.method != "recent" else 0
+        mandatory = sum(e - s for s, e in prompt.mandatory) + min(sink + cfg.recent_tokens, n)
+        if n > cfg.budget and cfg.method != "full" and mandatory > cfg.budget:
+            raise BudgetError(f"mandatory spans (system prompt, sink, recent window) need {mandatory} tokens but "
+                              f"--kvmem-budget is {cfg.budget}; raise the budget or shorten the system prompt")
+        if cfg.method == "full" and n > cfg.budget:
+            raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")
+
+    def _mode(self, cfg: KVMemConfig) -> str:
+        if cfg.positions != "auto":
+            return cfg.positions
+        return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
+
+    def _open(self, ids: list[int]) -> tuple[Workspace, int]:
+        """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens)."""
+        ws, match = self.store.open_workspace(self.namespace, ids)
+        bt, hit = self.layout.block_tokens, match.matched_blocks
+        reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, len(ids) - 1)
+        if reuse >= hit * bt:
+            cached = truncate(self.view, self.adapter, reuse)
+        else:
+            truncate(self.view, self.adapter, reuse // bt * bt)
+            cached = min(hit * bt, (len(ids) - 1) // bt * bt)
+            self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
+        self._view_ws = ws.id
+        return ws, cached
+
+    def _setup_view(self, cfg: KVMemConfig, mode: str, fits: bool, cached: int) -> None:
+        """Before the prefill: all history when it fits, else sink + recent blocks."""
+        n_blocks = cached // self.layout.block_tokens
+        if fits:
+            target = list(range(n_blocks))
+        else:
+            target = self._streaming_blocks(cfg, n_blocks)
+        self._materialize(mode, target, n_blocks)
+
+    def _streaming_blocks(self, cfg: KVMemConfig, n_blocks: int) -> list[int]:
+        bt = self.layout.block_tokens
+        sink = -(-cfg.sink_tokens // bt)
+        recent = max(1, (cfg.view_tokens - PREFILL_CHUNK - cfg.sink_tokens) // bt - 1)
+        return sorted(set(range(min(sink, n_blocks))) | set(range(max(0, n_blocks - recent), n_blocks)))
+
+    def _materialize(self, mode: str, target: Sequence[int], n_blocks: int) -> int:
+        """Make the view hold ``target`` blocks at their ``mode`` positions, the tail right after."""
+        bt = self.layout.block_tokens
+        current = [ViewEntry(str(b), p, bt) for b, p in self.view.blocks.items()]
+        plan = plan_view(current, [ViewBlock(str(b), b * bt, bt) for b in target], mode)
+        positions = {int(e.block_id): e.pos for e in plan.slots}
+        tail_pos = n_blocks * bt if mode == "original" else plan.next_pos
+        loaded, dropped = materialize(self.view, self.adapter, positions, tail_pos, self._load)
+        self._counts["blocks_loaded"] += loaded
+        self._counts["blocks_dropped"] += dropped
+        return loaded + dropped
+
+    def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
+                 cached: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
+        ids, q0 = prompt.ids, max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)
+        queries, out = [], None
+        for s in range(cached, len(ids), PREFILL_CHUNK):
+            chunk = ids[s:s + PREFILL_CHUNK]
+            if not fits:
+                self._make_room(cfg, mode, len(chunk))
+            pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
+            wants_q = not fits and cfg.method == "retrieval" and s + len(chunk) > q0
+            capture = max(0, q0 - s) if wants_q else None
+            out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture)
+            if out.queries is not None:
+                queries.append(out.queries)
+            self._archive(ws, prompt, append_computed(self.view, chunk))
+            if self.prefill_progress is not None:
+                self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
+        assert out is not None and out.logits is not None
+        return out.logits, np.concatenate(queries, axis=1) if queries else None
+
+    def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
+        """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""
+        bt = self.layout.block_tokens
+        sink = -(-cfg.sink_tokens // bt)
+        limit = self.adapter.caps.trained_ctx
+        if mode == "compact" and self.view.next_pos + n + cfg.gen_budget > limit:
+            self._materialize(mode, sorted(self.view.blocks), len(self.view.tokens) // bt)
+        droppable = sorted(b for b in self.view.blocks if b >= sink)
+        while self.adapter.view_free() < n and droppable:
+            b = droppable.pop(0)
+            pos = self.view.blocks.pop(b)
+            self.adapter.drop(pos, pos + bt)
+            self._counts["blocks_dropped"] += 1
+
+    def _archive(self, ws: Workspace, prompt: Prompt, blocks: Sequence[int]) -> None:
+        """Export newly completed blocks from the view into the store (host tier, NVMe by policy)."""
+        bt = self.layout.block_tokens
+        for b in blocks:
+            if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
+                continue
+            pos = self.view.blocks[b]
+            kv = self.adapter.read_block(pos, bt)
+            ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
+            parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
+            assert len(ws.hashes) == b, "blocks must be archived in order"
+            summary = summarize_block(self.adapter.content_keys(kv.k, pos), self.heads, self.summary_opts)
+            tags = frozenset({"mandatory"}) if any(s < (b + 1) * bt and e > b * bt for s, e in prompt.mandatory) else frozenset()
+            meta = BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), summary, tags)
+            self.store.append(ws.id, meta, kv)
+            self._counts["blocks_stored"] += 1
+
+    def _load(self, blocks: Sequence[int]) -> list[tuple[BlockMeta, BlockKV]]:
+        if not blocks:
+            return []
+        hashes = [self.store.workspaces.get(self._view_ws).hashes[b] for b in blocks]
+        result = self.store.complete_load(self.store.prepare_load(hashes))
+        if result.missing:
+            raise RuntimeError(f"{len(result.missing)} selected blocks are missing from the store")
+        return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
+
+    def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,
+                logits: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """Score and select blocks, materialize them, replay the query; return its logits and the selection."""
+        metas = self.store.workspace_blocks(ws.id)
+        n, bt = len(prompt.ids), self.layout.block_tokens
+        scores = None
+        if cfg.method == "retrieval":
+            assert queries is not None, "retrieval needs the query's features"
+            index = self._index(ws.id, metas)
+            scorer = make_scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
+            scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
+        sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, cfg.method)
+        r0 = min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
+        target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
+        changed = self._materialize(mode, target, len(metas))
+        if changed:
+            logits = self._replay(r0)
+        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": n - r0 if changed else 0,
+               "candidate_blocks": len(metas)}
+        return logits, out
+
+    def _replay(self, r0: int) -> np.ndarray:
+        """Recompute tokens ``r0:`` of the view in place so they attend to the new history."""
+        v, bt = self.view, self.layout.block_tokens
+        p0 = v.tail_pos + r0 - v.tail_start if r0 >= v.tail_start else v.blocks[r0 // bt] + r0 % bt
+        tokens = v.tokens[r0:]
+        self.adapter.drop(p0, v.next_pos)
+        out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
+        assert out.logits is not None
+        return out.logits
+
+    def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:
+        index = self._indexes.setdefault(ws_id, BlockIndex(self.layout.block_tokens))
+        index.sync(metas)
+        return index
+
+    def _decode(self, cfg: KVMemConfig, ws: Workspace, request: StepRequest, logits: np.ndarray,
+                on_text: OnText) -> tuple[str, list[int], str]:
+        """Sample into the generation reserve; every decoded token joins the workspace (commit)."""
+        params, sample = request.sampling, Sampler(request.sampling)
+        self.last_logits = logits
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text, ids, finish = "", [], "length"
+        mode, prompt = self._mode(cfg), Prompt([], 0)
+        for i in range(params.max_tokens):
+            token = sample(logits)
+            if self.adapter.is_eog(token):
+                finish = "stop"
+                break
+            ids.append(token)
+            piece = decoder.decode(self.adapter.token_bytes(token))
+            text += piece
+            stop = next((s for s in params.stop if s in text), None)
+            if stop is not None:
+                text, finish = text[:text.index(stop)], "stop"
+                break
+            if piece and on_text(piece) is False:
+                finish = "abort"
+                break
+            if i + 1 == params.max_tokens:
+                break
+            if self.adapter.view_free() < 1:
+                self._make_room(cfg, mode, 1)
+            out = self.adapter.forward([token], [self.view.next_pos])
+            self._archive(ws, prompt, append_computed(self.view, [token]))
+            logits = out.logits
+        text += decoder.decode(b"", final=True)
+        return text, ids, finish
+
+    def _count(self, prompt_tokens: int, cached: int, decoded: int, timings: dict[str, float]) -> None:
+        c = self._counts
+        c["steps"] += 1
+        c["prompt_tokens"] += prompt_tokens
+        c["cached_tokens"] += cached
+        c["decode_tokens"] += decoded
+        c["prefill_seconds"] += timings["prefill_s"]
+        c["decode_seconds"] += timings["decode_s"]

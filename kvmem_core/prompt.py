@@ -1,0 +1,83 @@
+"""Render a request with the model's chat template, tokenize it, and mark its spans; sample tokens.
+
+Span marks come from rendering growing prefixes of the transcript: message ``i`` ends
+where the rendering of messages ``[:i+1]`` ends. The *query* is the last user message
+(where retrieval looks from); system and tool-schema messages are *mandatory* history.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter
+from kvmem_core.contract import SamplingParams, StepRequest
+
+RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids of a rendered request, where its query starts, and its mandatory token ranges."""
+
+    ids: list[int]
+    query_start: int
+    mandatory: tuple[tuple[int, int], ...] = ()
+
+
+def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
+    """Render (chat) or take (raw) the request's text and tokenize it with span marks."""
+    if request.messages is None:
+        ids = adapter.tokenize(request.prompt or "")
+        return Prompt(ids, max(0, len(ids) - RAW_QUERY_TOKENS))
+    messages = [_plain(m) for m in request.messages]
+    kwargs: dict[str, Any] = dict(request.template_kwargs)
+    text = adapter.render_chat(messages, tools=request.tools, add_generation_prompt=True, **kwargs)
+    ids = adapter.tokenize(text)
+    ends = [_prefix_tokens(adapter, messages[:i + 1], request.tools, kwargs, len(ids)) for i in range(len(messages))]
+    starts = [0] + ends[:-1]
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    query_start = starts[users[-1]] if users else starts[-1] if messages else 0
+    mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m.get("role") in ("system", "developer"))
+    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory)
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts: keep the text parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return {**message, "content": content if content is not None else ""}
+
+
+def _prefix_tokens(adapter: EngineAdapter, messages: Sequence[dict[str, Any]], tools: Any,
+                   kwargs: dict[str, Any], cap: int) -> int:
+    text = adapter.render_chat(messages, tools=tools, add_generation_prompt=False, **kwargs)
+    return min(len(adapter.tokenize(text)), cap)
+
+
+class Sampler:
+    """Greedy at temperature 0; otherwise temperature, top-k, top-p over float64 probabilities."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        if p.temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / p.temperature
+        if 0 < p.top_k < z.size:
+            kth = np.partition(z, -p.top_k)[-p.top_k]
+            z[z < kth] = -np.inf
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs)
+            keep = np.cumsum(probs[order]) - probs[order] < p.top_p
+            mask = np.zeros_like(probs, dtype=bool)
+            mask[order[keep]] = True
+            probs = np.where(mask, probs, 0.0)
+            probs /= probs.sum()
+        return int(self.rng.choice(probs.size, p=probs))

@@ -1,0 +1,122 @@
+"""The engine's view of one trajectory and the moves that shape it (DESIGN section 1, steps 3-6).
+
+``ViewState`` remembers which logical tokens have KV computed (``tokens``), which whole
+blocks of them are resident in the adapter's view and at which view position, and the
+*tail*: the tokens after the last whole block, always resident and contiguous. New tokens
+go at ``next_pos``. Positions are logical in ``original`` mode; ``compact`` renumbers the
+resident blocks contiguously so a workspace may outgrow the model's trained context.
+
+Stored blocks keep K rotated at ``BlockMeta.start_pos`` (the view position they were
+computed at); moving one to another position re-rotates it while writing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter, Placement
+from kvmem_core.layout import BlockKV, BlockMeta
+
+LoadBlocks = Callable[[Sequence[int]], list[tuple[BlockMeta, BlockKV]]]
+
+
+@dataclass
+class ViewState:
+    """What the adapter's view holds for the trajectory ``tokens`` (see module docstring)."""
+
+    block_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    blocks: dict[int, int] = field(default_factory=dict)  # logical block index -> view position
+    tail_pos: int = 0
+
+    @property
+    def tail_start(self) -> int:
+        return len(self.tokens) // self.block_tokens * self.block_tokens
+
+    @property
+    def next_pos(self) -> int:
+        return self.tail_pos + len(self.tokens) - self.tail_start
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """Length of the common prefix of ``ids`` and the computed tokens."""
+        n = min(len(ids), len(self.tokens))
+        a = np.asarray(self.tokens[:n], dtype=np.int64)
+        diff = np.flatnonzero(a != np.asarray(ids[:n], dtype=np.int64))
+        return int(diff[0]) if diff.size else n
+
+
+def reset(view: ViewState, adapter: EngineAdapter) -> None:
+    """Forget everything and empty the adapter's view."""
+    adapter.clear_view()
+    view.tokens, view.blocks, view.tail_pos = [], {}, 0
+
+
+def truncate(view: ViewState, adapter: EngineAdapter, n: int) -> int:
+    """Keep the computed tokens before ``n`` that can stay; return how many did.
+
+    A cut inside a resident block keeps that block's head as the new tail; a cut inside a
+    block that is not resident falls back to the block's start.
+    """
+    if n >= len(view.tokens):
+        return len(view.tokens)
+    bt = view.block_tokens
+    if n >= view.tail_start:
+        adapter.drop(view.tail_pos + n - view.tail_start, view.next_pos)
+        view.tokens = view.tokens[:n]
+        return n
+    b0 = n // bt
+    if b0 not in view.blocks:
+        n = b0 * bt
+    adapter.drop(view.tail_pos, view.next_pos)
+    for b in [b for b in view.blocks if b > b0 or (b == b0 and n % bt == 0)]:
+        adapter.drop(view.blocks[b], view.blocks.pop(b) + bt)
+    if b0 in view.blocks:
+        view.tail_pos = view.blocks.pop(b0)
+        adapter.drop(view.tail_pos + n % bt, view.tail_pos + bt)
+    else:
+        view.tail_pos = max((p + bt for p in view.blocks.values()), default=0)
+    view.tokens = view.tokens[:n]
+    return n
+
+
+def append_computed(view: ViewState, tokens: Sequence[int]) -> list[int]:
+    """Record ``tokens`` as computed at ``next_pos`` onward; return the block indices they completed."""
+    bt = view.block_tokens
+    done = []
+    for t in tokens:
+        view.tokens.append(int(t))
+        if len(view.tokens) % bt == 0:
+            b = len(view.tokens) // bt - 1
+            view.blocks[b] = view.tail_pos
+            view.tail_pos += bt
+            done.append(b)
+    return done
+
+
+def materialize(view: ViewState, adapter: EngineAdapter, target: dict[int, int], tail_pos: int,
+                load: LoadBlocks) -> tuple[int, int]:
+    """Make the view hold exactly the ``target`` blocks (index -> position) plus the tail at ``tail_pos``.
+
+    Blocks resident elsewhere are dropped and reloaded (the store holds every whole block);
+    the tail is read out and rewritten when it moves. Returns (blocks loaded, blocks dropped).
+    """
+    bt = view.block_tokens
+    assert all(tail_pos >= p + bt for p in target.values()), "the tail must come after every block"
+    n_tail = len(view.tokens) - view.tail_start
+    tail_kv = adapter.read_block(view.tail_pos, n_tail) if n_tail and tail_pos != view.tail_pos else None
+    stale = [b for b, p in view.blocks.items() if target.get(b) != p]
+    for b in stale:
+        pos = view.blocks.pop(b)
+        adapter.drop(pos, pos + bt)
+    if tail_kv is not None:
+        adapter.drop(view.tail_pos, view.tail_pos + n_tail)
+    missing = sorted(b for b in target if b not in view.blocks)
+    placements = [Placement(kv, meta.start_pos, target[b]) for b, (meta, kv) in zip(missing, load(missing))]
+    if tail_kv is not None:
+        placements.append(Placement(tail_kv, view.tail_pos, tail_pos))
+    adapter.write_blocks(placements)
+    view.blocks.update({b: target[b] for b in missing})
+    view.tail_pos = tail_pos
+    return len(missing), len(stale)

@@ -1,0 +1,269 @@
+"""``kvmem bench quality``: exact-match accuracy of every selection method on one shared workspace.
+
+Each session is prefilled once; every method then answers the same question on the same
+stored workspace through the per-request ``kvmem`` override. Before each method's request
+a one-token *reset* request (the history plus a short other user turn) puts the view's
+divergence point at the question, so every method's step computes the question's query
+features itself instead of reusing a cached last token. Diagnostics: the blocks that hold
+the answer (located with ``/tokenize``) and whether the selection took them all.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from kvmem.bench import plots, report
+from kvmem.bench.api import Api, ApiError, ServeProcess
+from kvmem.bench.sessions import Session, is_correct, make_sessions
+from kvmem_core.errors import ConfigError
+
+SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
+RESET = {"role": "user", "content": "Continue."}
+FULL_MARGIN = 64  # the question is longer than the reset turn
+FULL_VIEW_CAP = 8064  # method full's view on the server this command starts: 8192 (SmolLM2) - 128 reserve
+
+
+@dataclass(frozen=True)
+class Method:
+    """One selection method as a ``kvmem`` override (``scorer`` only for retrieval)."""
+
+    method: str
+    scorer: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"retrieval/{self.scorer}" if self.scorer else self.method
+
+
+METHODS = (*(Method("retrieval", s) for s in SCORERS), Method("recent"), Method("sink-recent"), Method("full"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: (workspace tokens, needle depths) pairs, fact kinds, and the view knobs."""
+
+    grid: tuple[tuple[int, tuple[float, ...]], ...]
+    kinds: tuple[str, ...]
+    budget: int = 512
+    sink_tokens: int = 64
+    recent_tokens: int = 64
+    max_tokens: int = 16
+    block_tokens: int = 64  # for the server this command starts; 128-token blocks leave a 512 view one selectable block
+
+    def sessions(self, seed: int) -> list[Session]:
+        """The plan's sessions, deterministic for ``seed``."""
+        out: list[Session] = []
+        for i, (size, depths) in enumerate(self.grid):
+            out += make_sessions([size], list(depths), list(self.kinds), seed * 1000 + i)
+        return out
+
+    def overrides(self, m: Method, full_budget: int) -> dict[str, Any]:
+        if m.method == "full":
+            return {"method": "full", "budget": full_budget}
+        out = {"method": m.method, "budget": self.budget, "sink_tokens": self.sink_tokens, "recent_tokens": self.recent_tokens}
+        return {**out, "retrieval_method": m.scorer} if m.scorer else out
+
+
+QUICK = Plan(grid=((400, (0.5,)), (1100, (0.25, 0.75)), (2300, (0.1, 0.2, 0.3, 0.4, 0.6, 0.8))), kinds=("passkey", "kv"))
+FULL = Plan(grid=tuple((size, (0.1, 0.3, 0.5, 0.7, 0.9)) for size in (400, 1024, 2048, 4096, 7168)),
+            kinds=("passkey", "kv", "chain", "update"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One method's answer on one session, with what its selection held."""
+
+    session: str
+    kind: str
+    size: int
+    depth: float
+    prompt_tokens: int
+    method: str
+    scorer: str | None
+    budget: int
+    expected: str
+    answer: str
+    correct: bool
+    gold_blocks: tuple[int, ...]
+    selected_blocks: tuple[int, ...] | None
+    gold_selected: bool | None
+    seconds: float
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_session(api: Api, session: Session, plan: Plan, methods: tuple[Method, ...], full_budget: int) -> list[Outcome]:
+    """Every method on ``session`` over one stored workspace; the session's workspaces are deleted after."""
+    history, question = list(session.messages[:-1]), session.messages[-1]
+    reset_kvmem = {"method": "recent", "budget": plan.budget, "sink_tokens": plan.sink_tokens,
+                   "recent_tokens": plan.recent_tokens}
+    seen: set[str] = set()
+    out: list[Outcome] = []
+    n_prompt, gold = 0, ()
+    try:
+        for m in methods:
+            if m.method == "full" and n_prompt + FULL_MARGIN + plan.max_tokens > full_budget:
+                continue
+            reset = api.chat(history + [RESET], reset_kvmem, 1)
+            seen.add(reset["kvmem"]["workspace_id"])
+            if not n_prompt:
+                n_prompt = reset["usage"]["prompt_tokens"]
+                gold = gold_blocks(api, session, n_prompt, block_tokens(api, reset))
+            out.append(_ask(api, session, history + [question], plan, m, full_budget, gold, seen))
+    finally:
+        for ws in seen:
+            api.delete_workspace(ws)
+    return out
+
+
+def _ask(api: Api, session: Session, messages: list[dict[str, Any]], plan: Plan, m: Method, full_budget: int,
+         gold: tuple[int, ...], seen: set[str]) -> Outcome:
+    kvmem = plan.overrides(m, full_budget)
+    t0 = time.perf_counter()
+    try:
+        resp = api.chat(messages, kvmem, plan.max_tokens)
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        return _outcome(session, m, kvmem["budget"], 0, "", None, gold, 0.0, str(exc))
+    seen.add(resp["kvmem"]["workspace_id"])
+    msg = resp["choices"][0]["message"]
+    answer = "" if msg.get("tool_calls") else msg.get("content") or ""
+    blocks = resp["kvmem"]["selection"].get("blocks")
+    return _outcome(session, m, kvmem["budget"], resp["usage"]["prompt_tokens"], answer,
+                    None if blocks is None else tuple(blocks), gold, time.perf_counter() - t0)
+
+
+def _outcome(session: Session, m: Method, budget: int, prompt_tokens: int, answer: str,
+             selected: tuple[int, ...] | None, gold: tuple[int, ...], seconds: float, error: str | None = None) -> Outcome:
+    hit = None if selected is None or not gold else set(gold) <= set(selected)
+    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, prompt_tokens, m.method,
+                   m.scorer, budget, session.fact.answer, answer, error is None and is_correct(answer, session.fact),
+                   gold, selected, hit, seconds, error)
+
+
+def block_tokens(api: Api, resp: dict[str, Any]) -> int:
+    """Tokens per stored block, read from the workspace the response names."""
+    info = api.call("GET", f"/v1/kvmem/workspaces/{resp['kvmem']['workspace_id']}")
+    first = info["blocks"][0]
+    return first["end"] - first["start"]
+
+
+def gold_blocks(api: Api, session: Session, prompt_tokens: int, block: int) -> tuple[int, ...]:
+    """Indices of the blocks holding the answer's evidence statements (token positions estimated).
+
+    The transcript (history plus the reset turn, which ``prompt_tokens`` measured) is
+    tokenized message by message as the server renders it for a template without tools;
+    the template's per-message wrapper tokens are what the sum of the parts leaves over.
+    """
+    from kvmem.tools_format import render_plain
+
+    turns = render_plain(list(session.messages[:-1]) + [RESET], None)
+    counts = [api.count_tokens(t["content"]) for t in turns]
+    wrapper = max(0.0, (prompt_tokens - sum(counts)) / (len(turns) + 1))
+    out: set[int] = set()
+    for start, end in _evidence_spans(api, turns, counts, wrapper, session):
+        out.update(range(start // block, (end - 1) // block + 1))
+    return tuple(sorted(out))
+
+
+def _evidence_spans(api: Api, turns: list[dict[str, Any]], counts: list[int], wrapper: float,
+                    session: Session) -> Iterator[tuple[int, int]]:
+    for index in session.fact.evidence:
+        line = session.fact.statements[index]
+        i = next(i for i, t in enumerate(turns) if line in t["content"])
+        offset = turns[i]["content"].index(line)
+        start = round(sum(counts[:i]) + wrapper * (i + 0.5)) + api.count_tokens(turns[i]["content"][:offset])
+        yield start, start + api.count_tokens(line)
+
+
+def run_all(api: Api, sessions: list[Session], plan: Plan, methods: tuple[Method, ...], full_budget: int,
+            log: Callable[[str], None] = lambda line: None) -> list[Outcome]:
+    """``run_session`` over ``sessions``; one progress line per session through ``log``."""
+    out: list[Outcome] = []
+    t0 = time.perf_counter()
+    for i, session in enumerate(sessions):
+        got = run_session(api, session, plan, methods, full_budget)
+        out += got
+        marks = " ".join(f"{o.scorer or o.method}={'+' if o.correct else '-'}" for o in got)
+        log(f"[{i + 1}/{len(sessions)} {time.perf_counter() - t0:.0f}s] {session.id}: {marks}")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``kvmem bench quality``."""
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
+    p.add_argument("--quick", action="store_true", help="the small run (about 15 minutes on 2 CPU cores)")
+    p.add_argument("--url", help="benchmark this running server instead of starting one")
+    p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
+    p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
+    p.add_argument("--model", help="GGUF file for the server this command starts (default: the embedded SmolLM2)")
+    p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
+    p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all)")
+    p.add_argument("--limit", type=int, help="run only the first N sessions")
+    p.add_argument("--full-budget", type=int, help=f"view budget of method full (default {FULL_VIEW_CAP} on the "
+                   "server this command starts; with --url, full runs only when this is given)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark as the flags ask; write JSON and plots; print the table (and the JSON line)."""
+    plan = QUICK if args.quick else FULL
+    methods = select_methods(args.methods)
+    sessions = plan.sessions(args.seed)[:args.limit]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with _server(args, plan) as (api, full_budget):
+        model = api.model()
+        outcomes = [o.to_dict() for o in run_all(api, sessions, plan, methods, full_budget, _log)]
+    result = {"model": model, "results": report.rows(outcomes), "summary": report.summary(outcomes, plan.budget)}
+    detail = {**result, "plan": asdict(plan), "seed": args.seed, "machine": machine(), "outcomes": outcomes}
+    (args.out / "quality.json").write_text(json.dumps(detail, indent=1))
+    plots.plot_quality(outcomes, plan.budget, args.out)
+    print(report.table(outcomes, plan.budget))
+    print(f"wrote {args.out}/quality.json and plots")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def select_methods(spec: str | None) -> tuple[Method, ...]:
+    """Methods named by label (``retrieval/mean-k``, ``recent``...), or all."""
+    if not spec:
+        return METHODS
+    known = {m.label: m for m in METHODS}
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace, plan: Plan) -> Iterator[tuple[Api, int]]:
+    if args.url:
+        yield Api(args.url, args.api_key), args.full_budget or 0
+        return
+    full_budget = args.full_budget or FULL_VIEW_CAP
+    flags = ["--ctx", str(FULL_VIEW_CAP + 128), "--kvmem-budget", str(full_budget), "--kvmem-gen-budget", "128",
+             "--kvmem-block-tokens", str(plan.block_tokens),
+             "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
+    _log(f"starting kvmem serve (log: {args.out / 'serve.log'})")
+    with ServeProcess(args.out, flags + (["--model", args.model] if args.model else [])) as server:
+        yield Api(server.url), full_budget
+
+
+def machine() -> str:
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or 'unknown CPU'}"
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

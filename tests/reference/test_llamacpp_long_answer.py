@@ -1,0 +1,32 @@
+"""An answer longer than the generation reserve: old blocks leave the view, decoding goes on coherently."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import SamplingParams, StepRequest
+from llamacpp_support import model_path
+
+pytestmark = pytest.mark.llamacpp
+CFG = KVMemConfig(ctx=4096, budget=256, gen_budget=64, block_tokens=32, sink_tokens=32, recent_tokens=64)
+
+
+def test_answer_longer_than_the_view_keeps_counting():
+    from kvmem_core.engine import KVMemEngine
+    from kvmem_llamacpp import create_adapter
+
+    engine = KVMemEngine(create_adapter(str(model_path()), CFG), CFG, heads=((17, 3),))
+    try:
+        view = engine.adapter.caps.max_view_tokens
+        prompt = ", ".join(str(i) for i in range(1, 60)) + ","
+        request = StepRequest(prompt=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=view + 64))
+        result = engine.step(request, lambda piece: True)
+        assert result.finish_reason == "length" and len(result.token_ids) == view + 64
+        assert result.prompt_tokens + len(result.token_ids) > view
+        assert engine.metrics()["blocks_dropped"] > 0 and engine.view.next_pos > view
+        numbers = [int(x) for x in re.findall(r"\d+", result.text)]
+        assert numbers[:3] == [60, 61, 62] and numbers[-20:] == list(range(numbers[-20], numbers[-20] + 20))
+    finally:
+        engine.close()

@@ -1,0 +1,105 @@
+"""The quality benchmark's offline agent sessions: deterministic, fact at its depth, distinct distractors."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from kvmem.bench.sessions import Fact, Session, estimate_tokens, is_correct, make_fact, make_session, make_sessions
+
+KINDS = ["passkey", "kv", "chain", "update"]
+
+
+def _text(session: Session) -> str:
+    return "\n".join(m["content"] for m in session.messages)
+
+
+def _token_offset(session: Session, line: str) -> tuple[int, int]:
+    """Estimated token position of ``line`` and the transcript's estimated length."""
+    before, total = None, 0
+    for m in session.messages:
+        content = m["content"]
+        if before is None and line in content:
+            before = total + estimate_tokens(content[:content.index(line)])
+        total += estimate_tokens(content) + 5
+    assert before is not None
+    return before, total
+
+
+def test_same_seed_same_sessions_other_seed_other_sessions() -> None:
+    a = make_sessions([1200], [0.2, 0.8], KINDS, seed=7)
+    b = make_sessions([1200], [0.2, 0.8], KINDS, seed=7)
+    c = make_sessions([1200], [0.2, 0.8], KINDS, seed=8)
+    assert [s.messages for s in a] == [s.messages for s in b]
+    assert [s.fact for s in a] == [s.fact for s in b]
+    assert [s.messages for s in a] != [s.messages for s in c]
+    assert [s.id for s in a] == [f"s1200-d{d:.2f}-{k}" for d in (0.2, 0.8) for k in KINDS]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("depth", [0.1, 0.5, 0.9])
+def test_the_first_statement_sits_at_the_depth(kind: str, depth: float) -> None:
+    session = make_session("x", kind, 3000, depth, random.Random(3))
+    text = _text(session)
+    for line in session.fact.statements:
+        assert text.count(line) == 1
+    at, total = _token_offset(session, session.fact.statements[0])
+    assert abs(at / total - depth) < 0.12  # a round is about 9% of a 3000-token session
+
+
+@pytest.mark.parametrize("kind", ["chain", "update"])
+def test_the_second_statement_comes_later_and_the_evidence_is_right(kind: str) -> None:
+    session = make_session("x", kind, 2000, 0.2, random.Random(5))
+    fact = session.fact
+    first, _ = _token_offset(session, fact.statements[0])
+    second, _ = _token_offset(session, fact.statements[1])
+    assert second > first
+    assert fact.evidence == ((0, 1) if kind == "chain" else (1,))
+    assert fact.answer in fact.statements[0 if kind == "chain" else 1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_distractors_have_the_same_form_but_another_subject_and_value(kind: str) -> None:
+    session = make_session("x", kind, 4000, 0.5, random.Random(11))
+    fact = session.fact
+    form = {"passkey": r"deployment passkey is (\d+)", "kv": r"export (\w+)_API_KEY=(\d+)",
+            "chain": r"(\w+)_BUILD=(\d+)", "update": r"the (\w+) pager code"}[kind]
+    lines = [line for line in _text(session).splitlines() if re.search(form, line)]
+    others = [line for line in lines if line not in fact.statements]
+    assert len(others) >= 3
+    for line in others:
+        assert fact.subject not in line.lower() and fact.answer not in line
+
+
+def test_the_question_is_the_last_user_turn_and_tool_results_answer_their_calls() -> None:
+    session = make_session("x", "kv", 1500, 0.3, random.Random(2))
+    messages = session.messages
+    assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
+    assert session.fact.question in messages[-1]["content"]
+    for prev, msg in zip(messages, messages[1:]):
+        if msg["role"] == "tool":
+            assert prev["tool_calls"][0]["id"] == msg["tool_call_id"]
+
+
+@pytest.mark.parametrize("size", [400, 1100, 2300, 4096])
+def test_sizes_are_roughly_the_target(size: int) -> None:
+    totals = [_token_offset(s, s.messages[-1]["content"])[1] for s in make_sessions([size], [0.1, 0.5, 0.9], KINDS, 4)]
+    assert 0.75 * size <= sum(totals) / len(totals) <= 1.2 * size
+
+
+def test_a_fact_is_never_about_the_avoided_name() -> None:
+    rng = random.Random(0)
+    assert all(make_fact("passkey", rng, avoid="orion").subject != "orion" for _ in range(200))
+
+
+def test_is_correct_is_an_exact_whole_word_match_on_the_first_line() -> None:
+    fact = Fact("passkey", "84606", "q?", ("NOTE: the lyra deployment passkey is 84606.",))
+    assert is_correct("84606", fact)
+    assert is_correct("The lyra deployment passkey is 84606.", fact)
+    assert is_correct('  "84606", as noted', fact)
+    assert not is_correct("846060", fact)
+    assert not is_correct("8460", fact)
+    assert not is_correct("The passkey is 84 606", fact)
+    assert not is_correct("I do not know.\n84606", fact)
+    assert not is_correct("", fact)
