@@ -61,6 +61,7 @@ class EngineAdapter(Protocol):
     model_id: str
     model_path: str
     fingerprint: str  # stable id of the weights file, keys calibration profiles
+    chat_template: str  # the model's jinja2 chat template source
     caps: Capabilities
     layout: BlockLayout
 

@@ -67,8 +67,11 @@ class Engine(Protocol):
     """A loaded model plus KVMem memory; requests are serialized by the caller."""
 
     model_id: str
+    supports_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str) -> list[int]: ...
+
+    def count_tokens(self, request: StepRequest) -> int: ...
 
     def step(self, request: StepRequest, on_text: OnText) -> StepResult: ...
 

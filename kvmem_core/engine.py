@@ -30,6 +30,7 @@ from kvmem_core.workspace import Workspace
 log = logging.getLogger("kvmem.engine")
 MAX_QUERY_TOKENS = 512
 PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
+PREVIEW_TOKENS = 24  # tokens of a block's text shown by workspace_info
 
 
 class KVMemEngine:
@@ -103,11 +104,28 @@ class KVMemEngine:
         self._count(len(prompt.ids), cached, len(ids), timings)
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
+    @property
+    def supports_tools(self) -> bool:
+        """True when the model's chat template renders ``tools`` itself."""
+        return "tools" in self.adapter.chat_template
+
     def list_workspaces(self) -> list[dict[str, Any]]:
         return self.store.list_workspaces()
 
     def workspace_info(self, workspace_id: str) -> dict[str, Any] | None:
-        return self.store.workspace_info(workspace_id)
+        """The store's view of a workspace plus the budget, the reserve, each block's first
+        words and which blocks sit in the engine's view right now (tier ``gpu``)."""
+        info = self.store.workspace_info(workspace_id)
+        if info is None:
+            return None
+        resident = set(self.view.blocks) if workspace_id == self._view_ws else set()
+        for block in info["blocks"]:
+            meta = self.store.lookup(block["hash"])
+            block["text"] = self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS]) if meta is not None else ""
+            block["tiers"] = (["gpu"] if block["index"] in resident else []) + block["tier"].split("+")
+        info["totals"]["tokens_in_view"] = len(resident) * self.layout.block_tokens
+        info.update(budget=self.config.budget, gen_budget=self.config.gen_budget, block_tokens=self.layout.block_tokens)
+        return info
 
     def delete_workspace(self, workspace_id: str) -> bool:
         self._indexes.pop(workspace_id, None)
@@ -134,6 +152,11 @@ class KVMemEngine:
             raise ContextLengthError("the prompt is empty")
         if n > cfg.ctx:
             raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
+        layers, heads = self.layout.n_layers, self.layout.n_heads
+        bad = [f"{l}:{h}" for l, h in cfg.retrieval_heads or () if not (0 <= l < layers and 0 <= h < heads)]
+        if bad:
+            raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layers} attention layers, "
+                              f"{heads} query heads)")
         if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not self.summary_opts.prototypes:
             raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
         sink = cfg.sink_tokens if cfg.method != "recent" else 0
@@ -260,7 +283,7 @@ class KVMemEngine:
         if cfg.method == "retrieval":
             assert queries is not None, "retrieval needs the query's features"
             index = self._index(ws.id, metas)
-            scorer = make_scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
+            scorer = make_scorer(cfg.scorer, cfg.retrieval_heads or self.heads, key_source=self)
             scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
         sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, cfg.method)
         r0 = min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
@@ -281,6 +304,14 @@ class KVMemEngine:
         out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
         assert out.logits is not None
         return out.logits
+
+    def content_keys(self, block_hash: str) -> np.ndarray:
+        """Pre-RoPE keys of a stored block (the ``per-token`` scorer's key source; loads its KV)."""
+        meta = self.store.lookup(block_hash)
+        result = self.store.complete_load(self.store.prepare_load([block_hash]))
+        if meta is None or block_hash not in result.blocks:
+            raise RuntimeError(f"block {block_hash} is missing from the store")
+        return self.adapter.content_keys(result.blocks[block_hash].k, meta.start_pos)
 
     def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:
         index = self._indexes.setdefault(ws_id, BlockIndex(self.layout.block_tokens))

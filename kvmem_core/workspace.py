@@ -196,10 +196,8 @@ def detail(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], tier_of: C
     """Summary plus each block's token range and tier (``missing`` if lost) and per-tier totals."""
     blocks = []
     for i, h in enumerate(ws.hashes):
-        meta = meta_of(h)
-        start = meta.start_pos if meta else i * block_tokens
-        end = meta.end_pos if meta else start + block_tokens
-        blocks.append({"index": i, "hash": h, "start": start, "end": end, "tier": tier_of(h) or "missing"})
+        start = i * block_tokens  # blocks are consecutive and whole; meta.start_pos is where K was rotated
+        blocks.append({"index": i, "hash": h, "start": start, "end": start + block_tokens, "tier": tier_of(h) or "missing"})
     tiers = Counter(b["tier"] for b in blocks)
     summary = describe(ws, meta_of, in_use)
     totals = {"blocks": len(blocks), "tokens": summary["tokens"], "host_blocks": tiers["host"] + tiers["host+nvme"],

@@ -21,6 +21,10 @@ from kvmem_llamacpp.capture import QueryCapture
 from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel
 from kvmem_llamacpp.rope import rotate
 
+# ChatML, the common default of instruction-tuned GGUFs that carry no template
+CHATML_TEMPLATE = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+                   "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
+
 
 class LlamaCppAdapter:
     """One GGUF model and its view of ``view_tokens`` cells (see kvmem_core.adapter.EngineAdapter)."""
@@ -43,6 +47,7 @@ class LlamaCppAdapter:
         self._v_trans = 0 if flash_attn else 1
         self._import = np.empty(0, dtype=np.uint8)
         self._view: set[int] = set()
+        self.chat_template = self.model.meta("tokenizer.chat_template") or CHATML_TEMPLATE
         self._template = self._compile_template()
 
     # ---- text -------------------------------------------------------------------------
@@ -84,13 +89,9 @@ class LlamaCppAdapter:
         return self.token_bytes(token).decode("utf-8", "replace") if token >= 0 else ""
 
     def _compile_template(self) -> jinja2.Template:
-        source = self.model.meta("tokenizer.chat_template")
-        if source is None:  # ChatML, the common default of instruction-tuned GGUFs without one
-            source = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
-                      "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
-        return env.from_string(source)
+        return env.from_string(self.chat_template)
 
     # ---- forward ----------------------------------------------------------------------
 

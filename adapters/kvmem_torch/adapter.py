@@ -42,6 +42,7 @@ class TorchAdapter:
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs)
         self.stager = BlockStager(self.runner.cache)
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
+        self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
                                   block_tokens, _DTYPE_NAMES[dtype])

@@ -19,7 +19,7 @@ import msgspec
 import zmq
 
 from kvmem import protocol as P
-from kvmem_core.contract import Engine, StepRequest
+from kvmem_core.contract import Engine
 from kvmem_core.errors import KVMemError
 
 
@@ -37,16 +37,6 @@ def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
     if isinstance(exc, jinja2.TemplateError):
         return P.Failed(id=req_id, status=400, code="template_error", message=f"chat template: {exc}")
     return None
-
-
-def count_tokens(engine: Engine, request: StepRequest) -> int:
-    """Prompt tokens ``request`` renders to: the engine's own count, else its adapter's rendering."""
-    counter = getattr(engine, "count_tokens", None)
-    if counter is not None:
-        return int(counter(request))
-    from kvmem_core.prompt import build_prompt
-
-    return len(build_prompt(engine.adapter, request).ids)  # type: ignore[attr-defined]
 
 
 class EngineLoop:
@@ -119,7 +109,7 @@ class EngineLoop:
     def dispatch(self, msg: P.Call) -> Any:
         op, arg = msg.op, msg.arg
         if op == "count_tokens" and msg.request is not None:
-            return count_tokens(self.engine, P.from_wire_request(msg.request))
+            return self.engine.count_tokens(P.from_wire_request(msg.request))
         if op == "tokenize":
             return self.engine.tokenize(arg or "")
         if op == "list_workspaces":
@@ -151,7 +141,7 @@ def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:
     except Exception as exc:
         outbox.send(P.encode(P.Dead(message=f"engine failed to load: {type(exc).__name__}: {exc}")))
         return 1
-    supports_tools = bool(getattr(engine, "supports_tools", False))
+    supports_tools = engine.supports_tools
     outbox.send(P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), supports_tools=supports_tools,
                                  metrics=engine.metrics())))
     try:

@@ -132,6 +132,18 @@ def test_workspace_routes(server: LiveServer, client: openai.OpenAI, model: str)
     assert get_json(f"{server.url}/v1/kvmem/workspaces/ws-nope")[0] == 404
 
 
+def test_workspace_info_shows_block_text_view_and_budget(server: LiveServer, client: openai.OpenAI, model: str) -> None:
+    story = "Marigold the lighthouse keeper counted ships every night. " * 30
+    done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": story}], **SHORT)
+    info = get_json(f"{server.url}/v1/kvmem/workspaces/{done.model_extra['kvmem']['workspace_id']}")[1]
+    assert (info["budget"], info["block_tokens"]) == (1024, 128) and info["gen_budget"] > 0
+    blocks = info["blocks"]
+    assert len(blocks) >= 2 and "Marigold" in "".join(b["text"] for b in blocks[:2])
+    assert [b["start"] for b in blocks] == [128 * i for i in range(len(blocks))]
+    assert all(b["tiers"][0] == "gpu" for b in blocks)  # the prompt fit the budget: every block is in the view
+    assert info["totals"]["tokens_in_view"] == 128 * len(blocks)
+
+
 @pytest.mark.parametrize("call, status, code", [
     (lambda c, m: c.completions.create(model=m, prompt="word " * 4200, max_tokens=2), 400, "context_length_exceeded"),
     (lambda c, m: c.chat.completions.create(model=m, messages=[{"role": "user", "content": "word " * 800}], max_tokens=2,
