@@ -1,12 +1,20 @@
 """The quality benchmark's offline agent sessions: deterministic, fact at its depth, distinct distractors."""
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
 import pytest
-
-from kvmem.bench.sessions import Fact, Session, estimate_tokens, is_correct, make_fact, make_session, make_sessions
+from kvmem.bench.sessions import (
+    Fact,
+    Session,
+    estimate_tokens,
+    is_correct,
+    make_fact,
+    make_session,
+    make_sessions,
+)
 
 KINDS = ["passkey", "kv", "chain", "update"]
 
@@ -77,7 +85,7 @@ def test_the_question_is_the_last_user_turn_and_tool_results_answer_their_calls(
     messages = session.messages
     assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
     assert session.fact.question in messages[-1]["content"]
-    for prev, msg in zip(messages, messages[1:]):
+    for prev, msg in itertools.pairwise(messages):
         if msg["role"] == "tool":
             assert prev["tool_calls"][0]["id"] == msg["tool_call_id"]
 

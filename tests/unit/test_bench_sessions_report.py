@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kvmem.bench import report
 from kvmem.bench.quality import METHODS, select_methods
 
-import pytest
 from kvmem_core.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kvmem_core.errors import KVMemError
 
@@ -128,7 +128,7 @@ class ServeProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> ServeProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

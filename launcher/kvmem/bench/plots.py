@@ -1,8 +1,9 @@
 """PNG plots of the quality benchmark (matplotlib, Agg backend: no display needed)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kvmem.bench import report
 

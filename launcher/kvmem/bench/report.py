@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 EARLY = 0.5  # "early" needles sit in the first half of the workspace
 LONG_RATIO = 4  # "long" workspaces are at least this many budgets
@@ -43,6 +44,9 @@ def summary(outcomes: Sequence[dict[str, Any]], budget: int) -> dict[str, Any]:
         out["retrieval_minus_recent"] = acc["retrieval/retrieval-heads"] - acc["recent"]
     if "retrieval/retrieval-heads" in acc and "sink-recent" in acc:
         out["retrieval_minus_sink_recent"] = acc["retrieval/retrieval-heads"] - acc["sink-recent"]
+    errors = {label(o["method"], o["scorer"]): o["error"] for o in outcomes if o["error"] is not None}
+    if errors:
+        out["errors"] = errors
     return out
 
 
