@@ -16,6 +16,7 @@ METHODS = ("retrieval", "recent", "sink-recent", "full")
 SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
 POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
+RECURRENT_MODES = ("keep", "recompute")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
 GIB = 1 << 30
@@ -35,6 +36,8 @@ FIELD_HELP = {
     "nvme_gb": "NVMe tier capacity in GiB",
     "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, keep-all refuses new history",
     "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
+    "recurrent": "hybrid models' recurrent state when selection drops blocks: keep the full-history state, "
+                 "or recompute it over the selected view",
 }
 
 
@@ -56,6 +59,7 @@ class KVMemConfig:
     nvme_gb: float = 32.0
     retention: str = "evict-idle"
     retrieval_heads: tuple[tuple[int, int], ...] | None = None
+    recurrent: str = "keep"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
@@ -69,6 +73,7 @@ class KVMemConfig:
         _require(self.scorer in SCORERS, f"--kvmem-retrieval-method must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         _require(self.positions in POSITION_MODES, f"--kvmem-positions must be one of {', '.join(POSITION_MODES)}")
         _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
+        _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
         for name in ("ctx", "budget", "gen_budget"):
             _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
+from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnText, StepRequest, StepResult
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
@@ -23,7 +24,7 @@ from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, Sampler, build_prompt
 from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
-from kvmem_core.step import ViewState, append_computed, materialize, reset, truncate
+from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
 
@@ -52,6 +53,7 @@ class KVMemEngine:
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)
         adapter.clear_view()
+        self.checkpoints = Checkpoints(adapter) if adapter.caps.recurrent_state else None
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
@@ -98,6 +100,8 @@ class KVMemEngine:
         t2 = time.perf_counter()
         text, ids, finish = self._decode(cfg, ws, request, logits, on_text)
         t3 = time.perf_counter()
+        if self.checkpoints is not None:
+            self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids))}
@@ -129,6 +133,8 @@ class KVMemEngine:
 
     def delete_workspace(self, workspace_id: str) -> bool:
         self._indexes.pop(workspace_id, None)
+        if self.checkpoints is not None:
+            self.checkpoints.forget(workspace_id)
         if workspace_id == self._view_ws:
             reset(self.view, self.adapter)
             self._view_ws = None
@@ -173,7 +179,12 @@ class KVMemEngine:
         return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
 
     def _open(self, ids: list[int]) -> tuple[Workspace, int]:
-        """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens)."""
+        """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens).
+
+        Hybrid models also need the recurrent state after the cached tokens: their checkpoint,
+        or the latest earlier one (then fewer tokens count as cached and the rest is prefilled).
+        """
+        live = self.view.tokens  # the tokens the recurrent state has consumed; rebound below, never mutated
         ws, match = self.store.open_workspace(self.namespace, ids)
         bt, hit = self.layout.block_tokens, match.matched_blocks
         reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, len(ids) - 1)
@@ -184,6 +195,9 @@ class KVMemEngine:
             cached = min(hit * bt, (len(ids) - 1) // bt * bt)
             self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
         self._view_ws = ws.id
+        if self.checkpoints is not None:
+            cached = self.checkpoints.resume(live, ids, cached, lambda m: truncate(self.view, self.adapter, m))
+            self.checkpoints.take(ids[:cached], ws.id)
         return ws, cached
 
     def _setup_view(self, cfg: KVMemConfig, mode: str, fits: bool, cached: int) -> None:
@@ -218,8 +232,13 @@ class KVMemEngine:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
         ids, q0 = prompt.ids, max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)
         queries, out = [], None
-        for s in range(cached, len(ids), PREFILL_CHUNK):
-            chunk = ids[s:s + PREFILL_CHUNK]
+        marks: tuple[int, ...] = ()
+        if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
+            edge = len(ids) // self.layout.block_tokens * self.layout.block_tokens
+            marks = (prompt.query_start, self._replay_start(cfg, prompt), edge)
+        cuts = chunk_cuts(cached, len(ids), PREFILL_CHUNK, marks)
+        for s, e in zip(cuts, cuts[1:]):
+            chunk = ids[s:e]
             if not fits:
                 self._make_room(cfg, mode, len(chunk))
             pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
@@ -229,6 +248,8 @@ class KVMemEngine:
             if out.queries is not None:
                 queries.append(out.queries)
             self._archive(ws, prompt, append_computed(self.view, chunk))
+            if e in marks:
+                self.checkpoints.take(ids[:e], ws.id)
             if self.prefill_progress is not None:
                 self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
         assert out is not None and out.logits is not None
@@ -283,17 +304,35 @@ class KVMemEngine:
         if cfg.method == "retrieval":
             assert queries is not None, "retrieval needs the query's features"
             index = self._index(ws.id, metas)
-            scorer = make_scorer(cfg.scorer, cfg.retrieval_heads or self.heads, key_source=self)
+            scorer = self._scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
             scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
         sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, cfg.method)
-        r0 = min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
+        r0 = self._replay_start(cfg, prompt)
+        kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
+        recompute = kept is None
+        r0 = r0 if recompute else kept
         target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
         changed = self._materialize(mode, target, len(metas))
-        if changed:
+        replayed = n - r0 if changed else 0
+        if recompute:
+            logits = refill(self.view, self.adapter, lambda: self.checkpoints.restore(()))
+            replayed = len(self.view.blocks) * bt + self.view.next_pos - self.view.tail_pos
+        elif changed:
             logits = self._replay(r0)
-        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": n - r0 if changed else 0,
-               "candidate_blocks": len(metas)}
+        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas)}
+        if self.checkpoints is not None:
+            out["recurrent"] = "recompute" if recompute else "keep"
         return logits, out
+
+    def _scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> Any:
+        """The adapter's own scorer for ``name`` (``make_scorer``, e.g. on its GPU), else the core's."""
+        own = getattr(self.adapter, "make_scorer", None)
+        return (own(name, heads) if own else None) or make_scorer(name, heads, key_source=self)
+
+    def _replay_start(self, cfg: KVMemConfig, prompt: Prompt) -> int:
+        """First token replayed against the selected view: the query, the recent window, at most MAX_QUERY_TOKENS."""
+        n = len(prompt.ids)
+        return min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
 
     def _replay(self, r0: int) -> np.ndarray:
         """Recompute tokens ``r0:`` of the view in place so they attend to the new history."""
@@ -301,6 +340,8 @@ class KVMemEngine:
         p0 = v.tail_pos + r0 - v.tail_start if r0 >= v.tail_start else v.blocks[r0 // bt] + r0 % bt
         tokens = v.tokens[r0:]
         self.adapter.drop(p0, v.next_pos)
+        if self.checkpoints is not None:
+            self.checkpoints.restore(v.tokens[:r0])
         out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
         assert out.logits is not None
         return out.logits

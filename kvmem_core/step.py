@@ -120,3 +120,33 @@ def materialize(view: ViewState, adapter: EngineAdapter, target: dict[int, int],
     view.blocks.update({b: target[b] for b in missing})
     view.tail_pos = tail_pos
     return len(missing), len(stale)
+
+
+def chunk_cuts(start: int, end: int, chunk: int, marks: Sequence[int] = ()) -> list[int]:
+    """Chunk boundaries of a prefill of ``[start, end)``: every ``chunk`` tokens and at each mark inside."""
+    return sorted(set(range(start, end, chunk)) | {m for m in marks if start < m < end} | {end})
+
+
+def view_sequence(view: ViewState) -> tuple[list[int], list[int]]:
+    """The view's tokens and their positions in view order: resident blocks, then the tail."""
+    bt, tokens, positions = view.block_tokens, [], []
+    for b in sorted(view.blocks):
+        tokens += view.tokens[b * bt:(b + 1) * bt]
+        positions += range(view.blocks[b], view.blocks[b] + bt)
+    tokens += view.tokens[view.tail_start:]
+    positions += range(view.tail_pos, view.next_pos)
+    return tokens, positions
+
+
+def refill(view: ViewState, adapter: EngineAdapter, empty_state: Callable[[], None]) -> np.ndarray:
+    """Recompute the whole view in place from the empty recurrent state; return the last logits.
+
+    Hybrid models' ``recompute`` mode: the recurrent state (and attention KV) then cover
+    exactly the view's tokens. ``empty_state`` puts the empty recurrent state back.
+    """
+    tokens, positions = view_sequence(view)
+    adapter.clear_view()
+    empty_state()
+    out = adapter.forward(tokens, positions)
+    assert out.logits is not None
+    return out.logits

@@ -8,6 +8,7 @@ take and apply checkpoints (the query-replay point, turn boundaries).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +20,8 @@ from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.runner import Runner
-from kvmem_torch.tokenizer import Tokenizer, from_gguf_meta, from_hf_dir
+from kvmem_torch.scoring import TorchRetrievalHeads
+from kvmem_torch.tokenizer import IdTokenizer, Tokenizer, from_gguf_meta, from_hf_dir
 from kvmem_torch.transfer import BlockStager
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -44,6 +46,7 @@ class TorchAdapter:
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk
+        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
                                   block_tokens, _DTYPE_NAMES[dtype])
         self.caps = Capabilities(
@@ -115,11 +118,18 @@ class TorchAdapter:
         self.stager.wait()
         self.runner.clear()
 
+    def make_scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> TorchRetrievalHeads | None:
+        """``retrieval-heads`` on the GPU when the model runs on one (None: the core's numpy scorer)."""
+        if name != "retrieval-heads" or self.model.device.type != "cuda" or not heads:
+            return None
+        return TorchRetrievalHeads(tuple(heads), self.model.device, mirrors=self._mirrors)
+
     # ---- recurrent state (hybrid models) ------------------------------------------------
 
     def save_state(self) -> RecurrentState:
-        """Checkpoint of the recurrent state at the view's current end."""
-        return self.runner.state.snapshot()
+        """Checkpoint of the recurrent state at the view's current end, in host memory."""
+        state = self.runner.state
+        return RecurrentState(state.conv.to("cpu", copy=True), state.rec.to("cpu", copy=True))
 
     def restore_state(self, snap: RecurrentState) -> None:
         self.runner.state.restore(snap)
@@ -129,8 +139,8 @@ class TorchAdapter:
         del self.runner, self.model
 
 
-def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> tuple[Any, dict, Tokenizer | None, str]:
-    """Spec, weights, tokenizer (None for ``no_vocab`` test models) and fingerprint."""
+def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> tuple[Any, dict, Tokenizer | IdTokenizer, str]:
+    """Spec, weights, tokenizer (token ids as numbers for ``no_vocab`` test models) and fingerprint."""
     from kvmem_torch.gguf_loader import load_gguf
     from kvmem_torch.hf_loader import load_hf_dir
 
@@ -143,7 +153,8 @@ def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> tuple[
     if not path.is_file():
         raise ModelNotFoundError(f"model not found: {path}")
     spec, weights, meta = load_gguf(path, dtype, device, progress)
-    tokenizer = None if meta.get("tokenizer.ggml.model") == "no_vocab" else from_gguf_meta(meta)
+    no_vocab = meta.get("tokenizer.ggml.model") == "no_vocab"
+    tokenizer = IdTokenizer(spec.vocab_size) if no_vocab else from_gguf_meta(meta)
     return spec, weights, tokenizer, file_fingerprint(str(path))
 
 

@@ -77,6 +77,35 @@ class Tokenizer:
             bos_token=bos, eos_token=eos, **kwargs)
 
 
+class IdTokenizer:
+    """The text form of a model without a vocabulary (``no_vocab`` test models): token ids as
+    decimal numbers separated by spaces, ``"5 17 3"``. No chat template; nothing ends generation."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, special: bool = True, add_bos: bool = False) -> list[int]:
+        ids = [int(t) for t in text.split()]
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise UnsupportedModelError(f"token ids must lie in [0, {self.vocab_size})")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(f" {i}" for i in ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return f" {token}".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        raise UnsupportedModelError("the model has no chat template; send a raw prompt instead")
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment

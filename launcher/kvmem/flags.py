@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvmem_core.config import FIELD_HELP, METHODS, POSITION_MODES, SCORERS, KVMemConfig, parse_retrieval_heads
+from kvmem_core.config import FIELD_HELP, METHODS, POSITION_MODES, RECURRENT_MODES, SCORERS, KVMemConfig, parse_retrieval_heads
 from kvmem_core.errors import ConfigError
 
 _DEFAULTS = KVMemConfig()
@@ -57,6 +57,7 @@ KNOBS = (
     Knob("nvme_gb", "--kvmem-nvme-gb", float),
     Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),
     Knob("retention", "--kvmem-retention", _choice(("evict-idle", "keep-all"))),
+    Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
 )
 
 

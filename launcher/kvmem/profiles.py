@@ -2,11 +2,17 @@
 
 A profile is looked up by the model file's fingerprint: first in the user cache
 (``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``profiles/``), then among the profiles
-shipped next to the adapter package; missing both, the calibration runs (about a minute
-for the embedded model on one CPU thread) and its result is cached.
+shipped next to the adapter package, then next to every other installed adapter package;
+missing all, the calibration runs (about a minute for the embedded model on one CPU
+thread) and its result is cached. A profile holds (attention layer, query head) pairs of
+the weights, so it serves every backend that loads the same file: both engines number
+attention layers and heads alike, and a permutation inside a head (llama.cpp's rotary row
+order) changes no q·k product.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -29,9 +35,19 @@ def shipped_dir(adapter: EngineAdapter) -> Path:
     return Path(sys.modules[type(adapter).__module__].__file__).parent / "profiles"
 
 
+def installed_dirs() -> list[Path]:
+    """``profiles/`` of every installed adapter package (found without importing them)."""
+    out = []
+    for ep in importlib.metadata.entry_points(group="kvmem.adapters"):
+        spec = importlib.util.find_spec(ep.value.partition(":")[0].partition(".")[0])
+        if spec is not None and spec.submodule_search_locations:
+            out.append(Path(next(iter(spec.submodule_search_locations))) / "profiles")
+    return out
+
+
 def find_profile(adapter: EngineAdapter) -> RetrievalProfile | None:
     """The cached or shipped profile of the adapter's model file, if any."""
-    for folder in (cache_dir(), shipped_dir(adapter)):
+    for folder in (cache_dir(), shipped_dir(adapter), *installed_dirs()):
         path = folder / f"{adapter.fingerprint}.json"
         if path.is_file():
             return RetrievalProfile.load(path)

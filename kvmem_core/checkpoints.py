@@ -1,0 +1,115 @@
+"""Recurrent-state checkpoints of hybrid models (DESIGN section 1, steps 2 and 5).
+
+A recurrent (DeltaNet) state cannot be subset like attention blocks: going on after token
+N needs the state taken exactly after N tokens. ``Checkpoints`` keeps such states in host
+memory, each keyed by the exact token ids it consumed, so a fork or another workspace that
+shares the prefix finds it; the least recently used go first. The step takes them at turn
+boundaries (the prefix-match point, the query's start, the end of each step) and at the
+query-replay start. Where no checkpoint exists, the step recomputes from the latest
+earlier one (the empty state at worst), never going on from a wrong state.
+
+Checkpoints are not persisted: after a restart a hybrid workspace's blocks are still
+matched, but its tokens are prefilled again from the start.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import RecurrentCheckpoints
+
+MAX_CHECKPOINTS = 16  # a step takes up to four; a 27B qwen35 state is ~150 MB of host memory
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """The recurrent state after ``n_tokens`` tokens, first taken for workspace ``ws_id``."""
+
+    n_tokens: int
+    ws_id: str
+    state: Any
+
+
+class Checkpoints:
+    """Recurrent-state checkpoints keyed by the tokens they consumed (see module docstring).
+
+    Created on an empty view: the adapter's state then is the empty (zero) state, which
+    stands for the checkpoint of no tokens.
+    """
+
+    def __init__(self, adapter: RecurrentCheckpoints, capacity: int = MAX_CHECKPOINTS) -> None:
+        self.adapter, self.capacity = adapter, capacity
+        self._zero = adapter.save_state()
+        self._items: OrderedDict[bytes, Checkpoint] = OrderedDict()
+
+    def take(self, tokens: Sequence[int], ws_id: str) -> None:
+        """Keep the adapter's live state as the state after exactly ``tokens``."""
+        key = _key(tokens)
+        if key in self._items:
+            self._items.move_to_end(key)
+            return
+        self._items[key] = Checkpoint(len(tokens), ws_id, self.adapter.save_state())
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def has(self, tokens: Sequence[int]) -> bool:
+        return not tokens or _key(tokens) in self._items
+
+    def restore(self, tokens: Sequence[int]) -> None:
+        """Make the adapter's live state the state after ``tokens`` (``has(tokens)`` must hold)."""
+        if not tokens:
+            self.adapter.restore_state(self._zero)
+            return
+        key = _key(tokens)
+        self._items.move_to_end(key)
+        self.adapter.restore_state(self._items[key].state)
+
+    def latest(self, ids: Sequence[int], limit: int) -> int:
+        """The largest ``n <= limit`` with a checkpoint of ``ids[:n]`` (0: the empty state)."""
+        found = self._held(ids, 1, limit + 1)
+        return found[-1] if found else 0
+
+    def earliest(self, ids: Sequence[int], lo: int, hi: int) -> int | None:
+        """The smallest ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``; None when there is none."""
+        found = self._held(ids, lo, hi)
+        return found[0] if found else None
+
+    def _held(self, ids: Sequence[int], lo: int, hi: int) -> list[int]:
+        """Ascending ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``."""
+        arr = np.asarray(ids, dtype=np.int64)
+        lengths = sorted({c.n_tokens for c in self._items.values() if lo <= c.n_tokens < min(hi, len(arr) + 1)})
+        return [n for n in lengths if _key(arr[:n]) in self._items]
+
+    def replay_from(self, ids: Sequence[int], r0: int, mode: str) -> int | None:
+        """Where a ``keep`` query replay starts: the first checkpoint at or after ``r0``. None: recompute
+        the state over the whole view instead (``mode == "recompute"``, or there is no such checkpoint)."""
+        return None if mode == "recompute" else self.earliest(ids, r0, len(ids))
+
+    def resume(self, live: Sequence[int], ids: Sequence[int], cached: int, cut: Callable[[int], int]) -> int:
+        """Make the live state the state after ``ids[:m]`` for the largest ``m <= cached`` possible; return m.
+
+        ``live``: the tokens the live state has consumed. ``cut(m)`` shortens the view's
+        computed tokens to at most ``m`` and returns how many remain (a cut inside a block
+        that is not resident falls back to the block's start).
+        """
+        if len(live) == cached and list(live[:cached]) == list(ids[:cached]):
+            return cached
+        while True:
+            m = self.latest(ids, cached)
+            cached = cut(m)
+            if cached == m:
+                self.restore(ids[:m])
+                return m
+
+    def forget(self, ws_id: str) -> None:
+        """Drop the checkpoints first taken for workspace ``ws_id``."""
+        for key in [k for k, c in self._items.items() if c.ws_id == ws_id]:
+            del self._items[key]
+
+
+def _key(tokens: Sequence[int] | np.ndarray) -> bytes:
+    return hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16).digest()

@@ -1,0 +1,65 @@
+"""The retrieval-heads scorer on torch tensors equals the numpy scorer over the same index.
+
+CPU here (device memory and pinned mirrors); the ``gpu`` test repeats it on CUDA.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvmem_core.layout import BlockMeta
+from kvmem_core.retrieval import BlockIndex, QueryFeatures, SummaryOptions, make_scorer, summarize_block
+from kvmem_torch.scoring import TorchRetrievalHeads
+
+HEADS = ((0, 1), (1, 2), (1, 3))  # (layer, query head); two query heads per kv head
+N_LAYERS, N_HEADS, N_KV, DIM, B = 2, 4, 2, 32, 16
+
+
+def metas(n: int, seed: int, first: int = 0) -> list[BlockMeta]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(first, first + n):
+        tokens = B if i % 7 else B - 5  # some short blocks: padding must not count
+        k = rng.standard_normal((N_LAYERS, tokens, N_KV, DIM)).astype(np.float32) * 2
+        out.append(BlockMeta(f"{seed}-{i}", "", np.arange(tokens, dtype=np.int32), i * B, 0,
+                             summarize_block(k, HEADS, SummaryOptions(group_size=2, prototypes=False))))
+    return out
+
+
+def query(seed: int) -> QueryFeatures:
+    q = np.random.default_rng(seed).standard_normal((N_LAYERS, 9, N_HEADS, DIM)).astype(np.float32) * 2
+    return QueryFeatures(q, N_KV)
+
+
+def assert_same(scorer: TorchRetrievalHeads, index: BlockIndex, q: QueryFeatures) -> None:
+    want = make_scorer("retrieval-heads", HEADS).score(q, index)
+    got = scorer.score(q, index)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-4, atol=1e-9)
+    np.testing.assert_array_equal(got.peaks, want.peaks)
+
+
+def check(device: str, pinned: bool, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kvmem_torch.scoring.CHUNK_TOKENS", chunk)
+    scorer = TorchRetrievalHeads(HEADS, device, pinned)
+    stored = metas(40, seed=1)
+    index = BlockIndex.build(stored, B)
+    assert_same(scorer, index, query(2))
+    index.sync(stored + metas(100, seed=1, first=40))  # appended: the mirror grows past its 64 blocks
+    assert_same(scorer, index, query(3))
+    assert len(scorer.mirrors[index].hashes) == 140
+    index.sync(stored[:10] + metas(5, seed=4, first=10))  # a fork: the mirror is rebuilt
+    assert_same(scorer, index, query(5))
+
+
+@pytest.mark.parametrize("chunk", (64, 1 << 16))
+def test_torch_scorer_equals_numpy_on_cpu(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    check("cpu", False, chunk, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pinned", (False, True))
+def test_torch_scorer_equals_numpy_on_cuda(pinned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    check("cuda", pinned, 64, monkeypatch)
