@@ -22,7 +22,7 @@ from kvmem_core.contract import OnText, StepRequest, StepResult
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, Sampler, build_prompt
-from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
+from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
@@ -76,27 +76,33 @@ class KVMemEngine:
         Bad input raises a ``KVMemError`` before anything changes. A step that fails later
         empties the view (stored blocks stay), so the next step starts from a known state.
         """
-        cfg = self.config.replace(**request.overrides) if request.overrides else self.config
+        knobs = dict(request.overrides)
+        oracle = knobs.pop("blocks", None)  # a diagnostic selection: these blocks, then the newest
+        cfg = self.config.replace(**knobs) if knobs else self.config
         prompt = build_prompt(self.adapter, request)
         self._check(cfg, prompt)
+        if oracle is not None and not all(0 <= b < len(prompt.ids) // self.layout.block_tokens for b in oracle):
+            raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
         try:
-            return self._run(cfg, prompt, request, on_text)
+            return self._run(cfg, prompt, request, on_text, oracle)
         except BaseException:
             reset(self.view, self.adapter)
             self._view_ws = None
             raise
 
-    def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText) -> StepResult:
+    def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText,
+             oracle: Sequence[int] | None) -> StepResult:
         t0 = time.perf_counter()
-        ws, cached = self._open(prompt.ids)
         fits = len(prompt.ids) <= cfg.budget
+        scoring = not fits and cfg.method == "retrieval" and oracle is None
+        ws, cached = self._open(prompt.ids, min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids)))
         mode = self._mode(cfg)
         self._setup_view(cfg, mode, fits, cached)
         logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached)
         t1 = time.perf_counter()
         selection: dict[str, Any] = {"method": "full" if fits else cfg.method, "position_mode": mode}
         if not fits:
-            logits, selection = self._select(cfg, mode, ws, prompt, queries, logits)
+            logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle)
         t2 = time.perf_counter()
         text, ids, finish = self._decode(cfg, ws, request, logits, on_text)
         t3 = time.perf_counter()
@@ -178,8 +184,11 @@ class KVMemEngine:
             return cfg.positions
         return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
 
-    def _open(self, ids: list[int]) -> tuple[Workspace, int]:
+    def _open(self, ids: list[int], limit: int) -> tuple[Workspace, int]:
         """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens).
+
+        At most ``limit`` tokens count as cached: a step that scores recomputes its query,
+        even when the same prompt was seen before, so the query features come from it.
 
         Hybrid models also need the recurrent state after the cached tokens: their checkpoint,
         or the latest earlier one (then fewer tokens count as cached and the rest is prefilled).
@@ -187,12 +196,12 @@ class KVMemEngine:
         live = self.view.tokens  # the tokens the recurrent state has consumed; rebound below, never mutated
         ws, match = self.store.open_workspace(self.namespace, ids)
         bt, hit = self.layout.block_tokens, match.matched_blocks
-        reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, len(ids) - 1)
+        reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, limit)
         if reuse >= hit * bt:
             cached = truncate(self.view, self.adapter, reuse)
         else:
             truncate(self.view, self.adapter, reuse // bt * bt)
-            cached = min(hit * bt, (len(ids) - 1) // bt * bt)
+            cached = min(hit * bt, limit // bt * bt)
             self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
         self._view_ws = ws.id
         if self.checkpoints is not None:
@@ -230,7 +239,7 @@ class KVMemEngine:
     def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
                  cached: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
-        ids, q0 = prompt.ids, max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)
+        ids, q0 = prompt.ids, _query_start(prompt)
         queries, out = [], None
         marks: tuple[int, ...] = ()
         if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
@@ -296,17 +305,19 @@ class KVMemEngine:
         return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
 
     def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,
-                logits: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+                logits: np.ndarray, oracle: Sequence[int] | None) -> tuple[np.ndarray, dict[str, Any]]:
         """Score and select blocks, materialize them, replay the query; return its logits and the selection."""
         metas = self.store.workspace_blocks(ws.id)
         n, bt = len(prompt.ids), self.layout.block_tokens
-        scores = None
-        if cfg.method == "retrieval":
+        scores, method = None, cfg.method
+        if oracle is not None:
+            scores, method = BlockScores(np.isin(np.arange(len(metas)), oracle) * 1.0, np.full(len(metas), -1)), "retrieval"
+        elif cfg.method == "retrieval":
             assert queries is not None, "retrieval needs the query's features"
             index = self._index(ws.id, metas)
             scorer = self._scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
             scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
-        sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, cfg.method)
+        sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, method)
         r0 = self._replay_start(cfg, prompt)
         kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
         recompute = kept is None
@@ -322,6 +333,8 @@ class KVMemEngine:
         out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas)}
         if self.checkpoints is not None:
             out["recurrent"] = "recompute" if recompute else "keep"
+        if oracle is not None:
+            out["oracle_blocks"] = sorted(oracle)
         return logits, out
 
     def _scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> Any:
@@ -400,3 +413,8 @@ class KVMemEngine:
         c["decode_tokens"] += decoded
         c["prefill_seconds"] += timings["prefill_s"]
         c["decode_seconds"] += timings["decode_s"]
+
+
+def _query_start(prompt: Prompt) -> int:
+    """First token whose query features retrieval scores with (the last user turn, capped)."""
+    return max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import ConfigError
 from kvmem_core.synthetic import PROSE
 from llamacpp_support import chat, model_path
 
@@ -51,3 +52,23 @@ def test_retrieval_selects_the_passkey_block_and_recent_loses_it(engine):
     assert lost.cached_tokens == len(ids) - 1  # the same transcript: nothing prefilled again
     assert key_block not in lost.selection["blocks"]
     assert PASSKEY not in lost.text
+
+
+def test_a_repeated_prompt_scores_with_its_whole_question(engine):
+    text = engine.adapter.render_chat(TRANSCRIPT)
+    ids = engine.tokenize(text)
+    first = engine.step(chat(TRANSCRIPT, max_tokens=12), lambda piece: True)
+    again = engine.step(chat(TRANSCRIPT, max_tokens=12), lambda piece: True)
+    question = len(engine.tokenize(engine.adapter.render_chat(TRANSCRIPT[:-1], add_generation_prompt=False)))
+    assert again.cached_tokens <= question < len(ids) - 1  # the question was recomputed, not served from cache
+    assert again.selection["blocks"] == first.selection["blocks"] and again.text == first.text
+
+
+def test_an_oracle_selection_puts_the_named_block_in_view(engine):
+    text = engine.adapter.render_chat(TRANSCRIPT)
+    key_block = len(engine.tokenize(text[:text.index(PASSKEY)])) // CFG.block_tokens
+    oracle = engine.step(chat(TRANSCRIPT, max_tokens=12, method="recent", blocks=(key_block,)), lambda piece: True)
+    assert key_block in oracle.selection["blocks"] and oracle.selection["oracle_blocks"] == [key_block]
+    assert PASSKEY in oracle.text
+    with pytest.raises(ConfigError, match="kvmem.blocks"):
+        engine.step(chat(TRANSCRIPT, blocks=(10_000,)), lambda piece: True)

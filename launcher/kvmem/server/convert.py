@@ -39,6 +39,8 @@ def overrides(options: S.KVMemOptions | None, config: KVMemConfig) -> dict[str, 
         config.replace(**out).validate_view(config.view_tokens)
     except ConfigError as exc:
         raise invalid(str(exc), "kvmem", "invalid_kvmem_options") from None
+    if options.blocks is not None:
+        out["blocks"] = tuple(options.blocks)
     return out
 
 

@@ -29,6 +29,7 @@ class KVMemOptions(msgspec.Struct, forbid_unknown_fields=True):
     sink_tokens: Annotated[int, Meta(ge=0)] | None = None
     recent_tokens: Annotated[int, Meta(ge=0)] | None = None
     retrieval_heads: str | None = None
+    blocks: list[Annotated[int, Meta(ge=0)]] | None = None  # diagnostic selection: these stored blocks first
 
 
 class ContentPart(msgspec.Struct):
