@@ -37,6 +37,8 @@ def _QUIET(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 def check_gguf(path: Path) -> None:
     """Raise ModelNotFoundError / UnsupportedModelError before llama.cpp sees a bad file."""
+    if path.is_dir():
+        raise UnsupportedModelError(f"{path} is a model directory; llama.cpp needs a GGUF file (or use --backend torch)")
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
     with path.open("rb") as f:

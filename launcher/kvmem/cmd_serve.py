@@ -179,6 +179,14 @@ def print_urls(args: argparse.Namespace) -> None:
     print(f"  API:    {base}/v1", flush=True)
 
 
+def engine_opts(placement: devices.Placement, progress: bool) -> dict[str, object]:
+    """Adapter options for the placement: the torch engine runs on the chosen device (ROCm torch calls it cuda)."""
+    opts: dict[str, object] = {"progress": progress}
+    if placement.backend == "torch":
+        opts["device"] = "cpu" if placement.device == "cpu" else "cuda"
+    return opts
+
+
 def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str) -> int:
     """Run the server in the foreground until SIGINT/SIGTERM."""
     from kvmem import protocol as P
@@ -189,7 +197,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
     spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
-                        opts={"progress": sys.stderr.isatty()})
+                        opts=engine_opts(placement, sys.stderr.isatty()))
     engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
                         fingerprint=fingerprint)

@@ -22,10 +22,12 @@ def default_model() -> Path:
 
 
 def resolve_model(model: str | None) -> Path:
-    """``model`` as an existing file path, or the default model when None."""
+    """``model`` as an existing GGUF file or HF model directory (with config.json), or the default when None."""
     if model is None:
         return default_model()
     path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {model}")
     return path

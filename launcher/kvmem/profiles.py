@@ -19,11 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from kvmem_core.adapter import EngineAdapter
+from kvmem_core.errors import ConfigError
 from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, calibrate
 from kvmem_core.synthetic import SyntheticDoc, make_docs
 
 N_DOCS = 8
 N_HEADS = 3
+FILLER_LINES = 40  # lines of surrounding text per document when the view allows
+TOKENS_PER_LINE = 42  # the longest surrounding's lines, measured on SmolLM2's tokenizer
+DOC_OVERHEAD = 160  # template, fact line and question
 
 
 def cache_dir() -> Path:
@@ -72,7 +76,11 @@ def save_profile(profile: RetrievalProfile, folder: Path) -> Path:
 
 def run_calibration(adapter: EngineAdapter, *, n_docs: int = N_DOCS, progress: bool = False) -> RetrievalProfile:
     """Capture per-head queries and keys on synthetic documents and rank the heads (view is cleared)."""
-    docs = make_docs(n_docs)
+    lines = min(FILLER_LINES, (adapter.caps.max_view_tokens - DOC_OVERHEAD) // TOKENS_PER_LINE)
+    if lines < 4:
+        raise ConfigError(f"calibrating retrieval heads needs a view of at least {DOC_OVERHEAD + 4 * TOKENS_PER_LINE} "
+                          "tokens; raise --kvmem-budget for the first run or pass --kvmem-retrieval-heads")
+    docs = make_docs(n_docs, filler_lines=lines)
     bar = _bar(n_docs, progress)
     captured = []
     try:
@@ -93,7 +101,9 @@ def capture_doc(adapter: EngineAdapter, doc: SyntheticDoc) -> CalibrationDoc:
     ids = adapter.tokenize(text)
     f0, f1 = (len(adapter.tokenize(text[:c])) for c in fact)
     q0 = len(adapter.tokenize(text[:text.rindex(doc.question)]))
-    assert len(ids) <= adapter.caps.max_view_tokens, "calibration document larger than the view"
+    if len(ids) > adapter.caps.max_view_tokens:
+        raise ConfigError(f"a calibration document of {len(ids)} tokens does not fit the view of "
+                          f"{adapter.caps.max_view_tokens}; raise --kvmem-budget or pass --kvmem-retrieval-heads")
     adapter.clear_view()
     out = adapter.forward(ids, list(range(len(ids))), want_logits=False, capture_from=q0)
     k = adapter.content_keys(adapter.read_block(0, len(ids)).k, 0)

@@ -104,3 +104,13 @@ def test_resolve_keeps_the_users_visible_devices_and_honours_explicit_choices() 
 def test_resolve_refuses_impossible_combinations(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         resolve(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend, device, expected", [
+    ("torch", "cpu", "cpu"), ("torch", "cuda", "cuda"), ("torch", "hip", "cuda"), ("llama.cpp", "cpu", None),
+])
+def test_the_engine_runs_on_the_resolved_device(backend, device, expected):
+    from kvmem.cmd_serve import engine_opts
+
+    opts = engine_opts(D.Placement(backend, device, None, "test"), progress=False)
+    assert opts.get("device") == expected and opts["progress"] is False
