@@ -1,7 +1,6 @@
 """``/v1/chat/completions`` and ``/v1/completions``: JSON replies and SSE chunk streams."""
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from typing import Any
@@ -76,17 +75,7 @@ async def _stream_chat(request: web.Request, state: ServerState, step: Any, base
     await resp.write(delta({"role": "assistant", "content": ""}))
     tool_filter = tools_format.ToolCallFilter() if has_tools else None
     try:
-        async with contextlib.aclosing(gen):
-            item = first
-            while not isinstance(item, StepResult):
-                text = tool_filter.feed(item) if tool_filter else item
-                if text:
-                    await resp.write(delta({"content": text}))
-                item = await gen.__anext__()
-        result = item
-        rest, calls = tool_filter.finish() if tool_filter else ("", [])
-        if rest:
-            await resp.write(delta({"content": rest}))
+        result, calls = await sse.relay(gen, first, lambda text: resp.write(delta({"content": text})), tool_filter)
         if calls:
             await resp.write(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
         await resp.write(delta({}, "tool_calls" if calls else result.finish_reason))
@@ -128,14 +117,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return sse.frame({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
 
     try:
-        async with contextlib.aclosing(gen):
-            item = first
-            while not isinstance(item, StepResult):
-                await resp.write(piece(item))
-                item = await gen.__anext__()
-        await resp.write(piece("", item.finish_reason))
+        result, _ = await sse.relay(gen, first, lambda text: resp.write(piece(text)))
+        await resp.write(piece("", result.finish_reason))
         if include_usage:
-            await resp.write(sse.frame({**base, "choices": [], "usage": usage(item)}))
+            await resp.write(sse.frame({**base, "choices": [], "usage": usage(result)}))
     except (ConnectionResetError, ConnectionError):
         return resp
     except Exception as exc:

@@ -6,7 +6,6 @@ tokens not read from the cache, ``cache_read_input_tokens`` the prefix hits.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from typing import Any
@@ -131,16 +130,8 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
     await send("content_block_start", index=0, content_block={"type": "text", "text": ""})
     tool_filter = tools_format.ToolCallFilter() if has_tools else None
     try:
-        async with contextlib.aclosing(gen):
-            item = first
-            while not isinstance(item, StepResult):
-                piece = tool_filter.feed(item) if tool_filter else item
-                if piece:
-                    await send("content_block_delta", index=0, delta={"type": "text_delta", "text": piece})
-                item = await gen.__anext__()
-        rest, calls = tool_filter.finish() if tool_filter else ("", [])
-        if rest:
-            await send("content_block_delta", index=0, delta={"type": "text_delta", "text": rest})
+        item, calls = await sse.relay(
+            gen, first, lambda text: send("content_block_delta", index=0, delta={"type": "text_delta", "text": text}), tool_filter)
         await send("content_block_stop", index=0)
         for index, block in enumerate(tool_blocks(calls), start=1):
             await send("content_block_start", index=index, content_block={**block, "input": {}})

@@ -6,7 +6,6 @@ transcript, which renders to the same tokens as before, and the engine reuses th
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from typing import Any
@@ -182,20 +181,15 @@ async def _stream(request: web.Request, state: ServerState, turn: Turn) -> web.S
     await ev.send("response.content_part.added", **where, content_index=0,
                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
     tool_filter = tools_format.ToolCallFilter() if turn.tools else None
-    text = ""
+    parts: list[str] = []
+
+    async def emit(piece: str) -> None:
+        parts.append(piece)
+        await ev.send("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[])
+
     try:
-        async with contextlib.aclosing(gen):
-            item = first
-            while not isinstance(item, StepResult):
-                piece = tool_filter.feed(item) if tool_filter else item
-                if piece:
-                    text += piece
-                    await ev.send("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[])
-                item = await gen.__anext__()
-        rest, calls = tool_filter.finish() if tool_filter else ("", [])
-        if rest:
-            text += rest
-            await ev.send("response.output_text.delta", **where, content_index=0, delta=rest, logprobs=[])
+        item, calls = await sse.relay(gen, first, emit, tool_filter)
+        text = "".join(parts)
         final = turn.finish(state, item, text, calls, always_message=True)
         await _close_items(ev, turn, final, text)
         await ev.send("response.completed", response=final)

@@ -1,10 +1,14 @@
 """Server-sent events: the framing both OpenAI streaming APIs use."""
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+
+from kvmem.tools_format import ToolCallFilter
+from kvmem_core.contract import StepResult
 
 DONE = b"data: [DONE]\n\n"
 
@@ -36,3 +40,24 @@ def parse(body: bytes) -> list[tuple[str | None, str]]:
         if data:
             events.append((event, "\n".join(data)))
     return events
+
+
+
+async def relay(gen: AsyncIterator[Any], first: Any, emit: Callable[[str], Awaitable[Any]],
+                tool_filter: ToolCallFilter | None = None) -> tuple[StepResult, list[dict[str, Any]]]:
+    """Pass a step stream's text pieces to ``emit`` until its ``StepResult``; return it and the tool calls.
+
+    ``first`` is the stream's first item (already awaited). With ``tool_filter``, text that
+    forms a tool call is held back and parsed; the filter's trailing text is emitted last.
+    """
+    async with contextlib.aclosing(gen):
+        item = first
+        while not isinstance(item, StepResult):
+            piece = tool_filter.feed(item) if tool_filter else item
+            if piece:
+                await emit(piece)
+            item = await gen.__anext__()
+    rest, calls = tool_filter.finish() if tool_filter else ("", [])
+    if rest:
+        await emit(rest)
+    return item, calls
