@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from kvmem_core.retrieval.base import BlockScores, QueryFeatures
-from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
-from kvmem_core.retrieval.summaries import index_pairs
+from kvmem_core.retrieval.index import BlockIndex
+from kvmem_core.retrieval.token_mass import indexed_pairs
 
 CHUNK_TOKENS = 1 << 16  # logits of one chunk: rows x 64K float32
 
@@ -79,11 +79,7 @@ class TorchRetrievalHeads:
     def score(self, query: QueryFeatures, index: BlockIndex) -> BlockScores:
         if index.n_blocks == 0:
             return BlockScores.empty()
-        pairs = index_pairs(self.heads, query.group_size)
-        missing = sorted(set(pairs) - set(index.head_pairs))
-        if missing:
-            raise MissingSummaryError(f"the index holds keys of (layer, kv head) {list(index.head_pairs)}, not {missing}; "
-                                      "re-store the workspace with this profile")
+        pairs = indexed_pairs(self.heads, query, index)
         mirror = self.mirrors.setdefault(index, DeviceIndex(self.device, self.pinned))
         mirror.sync(index)
         n, dev = index.n_blocks, torch.device(self.device)

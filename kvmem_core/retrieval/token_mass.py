@@ -97,6 +97,16 @@ def _logits(rows: np.ndarray, keys: np.ndarray, n_tokens: np.ndarray, scales: np
     return logits
 
 
+def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures, index: BlockIndex) -> list[tuple[int, int]]:
+    """The (layer, kv head) pairs ``heads`` read; MissingSummaryError unless ``index`` holds their keys."""
+    pairs = index_pairs(heads, query.group_size)
+    missing = sorted(set(pairs) - set(index.head_pairs))
+    if missing:
+        raise MissingSummaryError(f"the index holds keys of (layer, kv head) {list(index.head_pairs)}, not {missing}; "
+                                  "re-store the workspace with this profile")
+    return pairs
+
+
 @dataclass(frozen=True)
 class RetrievalHeadsScorer:
     """Per-token mass over a few calibrated (layer, query head) pairs, read from the index.
@@ -110,13 +120,7 @@ class RetrievalHeadsScorer:
     def score(self, query: QueryFeatures, index: BlockIndex) -> BlockScores:
         if index.n_blocks == 0:
             return BlockScores.empty()
-        pairs = index_pairs(self.heads, query.group_size)
-        missing = sorted(set(pairs) - set(index.head_pairs))
-        if missing:
-            raise MissingSummaryError(
-                f"the index holds keys of (layer, kv head) {list(index.head_pairs)}, not {missing}; "
-                "re-store the workspace with this profile"
-            )
+        pairs = indexed_pairs(self.heads, query, index)
         keys, scales = index.get("head_keys"), index.get("head_scale")  # [P, N, B, D] int8, [P, N, B]
         merge = _PeakMerge(index.n_blocks)
         for layer, kv in pairs:
