@@ -26,6 +26,8 @@ SHAPES = {
                linear_k_heads=16, linear_v_heads=32),
     "small": dict(hidden_size=1024, intermediate_size=3072, n_heads=8, n_kv_heads=2, n_layers=8,
                   linear_k_heads=8, linear_v_heads=16),
+    "tiny": dict(hidden_size=256, intermediate_size=512, n_heads=4, n_kv_heads=2, n_layers=4,
+                 linear_k_heads=2, linear_v_heads=4, vocab_size=4096),
 }
 GB = 1e9
 
@@ -33,7 +35,8 @@ GB = 1e9
 def qwen35_spec(shape: str) -> ModelSpec:
     s = dict(SHAPES[shape])
     n_layers = s.pop("n_layers")
-    return ModelSpec(arch="qwen35", vocab_size=248320, head_dim=256, rotary_dim=64, rope_theta=1e7, rms_eps=1e-6,
+    s.setdefault("vocab_size", 248320)
+    return ModelSpec(arch="qwen35", head_dim=256, rotary_dim=64, rope_theta=1e7, rms_eps=1e-6,
                      layer_kinds=qwen35_kinds(n_layers, 4), max_context=262144, linear_k_dim=128,
                      linear_v_dim=128, conv_kernel=4, **s)
 

@@ -1,20 +1,25 @@
-"""``kvmem bench``: benchmarks. ``speed``: decode, turn-2 time to first token, block transfer."""
+"""``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem.bench.speed``); ``quality``: answer accuracy."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from kvmem.cmd_run import BACKENDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks (speed)")
+    parser = subparsers.add_parser("bench", help="benchmarks (speed, quality)")
     suites = parser.add_subparsers(dest="suite", required=True)
-    speed = suites.add_parser("speed", help="decode vs plain engine, turn-2 TTFT with reuse, block export/import")
+    speed = suites.add_parser("speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers")
     speed.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
-    speed.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
-    speed.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded per side (default: 64)")
-    speed.add_argument("--json", action="store_true", help="print one JSON object")
+    speed.add_argument("--model", default=None, help="GGUF file for llama.cpp (default: the embedded model)")
+    speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
+    speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
+    speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
+                       help="folder for speed.json and the PNG plots (default: bench-out/speed)")
+    speed.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     speed.set_defaults(func=run_speed_cmd)
     from kvmem.bench import quality
 
@@ -25,15 +30,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_speed_cmd(args: argparse.Namespace) -> int:
     from kvmem.bench.speed import run_speed
-    from kvmem.models import resolve_model
+    from kvmem.bench.speed_common import table
 
-    result = run_speed(args.backend, str(resolve_model(args.model)), decode_tokens=args.decode_tokens)
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
+    opts = {"shape": args.shape} if args.backend == "torch" and args.shape else {}
+    result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log, **opts)
     if args.json:
         print(json.dumps(result))
         return 0
-    d, t, b = result["decode"], result["turn2_ttft"], result["blocks"]
-    print(f"decode   kvmem {d['kvmem_tok_s']} tok/s  plain {d['plain_tok_s']} tok/s  ratio {d['ratio']}")
-    print(f"turn 2   ttft reuse {t['reuse_s']} s  cold {t['cold_s']} s  speedup {t['speedup']}x "
-          f"({t['cached_tokens']}/{t['prompt_tokens']} tokens cached)")
-    print(f"blocks   export {b['export_mb_s']} MB/s  import {b['import_mb_s']} MB/s  ({b['block_mb']} MB per block)")
+    print(table(result["points"]))
+    for key in ("ttft_speedup", "decode_flatness", "host_vs_raw", "nvme_vs_raw"):
+        value = result.get(key)
+        print(f"{key:16s} {'not measured' if value is None else f'{value:.3f}'}")
+    verdict = {None: "not measured", True: "met", False: "MISSED"}
+    print("goals  " + "  ".join(f"{k}: {verdict[v]}" for k, v in result["goals"].items()))
+    print("wrote  " + ", ".join(result.get("files", [])))
     return 0

@@ -1,0 +1,124 @@
+"""What every ``kvmem bench speed`` backend shares: the headline ratios, physical floors, the
+goal check, memory readings, the table and the PNG plots.
+
+A backend produces ``points`` (one per workspace size, ascending) with at least
+``workspace_tokens``, ``reuse_ttft_s``, ``reprefill_ttft_s`` and ``kvmem_tok_s`` (plus
+``full_tok_s`` where dense attention over the whole workspace ran), and a ``transfer``
+dict with the tier and raw throughputs of the same bytes. ``headline`` turns them into the
+output contract's ratios.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tolerance": 0.10, "nvme_vs_raw": 0.8}
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``; None when either is missing, not finite or the denominator is not positive."""
+    if num is None or den is None or not math.isfinite(num) or not math.isfinite(den) or den <= 0:
+        return None
+    return num / den
+
+
+def floor_s(nbytes: float, gbps: float) -> float:
+    """Seconds that moving ``nbytes`` takes at ``gbps`` (10^9 bytes/s): the physical floor of a step."""
+    assert gbps > 0, "bandwidth must be positive"
+    return nbytes / (gbps * 1e9)
+
+
+def headline(backend: str, model: str, points: Sequence[dict[str, Any]], transfer: dict[str, Any]) -> dict[str, Any]:
+    """The contract's ratios: TTFT re-prefill / reuse at the largest workspace, decode tok/s at the
+    largest / at the smallest workspace, and tier / raw throughput of the same bytes."""
+    assert points, "no workspace sizes were measured"
+    first, last = points[0], points[-1]
+    return {"backend": backend, "model": model,
+            "ttft_speedup": ratio(last["reprefill_ttft_s"], last["reuse_ttft_s"]),
+            "decode_flatness": ratio(last["kvmem_tok_s"], first["kvmem_tok_s"]),
+            "nvme_vs_raw": transfer.get("nvme_vs_raw"), "host_vs_raw": transfer.get("host_vs_raw"),
+            "workspace_growth": ratio(last["workspace_tokens"], first["workspace_tokens"]),
+            "largest_workspace_tokens": last["workspace_tokens"]}
+
+
+def goals(result: dict[str, Any], quick: bool) -> dict[str, bool | None]:
+    """Each speed goal of the issue: met (True), missed (False) or not measured (None)."""
+    ttft, flat, nvme = result.get("ttft_speedup"), result.get("decode_flatness"), result.get("nvme_vs_raw")
+    need = GOALS["quick_ttft_speedup"] if quick else GOALS["ttft_speedup"]
+    return {f"ttft_speedup>={need:g}": None if ttft is None else ttft >= need,
+            "decode_flat_within_10pct": None if flat is None else abs(flat - 1) <= GOALS["decode_flatness_tolerance"],
+            "nvme_vs_raw>=0.8": None if nvme is None else nvme >= GOALS["nvme_vs_raw"]}
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current, peak) resident set size of this process in MB, from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0]) * 1024 / 1e6
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def table(points: Sequence[dict[str, Any]]) -> str:
+    """Plain-text table of the per-workspace figures."""
+    cols = [("workspace_tokens", "workspace", "{:d}"), ("reuse_ttft_s", "ttft reuse s", "{:.3f}"),
+            ("reprefill_ttft_s", "ttft re-prefill s", "{:.2f}"), ("ttft_speedup", "speedup", "{:.1f}x"),
+            ("kvmem_tok_s", "kvmem tok/s", "{:.1f}"), ("full_tok_s", "full tok/s", "{:.1f}"),
+            ("select_share", "select share", "{:.0%}"), ("rss_mb", "rss MB", "{:.0f}")]
+    cols = [c for c in cols if any(p.get(c[0]) is not None for p in points)]
+    rows = [[c[1] for c in cols]]
+    for p in points:
+        rows.append(["-" if p.get(key) is None else fmt.format(p[key]) for key, _, fmt in cols])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``speed.json`` plus the PNG plots in ``out_dir``; returns the paths written. A separate ``ttft`` list
+    (history_tokens, reuse_ttft_s, reprefill_ttft_s), as the torch backend measures it, feeds the TTFT plot."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "speed.json"
+    path.write_text(json.dumps(result, indent=1))
+    ttft = [{"workspace_tokens": t["history_tokens"], **t} for t in result.get("ttft", ())] or result["points"]
+    return [path, *plot_speed(result["points"], result["backend"], out_dir, ttft)]
+
+
+def plot_speed(points: Sequence[dict[str, Any]], backend: str, out_dir: Path,
+               ttft: Sequence[dict[str, Any]] | None = None) -> list[Path]:
+    """TTFT (reuse vs re-prefill; ``ttft`` points, default ``points``), decode tok/s (KVMem vs full) and RSS
+    against the workspace size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    series = [("ttft.png", "time to first token (s)", True, ttft or points,
+               {"KVMem reuse": "reuse_ttft_s", "stateless re-prefill": "reprefill_ttft_s"}),
+              ("decode.png", "decode tok/s", False, points,
+               {"KVMem (fixed budget)": "kvmem_tok_s", "full attention": "full_tok_s"}),
+              ("memory.png", "resident memory (MB)", False, points, {"engine RSS": "rss_mb"})]
+    return [_plot(pts, ylabel, logy, keys, f"{backend}: {ylabel} vs workspace", out_dir / name)
+            for name, ylabel, logy, pts, keys in series if any(p.get(k) is not None for k in keys.values() for p in pts)]
+
+
+def _plot(points: Sequence[dict[str, Any]], ylabel: str, logy: bool, keys: dict[str, str], title: str,
+          path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    xs = [p["workspace_tokens"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, key in keys.items():
+        pairs = [(x, p[key]) for x, p in zip(xs, points) if p.get(key) is not None]
+        if pairs:
+            ax.plot(*zip(*pairs), marker="o", label=label)
+    ax.set(xlabel="workspace tokens", ylabel=ylabel, title=title, xscale="log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,86 @@
+"""The speed benchmark's math and output contract: ratios, floors, goals, table, files, phase clock."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kvmem.bench.speed_common import floor_s, goals, headline, ratio, rss_mb, table, write_outputs
+from kvmem.bench.speed_llamacpp import ForwardClock
+
+CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}
+
+
+def points() -> list[dict]:
+    return [{"workspace_tokens": 1024, "reuse_ttft_s": 2.0, "reprefill_ttft_s": 8.0, "kvmem_tok_s": 50.0, "full_tok_s": 50.0},
+            {"workspace_tokens": 8192, "reuse_ttft_s": 2.5, "reprefill_ttft_s": 100.0, "kvmem_tok_s": 47.5, "full_tok_s": None}]
+
+
+def test_ratio_is_none_for_missing_or_degenerate_inputs():
+    assert ratio(9.0, 3.0) == 3.0
+    assert ratio(None, 3.0) is None and ratio(3.0, None) is None
+    assert ratio(1.0, 0.0) is None and ratio(1.0, -2.0) is None
+    assert ratio(math.nan, 1.0) is None and ratio(1.0, math.inf) is None
+
+
+def test_floor_is_bytes_over_bandwidth():
+    assert floor_s(2e9, 4.0) == pytest.approx(0.5)
+    assert floor_s(51.25e9 + 32768 * 65536, 4266.8) == pytest.approx((51.25e9 + 2147483648) / 4266.8e9)
+
+
+def test_headline_takes_ttft_at_the_largest_and_flatness_largest_over_smallest():
+    out = headline("llama.cpp", "m", points(), {"nvme_vs_raw": 0.9, "host_vs_raw": 0.5})
+    assert CONTRACT <= set(out)
+    assert out["ttft_speedup"] == pytest.approx(40.0)
+    assert out["decode_flatness"] == pytest.approx(0.95)
+    assert out["workspace_growth"] == pytest.approx(8.0)
+    assert (out["nvme_vs_raw"], out["host_vs_raw"], out["largest_workspace_tokens"]) == (0.9, 0.5, 8192)
+
+
+def test_goals_use_the_quick_threshold_only_for_quick_runs():
+    result = {"ttft_speedup": 12.0, "decode_flatness": 0.89, "nvme_vs_raw": 0.8}
+    assert goals(result, quick=True) == {"ttft_speedup>=10": True, "decode_flat_within_10pct": False,
+                                         "nvme_vs_raw>=0.8": True}
+    assert goals(result, quick=False)["ttft_speedup>=30"] is False
+    assert goals({"ttft_speedup": None, "decode_flatness": 1.05, "nvme_vs_raw": None}, quick=False) == {
+        "ttft_speedup>=30": None, "decode_flat_within_10pct": True, "nvme_vs_raw>=0.8": None}
+
+
+def test_table_shows_measured_columns_and_dashes_for_gaps():
+    pts = points()
+    pts[0]["ttft_speedup"], pts[1]["ttft_speedup"] = 4.0, 40.0
+    lines = table(pts).splitlines()
+    assert len(lines) == 3 and "full tok/s" in lines[0] and "rss MB" not in lines[0]
+    assert lines[2].split() == ["8192", "2.500", "100.00", "40.0x", "47.5", "-"]
+
+
+def test_outputs_are_json_and_png_files(tmp_path):
+    result = {"backend": "torch", "points": points()}
+    paths = write_outputs(result, tmp_path / "out")
+    assert [p.name for p in paths] == ["speed.json", "ttft.png", "decode.png"]
+    assert json.loads(paths[0].read_text()) == result
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths[1:])
+
+
+def test_rss_reads_this_process():
+    current, peak = rss_mb()
+    assert 0 < current <= peak
+
+
+class _Adapter:
+    def forward(self, tokens, positions):
+        return len(tokens)
+
+
+def test_forward_clock_separates_prefill_replay_and_decode():
+    adapter = _Adapter()
+    clock = ForwardClock(adapter)
+    for n in (512, 488, 256, 1, 1):
+        assert adapter.forward([0] * n, []) == n
+    durations = [sec for _, sec in clock.calls]
+    assert [n for n, _ in clock.calls] == [512, 488, 256, 1, 1]
+    assert clock.replay_s(1000) == durations[2]
+    assert clock.decode_s == durations[3] + durations[4]
+    clock.reset()
+    assert clock.calls == [] and clock.replay_s(0) == 0.0
