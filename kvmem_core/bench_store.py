@@ -74,13 +74,13 @@ def _round(root: Path, layout: BlockLayout, blocks: list[tuple[BlockMeta, BlockK
     out: dict[str, float] = {}
     try:
         for side in ("tier", "plain") if tier_first else ("plain", "tier"):
-            out[side + "_write"] = _tier_write(root, layout, blocks) if side == "tier" else _plain_write(root, blocks)
-        _drop_page_cache(root)
+            out[side + "_write"] = _tier_write(root, layout, blocks) if side == "tier" else plain_write(root, blocks)
+        drop_page_cache(root)
         for side in ("tier", "plain") if tier_first else ("plain", "tier"):
             if side == "tier":
                 out["tier_read"], out["scan"] = _tier_read(root, layout, blocks)
             else:
-                out["plain_read"] = _plain_read(root, payload)
+                out["plain_read"] = plain_read(root, payload)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -127,7 +127,8 @@ def _tier_read(root: Path, layout: BlockLayout, blocks: list[tuple[BlockMeta, Bl
     return t2 - t1, t1 - t0
 
 
-def _plain_write(root: Path, blocks: list[tuple[BlockMeta, BlockKV]]) -> float:
+def plain_write(root: Path, blocks: list[tuple[BlockMeta, BlockKV]]) -> float:
+    """Seconds to write the blocks' K and V as one fsynced file ``root/plain.bin`` (the raw baseline)."""
     t0 = time.perf_counter()
     with open(root / "plain.bin", "wb") as f:
         for _, kv in blocks:
@@ -138,7 +139,8 @@ def _plain_write(root: Path, blocks: list[tuple[BlockMeta, BlockKV]]) -> float:
     return time.perf_counter() - t0
 
 
-def _plain_read(root: Path, payload: int) -> float:
+def plain_read(root: Path, payload: int) -> float:
+    """Seconds to read ``payload`` bytes of ``root/plain.bin`` in one call (the raw baseline)."""
     t0 = time.perf_counter()
     buf = np.empty(payload, dtype=np.uint8)
     with open(root / "plain.bin", "rb", buffering=0) as f:
@@ -146,7 +148,8 @@ def _plain_read(root: Path, payload: int) -> float:
     return time.perf_counter() - t0
 
 
-def _drop_page_cache(root: Path) -> None:
+def drop_page_cache(root: Path) -> None:
+    """Ask the kernel to drop cached pages of every file under ``root``, so the next read hits the disk."""
     for path in root.rglob("*"):
         if path.is_file():
             fd = os.open(path, os.O_RDONLY)

@@ -84,3 +84,14 @@ def test_forward_clock_separates_prefill_replay_and_decode():
     assert clock.decode_s == durations[3] + durations[4]
     clock.reset()
     assert clock.calls == [] and clock.replay_s(0) == 0.0
+
+
+@pytest.mark.llamacpp
+def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
+    pytest.importorskip("llama_cpp")
+    from kvmem.bench.speed_overhead import decode_overhead
+    from kvmem.models import default_model
+
+    out = decode_overhead(str(default_model()), decode_tokens=8, rounds=1)
+    assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
+    assert out["decode_vs_plain"] == round(out["kvmem_tok_s"] / out["plain_tok_s"], 3)

@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem.bench.speed_common import headline, ratio, rss_mb
+from kvmem.bench.speed_overhead import decode_overhead
 from kvmem_core.adapter import Placement
-from kvmem_core.bench_store import _drop_page_cache, _plain_read, _plain_write
+from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.layout import BlockKV, BlockMeta
@@ -65,7 +66,10 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
         point["decode_vs_full"] = ratio(point["kvmem_tok_s"], point["full_tok_s"])
         log(f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, "
             f"full decode {point['full_tok_s']:.1f} tok/s")
+    overhead = decode_overhead(model_path, rounds=3 if quick else 5)
+    log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
+    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead)
     out.update(quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
                                     "recent_tokens": config.recent_tokens, "block_tokens": config.block_tokens},
                points=points, transfer=transfer)
@@ -254,11 +258,11 @@ def _nvme_round(layout: Any, adapter: Any, blocks: list[tuple[BlockMeta, BlockKV
         for meta, kv in blocks:
             store.append(ws.id, meta, kv)
         store.close()
-        _plain_write(root, blocks)
+        plain_write(root, blocks)
         times: dict[str, float] = {}
         for side in np.roll(["raw", "tier", "view"], -first):
-            _drop_page_cache(root)
-            times[side] = _plain_read(root, nbytes) if side == "raw" else _tier_load_s(layout, root, adapter, blocks,
+            drop_page_cache(root)
+            times[side] = plain_read(root, nbytes) if side == "raw" else _tier_load_s(layout, root, adapter, blocks,
                                                                                        batch if side == "view" else 0)
         return times["raw"], times["tier"], times["view"]
     finally:
