@@ -19,7 +19,7 @@ from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnText, StepRequest, StepResult
-from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
+from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, Sampler, build_prompt
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
@@ -301,7 +301,8 @@ class KVMemEngine:
         hashes = [self.store.workspaces.get(self._view_ws).hashes[b] for b in blocks]
         result = self.store.complete_load(self.store.prepare_load(hashes))
         if result.missing:
-            raise RuntimeError(f"{len(result.missing)} selected blocks are missing from the store")
+            raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
+                                    "store; the next request re-prefills them")
         return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
 
     def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,
@@ -364,7 +365,7 @@ class KVMemEngine:
         meta = self.store.lookup(block_hash)
         result = self.store.complete_load(self.store.prepare_load([block_hash]))
         if meta is None or block_hash not in result.blocks:
-            raise RuntimeError(f"block {block_hash} is missing from the store")
+            raise CorruptBlockError(f"block {block_hash} failed its checks or is gone from the store")
         return self.adapter.content_keys(result.blocks[block_hash].k, meta.start_pos)
 
     def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:

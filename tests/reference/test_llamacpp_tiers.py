@@ -65,3 +65,24 @@ def test_nvme_round_trip_after_restart_is_bit_identical(adapter, plain, tmp_path
     assert engine.metrics()["blocks_loaded"] == r2.cached_tokens // CFG.block_tokens
     check_against_plain(engine, plain, r1, r2)
     engine.store.close()
+
+
+def test_a_block_corrupted_on_disk_fails_its_step_cleanly_and_the_next_one_prefills_it(adapter, plain, tmp_path):
+    from kvmem_core.errors import CorruptBlockError
+    from kvmem_core.blockfile import SUFFIX
+
+    cfg = CFG.replace(nvme_dir=tmp_path, cpu_gb=0.01)
+    first = KVMemEngine(adapter, cfg, heads=((17, 3),))
+    r1 = first.step(chat(A1), lambda piece: True)
+    first.store.close()
+    victim = sorted(tmp_path.rglob("*" + SUFFIX))[0]
+    data = bytearray(victim.read_bytes())
+    data[-100] ^= 0xFF  # one payload byte
+    victim.write_bytes(bytes(data))
+    engine = KVMemEngine(adapter, cfg, heads=((17, 3),))
+    with pytest.raises(CorruptBlockError):
+        engine.step(chat(second_turn(r1.text)), lambda piece: True)
+    r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
+    assert r2.cached_tokens < r1.prompt_tokens  # the damaged block and those after it were computed again
+    check_against_plain(engine, plain, r1, r2)
+    engine.store.close()
