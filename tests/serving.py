@@ -3,12 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,11 +11,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
-
 from kvmem import protocol as P
+from kvmem.serve_process import ServeProcess
 from kvmem.server.app import build_app
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.state import ServerState
+
 from kvmem_core.config import KVMemConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +54,6 @@ class AppClient:
         self.loop.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get_json(url: str, headers: dict[str, str] | None = None, timeout: float = 5) -> tuple[int, Any]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
@@ -73,58 +63,17 @@ def get_json(url: str, headers: dict[str, str] | None = None, timeout: float = 5
         return exc.code, json.loads(exc.read() or b"null")
 
 
-class LiveServer:
-    """``python -m kvmem serve`` on a free port; ``run_dir`` keeps its pidfile away from the user's."""
+class LiveServer(ServeProcess):
+    """``python -m kvmem serve`` on a free port, run from the repository root; ``run_dir`` keeps its pidfile
+    away from the user's."""
 
     def __init__(self, run_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
-        self.port = port or free_port()
-        self.run_dir = run_dir
-        self.args = ["--port", str(self.port), *args]
-        self.env = {**os.environ, "KVMEM_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.log = run_dir / f"serve-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(run_dir, args, port=port, env=env, cwd=ROOT)
 
     def command(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run another ``kvmem serve`` with this server's flags plus ``extra`` and wait for it."""
-        return subprocess.run([sys.executable, "-m", "kvmem", "serve", *self.args, *extra], env=self.env,
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-    def start(self, timeout: float = 300) -> LiveServer:
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kvmem", "serve", *self.args], env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.wait_ready(timeout)
-        return self
-
-    def wait_ready(self, timeout: float = 300) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"kvmem serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                status, body = get_json(self.url + "/health", timeout=2)
-                if status == 200 and (self.proc is None or body["pid"] == self.proc.pid):
-                    return body
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"kvmem serve not ready in {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def health(self) -> dict[str, Any]:
-        return get_json(self.url + "/health")[1]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        return subprocess.run([*self.argv, *extra], env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+                              cwd=ROOT)
 
 
 def exercise(base_url: str, api_key: str = "none") -> dict[str, Any]:

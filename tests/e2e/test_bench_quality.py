@@ -1,4 +1,4 @@
-"""``kvmem bench quality`` against a live ``kvmem serve`` on the embedded model: two sessions, two methods."""
+"""``kvmem bench quality`` against a live ``kvmem serve`` on the embedded model: two sessions, three methods."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kvmem.bench.api import Api
-from kvmem.bench.quality import Method, Plan, gold_blocks, run_all
+from kvmem.bench.quality import ORACLE, Method, Plan, gold_blocks, run_all
 from kvmem.bench.sessions import make_sessions
 from kvmem.tools_format import render_plain
 from serving import ROOT, LiveServer
@@ -25,29 +25,40 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live.stop()
 
 
-def test_two_methods_share_one_workspace_and_leave_nothing_behind(server: LiveServer) -> None:
+def chatml(messages: list[dict]) -> str:
+    """SmolLM2's template for a transcript without tools, up to the generation prompt."""
+    turns = render_plain(messages, None)
+    return "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns) + "<|im_start|>assistant\n"
+
+
+def test_methods_share_one_prefill_and_leave_nothing_behind(server: LiveServer) -> None:
     api = Api(server.url)
     sessions = make_sessions([1000], [0.2], ["passkey", "kv"], seed=1)
-    plan = Plan(grid=(), kinds=())
-    outs = run_all(api, sessions, plan, (Method("retrieval", "retrieval-heads"), Method("recent")), full_budget=0)
-    assert [(o.session, o.method) for o in outs] == [(s.id, m) for s in sessions for m in ("retrieval", "recent")]
-    for o in outs:
-        assert o.error is None and 800 <= o.prompt_tokens <= 1250
-        n_blocks = o.prompt_tokens // 128
-        assert o.gold_blocks and max(o.gold_blocks) < n_blocks
-        assert o.selected_blocks is not None and len(o.selected_blocks) * 128 <= plan.budget
-        assert o.gold_selected == set(o.gold_blocks).issubset(o.selected_blocks)
-        assert o.correct == (o.expected in o.answer.replace(".", " ").split())
-    recent = outs[1].selected_blocks
-    assert recent[-1] == outs[1].prompt_tokens // 128 - 1 and list(recent[1:]) == list(range(recent[1], recent[-1] + 1))
+    plan = Plan(grid=())
+    outs = run_all(api, sessions, plan, (ORACLE, Method("recent"), Method("retrieval", "retrieval-heads")), full_budget=0)
+    assert [(o.session, o.method) for o in outs] == [(s.id, m) for s in sessions for m in ("recent", "retrieval", "oracle")]
+    for session, (recent, heads, oracle) in zip(sessions, zip(outs[0::3], outs[1::3], outs[2::3]), strict=True):
+        n = recent.prompt_tokens
+        question = api.count_tokens(chatml(list(session.messages[:-1]))[:-len("<|im_start|>assistant\n")])
+        assert recent.cached_tokens < 128  # the first request prefills the workspace
+        assert question // 128 * 128 <= heads.cached_tokens <= question  # scoring recomputes only the question
+        assert oracle.cached_tokens == n - 1  # a step that does not score reuses all but the last token
+        for o in (recent, heads, oracle):
+            assert o.error is None and 800 <= o.prompt_tokens == n <= 1250
+            assert o.gold_blocks and max(o.gold_blocks) < n // 128
+            assert o.selected_blocks is not None and len(o.selected_blocks) * 128 <= plan.budget
+            assert o.gold_selected == set(o.gold_blocks).issubset(o.selected_blocks)
+            assert o.correct == (o.expected in o.answer.replace(".", " ").split())
+        assert oracle.gold_selected is True
+        assert recent.selected_blocks[-1] == n // 128 - 1
+        assert list(recent.selected_blocks[1:]) == list(range(recent.selected_blocks[1], n // 128))
     assert api.call("GET", "/v1/kvmem/workspaces")["data"] == []
 
 
 def test_gold_blocks_match_the_exactly_tokenized_prompt(server: LiveServer) -> None:
     api = Api(server.url)
     session = make_sessions([1500], [0.6], ["chain"], seed=2)[0]
-    turns = render_plain(list(session.messages[:-1]) + [{"role": "user", "content": "Continue."}], None)
-    text = "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns) + "<|im_start|>assistant\n"
+    text = chatml(list(session.messages))
     exact = set()
     for line in session.fact.statements:
         start = api.count_tokens(text[:text.index(line)])
@@ -58,14 +69,14 @@ def test_gold_blocks_match_the_exactly_tokenized_prompt(server: LiveServer) -> N
 
 def test_the_command_prints_the_contract_as_its_last_line(server: LiveServer, tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "kvmem", "bench", "quality", "--url", server.url, "--quick", "--json",
-                          "--limit", "1", "--methods", "retrieval/retrieval-heads,recent", "--out", str(tmp_path)],
+                          "--limit", "1", "--methods", "retrieval/retrieval-heads,recent,oracle", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["model"].startswith("SmolLM2")
-    assert [(r["method"], r["scorer"], r["n"]) for r in result["results"]] == [("recent", None, 1),
-                                                                              ("retrieval", "retrieval-heads", 1)]
+    assert [(r["method"], r["scorer"], r["n"]) for r in result["results"]] == [
+        ("oracle", None, 1), ("recent", None, 1), ("retrieval", "retrieval-heads", 1)]
     assert all(set(r) >= CONTRACT and r["workspace_tokens"] == 400 and r["depth"] == 0.5 for r in result["results"])
-    assert "| retrieval/retrieval-heads |" in out.stdout
+    assert "| retrieval/retrieval-heads |" in out.stdout and "| oracle " in out.stdout
     assert {p.name for p in tmp_path.iterdir()} == {"quality.json", "accuracy_vs_ratio.png"}
-    assert len(json.loads((tmp_path / "quality.json").read_text())["outcomes"]) == 2
+    assert len(json.loads((tmp_path / "quality.json").read_text())["outcomes"]) == 3

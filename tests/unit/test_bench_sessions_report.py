@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 from kvmem.bench import report
-from kvmem.bench.quality import METHODS, select_methods
+from kvmem.bench.quality import METHODS, ORACLE, Layout, Method, Plan, select_methods
 
 from kvmem_core.errors import ConfigError
 
@@ -36,6 +36,7 @@ def test_summary_counts_only_early_needles_in_long_workspaces() -> None:
     s = report.summary(outs, budget=512)
     assert s["early_long_accuracy"] == {"recent": 0.0, "retrieval/retrieval-heads": 1.0}
     assert s["retrieval_minus_recent"] == 1.0 and s["early_long_sessions"] == 1
+    assert s["early_long_accuracy_by_kind"] == {"kv": s["early_long_accuracy"]}
 
 
 def test_table_has_a_row_per_method_and_a_column_per_size() -> None:
@@ -50,3 +51,33 @@ def test_methods_are_chosen_by_label() -> None:
     assert [m.label for m in select_methods("recent, retrieval/mean-k")] == ["recent", "retrieval/mean-k"]
     with pytest.raises(ConfigError, match="unknown retrieval/bm25"):
         select_methods("retrieval/bm25")
+
+
+def test_oracle_alone_is_refused_and_runs_last_in_the_table() -> None:
+    with pytest.raises(ConfigError, match="oracle needs another method"):
+        select_methods("oracle")
+    outs = [outcome("oracle", None, True), outcome("recent", None, False), outcome("retrieval", "mean-k", False)]
+    names = [line.split("|")[1].strip() for line in report.table(outs, 512).splitlines()[2:]]
+    assert names == ["retrieval/mean-k", "recent", "oracle"]
+
+
+def test_diagnosis_splits_retrieval_errors_from_model_errors() -> None:
+    def item(session: str, method: str, scorer: str | None, correct: bool, gold: bool | None) -> dict[str, Any]:
+        return {**outcome(method, scorer, correct, gold=gold), "session": session}
+
+    outs = [item("a", "retrieval", "mean-k", False, False), item("a", "oracle", None, True, True),
+            item("b", "retrieval", "mean-k", False, True), item("b", "oracle", None, False, True),
+            item("c", "retrieval", "mean-k", False, False), item("c", "oracle", None, False, True),
+            item("d", "retrieval", "mean-k", True, True), item("d", "recent", None, False, False)]
+    assert report.diagnosis(outs) == {"retrieval/mean-k": {
+        "selected_right": 1, "selected_wrong": 1, "missed_right": 0, "missed_wrong": 2, "missed_wrong_oracle_right": 1}}
+    assert report.summary(outs, 512)["diagnosis"] == report.diagnosis(outs)
+
+
+def test_the_oracle_forces_only_stored_gold_blocks_into_a_retrieval_view() -> None:
+    plan = Plan(grid=())
+    layout = Layout(prompt_tokens=700, block_tokens=64, gold=(3, 10))  # block 10 is the partial tail (640-700)
+    assert layout.oracle == (3,)
+    assert plan.overrides(ORACLE, 8064, layout.oracle) == {"method": "retrieval", "budget": 512, "sink_tokens": 64,
+                                                          "recent_tokens": 64, "blocks": [3]}
+    assert plan.overrides(Method("full"), 8064) == {"method": "full", "budget": 8064}

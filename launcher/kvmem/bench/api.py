@@ -1,4 +1,4 @@
-"""The benchmark's side of the wire: a small JSON client, and ``kvmem serve`` as a child process.
+"""The benchmark's side of the wire: a small JSON client for a KVMem server.
 
 The bench talks to KVMem exactly as clients do (``/v1/chat/completions`` with a per-request
 ``kvmem`` object, ``/tokenize``, ``/v1/kvmem/workspaces``), so it measures the served system.
@@ -6,16 +6,9 @@ The bench talks to KVMem exactly as clients do (``/v1/chat/completions`` with a 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from kvmem_core.errors import KVMemError
 
@@ -73,63 +66,3 @@ class Api:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
-    """``python -m kvmem serve`` on a free port, its log and pidfile under ``run_dir``."""
-
-    def __init__(self, run_dir: Path, args: list[str]) -> None:
-        self.port = free_port()
-        self.run_dir = run_dir
-        self.log_path = run_dir / "serve.log"
-        self.argv = [sys.executable, "-m", "kvmem", "serve", "--port", str(self.port), "--no-ui", *args]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 600) -> ServeProcess:
-        """Start the server and wait until ``/health`` answers ok from this process."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "KVMEM_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise BenchError(f"kvmem serve exited {self.proc.returncode}; see {self.log_path}")
-            if self._healthy():
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise BenchError(f"kvmem serve was not ready in {timeout:.0f} s; see {self.log_path}")
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                return json.loads(resp.read()).get("pid") == self.proc.pid
-        except (OSError, ValueError):
-            return False
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -31,7 +31,7 @@ def _lines(series: dict[str, dict[float, float]], xlabel: str, title: str, path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in sorted(series, key=lambda n: (not n.startswith("retrieval"), n)):
         xs = sorted(series[name])
-        style = "-" if name.startswith("retrieval") else "--"
+        style = "-" if name.startswith("retrieval") else ":" if name == "oracle" else "--"
         ax.plot(xs, [100 * series[name][x] for x in xs], style, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel="exact-match accuracy (%)", title=title, ylim=(-5, 105))
     ax.grid(alpha=0.3)

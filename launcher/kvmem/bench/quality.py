@@ -1,11 +1,11 @@
 """``kvmem bench quality``: exact-match accuracy of every selection method on one shared workspace.
 
-Each session is prefilled once; every method then answers the same question on the same
-stored workspace through the per-request ``kvmem`` override. Before each method's request
-a one-token *reset* request (the history plus a short other user turn) puts the view's
-divergence point at the question, so every method's step computes the question's query
-features itself instead of reusing a cached last token. Diagnostics: the blocks that hold
-the answer (located with ``/tokenize``) and whether the selection took them all.
+Each session is prefilled once, by the first method's request; every other method then
+answers the same question on the same stored workspace through the per-request ``kvmem``
+override (a step that scores recomputes the question itself, so each retrieval scorer
+reads the question's own query features). Diagnostics: the blocks that hold the answer
+(located with ``/tokenize``), whether each selection took them all, and the *oracle*: the
+answer when the selection is forced to hold them (``kvmem.blocks``).
 """
 from __future__ import annotations
 
@@ -17,18 +17,17 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvmem.bench import plots, report
-from kvmem.bench.api import Api, ApiError, ServeProcess
+from kvmem.bench.api import Api, ApiError
 from kvmem.bench.sessions import Session, is_correct, make_sessions
+from kvmem.serve_process import ServeProcess
 from kvmem_core.errors import ConfigError
 
 SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
-RESET = {"role": "user", "content": "Continue."}
-FULL_MARGIN = 64  # the question is longer than the reset turn
 FULL_VIEW_CAP = 8064  # method full's view on the server this command starts: 8192 (SmolLM2) - 128 reserve
 
 
@@ -44,39 +43,44 @@ class Method:
         return f"retrieval/{self.scorer}" if self.scorer else self.method
 
 
-METHODS = (*(Method("retrieval", s) for s in SCORERS), Method("recent"), Method("sink-recent"), Method("full"))
+ORACLE = Method("oracle")
+"""The gold blocks forced into a retrieval-sized view: what the model answers when retrieval is perfect."""
+METHODS = (*(Method("retrieval", s) for s in SCORERS), Method("recent"), Method("sink-recent"), Method("full"), ORACLE)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: (workspace tokens, needle depths) pairs, fact kinds, and the view knobs."""
+    """What to run: (workspace tokens, needle depths, fact kinds) cells, and the view knobs."""
 
-    grid: tuple[tuple[int, tuple[float, ...]], ...]
-    kinds: tuple[str, ...]
+    grid: tuple[tuple[int, tuple[float, ...], tuple[str, ...]], ...]
     budget: int = 512
     sink_tokens: int = 64
     recent_tokens: int = 64
     max_tokens: int = 24  # SmolLM2 spells digits one token each: 'The value of X_API_KEY is 12345' is 17
-    block_tokens: int = 64  # for the server this command starts; 128-token blocks leave a 512 view one selectable block
+    block_tokens: int = 128  # for the server this command starts (the default); --block-tokens 64 compares
 
     def sessions(self, seed: int) -> list[Session]:
         """The plan's sessions, deterministic for ``seed``."""
         out: list[Session] = []
-        for i, (size, depths) in enumerate(self.grid):
-            out += make_sessions([size], list(depths), list(self.kinds), seed * 1000 + i)
+        for i, (size, depths, kinds) in enumerate(self.grid):
+            out += make_sessions([size], list(depths), list(kinds), seed * 1000 + i)
         return out
 
-    def overrides(self, m: Method, full_budget: int) -> dict[str, Any]:
+    def overrides(self, m: Method, full_budget: int, oracle: tuple[int, ...] = ()) -> dict[str, Any]:
+        """The request's ``kvmem`` object for ``m`` (``oracle``: the blocks the oracle forces)."""
         if m.method == "full":
             return {"method": "full", "budget": full_budget}
         out = {"method": m.method, "budget": self.budget, "sink_tokens": self.sink_tokens, "recent_tokens": self.recent_tokens}
+        if m == ORACLE:
+            return {**out, "method": "retrieval", "blocks": list(oracle)}
         return {**out, "retrieval_method": m.scorer} if m.scorer else out
 
 
-QUICK = Plan(grid=((400, (0.5,)), (1100, (0.25, 0.75)), (2300, (0.05, 0.15, 0.25, 0.35, 0.45, 0.6, 0.75, 0.9))),
-             kinds=("passkey", "kv"))
-FULL = Plan(grid=tuple((size, (0.1, 0.3, 0.5, 0.7, 0.9)) for size in (400, 1024, 2048, 4096, 7168)),
-            kinds=("passkey", "kv", "chain", "update"))
+KINDS = ("passkey", "kv", "chain", "update")
+QUICK = Plan(grid=((400, (0.5,), KINDS[:2]), (1100, (0.25, 0.75), KINDS[:2]),
+                   (2300, (0.05, 0.15, 0.25, 0.35, 0.45, 0.6, 0.75, 0.9), KINDS[:2]),
+                   (400, (0.5,), KINDS[2:]), (2300, (0.15, 0.35, 0.6, 0.85), KINDS[2:])))
+FULL = Plan(grid=tuple((size, (0.1, 0.3, 0.5, 0.7, 0.9), KINDS) for size in (400, 1024, 2048, 4096, 7168)))
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Outcome:
     gold_blocks: tuple[int, ...]
     selected_blocks: tuple[int, ...] | None
     gold_selected: bool | None
+    cached_tokens: int
     seconds: float
     error: str | None = None
 
@@ -104,54 +109,78 @@ class Outcome:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A session's measured prompt: its tokens, the server's block size and the gold blocks."""
+
+    prompt_tokens: int
+    block_tokens: int
+    gold: tuple[int, ...]
+
+    @property
+    def oracle(self) -> tuple[int, ...]:
+        """The gold blocks the store holds (a partial last block is always in view as the tail)."""
+        return tuple(b for b in self.gold if b < self.prompt_tokens // self.block_tokens)
+
+
 def run_session(api: Api, session: Session, plan: Plan, methods: tuple[Method, ...], full_budget: int) -> list[Outcome]:
-    """Every method on ``session`` over one stored workspace; the session's workspaces are deleted after."""
-    history, question = list(session.messages[:-1]), session.messages[-1]
-    reset_kvmem = {"method": "recent", "budget": plan.budget, "sink_tokens": plan.sink_tokens,
-                   "recent_tokens": plan.recent_tokens}
+    """Every method on ``session`` over one stored workspace; the session's workspaces are deleted after.
+
+    The first request prefills the workspace and measures the prompt; ``full`` runs only
+    where the prompt fits ``full_budget``; the oracle runs last, where gold blocks are known.
+    """
     seen: set[str] = set()
     out: list[Outcome] = []
-    n_prompt, gold = 0, ()
+    layout: Layout | None = None
     try:
-        for m in methods:
-            if m.method == "full" and n_prompt + FULL_MARGIN + plan.max_tokens > full_budget:
+        for m in sorted(methods, key=lambda m: m == ORACLE):
+            if m.method == "full" and (not full_budget or layout and layout.prompt_tokens + plan.max_tokens > full_budget):
                 continue
-            reset = api.chat(history + [RESET], reset_kvmem, 1)
-            seen.add(reset["kvmem"]["workspace_id"])
-            if not n_prompt:
-                n_prompt = reset["usage"]["prompt_tokens"]
-                gold = gold_blocks(api, session, n_prompt, block_tokens(api, reset))
-            out.append(_ask(api, session, history + [question], plan, m, full_budget, gold, seen))
+            if m == ORACLE and not (layout and layout.oracle):
+                continue
+            kvmem = plan.overrides(m, full_budget, layout.oracle if layout else ())
+            resp, seconds, error = _ask(api, session, kvmem, plan.max_tokens)
+            if resp is not None:
+                seen.add(resp["kvmem"]["workspace_id"])
+                layout = layout or measure(api, session, resp)
+            out.append(_outcome(session, m, kvmem["budget"], resp, layout, seconds, error))
     finally:
         for ws in seen:
             api.delete_workspace(ws)
     return out
 
 
-def _ask(api: Api, session: Session, messages: list[dict[str, Any]], plan: Plan, m: Method, full_budget: int,
-         gold: tuple[int, ...], seen: set[str]) -> Outcome:
-    kvmem = plan.overrides(m, full_budget)
+def _ask(api: Api, session: Session, kvmem: dict[str, Any], max_tokens: int) -> tuple[dict[str, Any] | None, float, str | None]:
     t0 = time.perf_counter()
     try:
-        resp = api.chat(messages, kvmem, plan.max_tokens)
+        resp = api.chat(list(session.messages), kvmem, max_tokens)
     except ApiError as exc:
         if exc.status >= 500:
             raise
-        return _outcome(session, m, kvmem["budget"], 0, "", None, gold, 0.0, str(exc))
-    seen.add(resp["kvmem"]["workspace_id"])
-    msg = resp["choices"][0]["message"]
-    answer = "" if msg.get("tool_calls") else msg.get("content") or ""
-    blocks = resp["kvmem"]["selection"].get("blocks")
-    return _outcome(session, m, kvmem["budget"], resp["usage"]["prompt_tokens"], answer,
-                    None if blocks is None else tuple(blocks), gold, time.perf_counter() - t0)
+        return None, 0.0, str(exc)
+    return resp, time.perf_counter() - t0, None
 
 
-def _outcome(session: Session, m: Method, budget: int, prompt_tokens: int, answer: str,
-             selected: tuple[int, ...] | None, gold: tuple[int, ...], seconds: float, error: str | None = None) -> Outcome:
+def _outcome(session: Session, m: Method, budget: int, resp: dict[str, Any] | None, layout: Layout | None,
+             seconds: float, error: str | None) -> Outcome:
+    answer, selected, prompt, cached = "", None, 0, 0
+    if resp is not None:
+        msg = resp["choices"][0]["message"]
+        answer = "" if msg.get("tool_calls") else msg.get("content") or ""
+        blocks = resp["kvmem"]["selection"].get("blocks")
+        selected = None if blocks is None else tuple(blocks)
+        prompt, cached = resp["usage"]["prompt_tokens"], resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+    gold = layout.gold if layout else ()
     hit = None if selected is None or not gold else set(gold) <= set(selected)
-    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, prompt_tokens, m.method,
+    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, prompt, m.method,
                    m.scorer, budget, session.fact.answer, answer, error is None and is_correct(answer, session.fact),
-                   gold, selected, hit, seconds, error)
+                   gold, selected, hit, cached, seconds, error)
+
+
+def measure(api: Api, session: Session, resp: dict[str, Any]) -> Layout:
+    """The session's layout from its first response (prompt size, block size of the workspace it names)."""
+    prompt, block = resp["usage"]["prompt_tokens"], block_tokens(api, resp)
+    return Layout(prompt, block, gold_blocks(api, session, prompt, block))
 
 
 def block_tokens(api: Api, resp: dict[str, Any]) -> int:
@@ -164,13 +193,13 @@ def block_tokens(api: Api, resp: dict[str, Any]) -> int:
 def gold_blocks(api: Api, session: Session, prompt_tokens: int, block: int) -> tuple[int, ...]:
     """Indices of the blocks holding the answer's evidence statements (token positions estimated).
 
-    The transcript (history plus the reset turn, which ``prompt_tokens`` measured) is
-    tokenized message by message as the server renders it for a template without tools;
-    the template's per-message wrapper tokens are what the sum of the parts leaves over.
+    The transcript (which ``prompt_tokens`` measured) is tokenized message by message as the
+    server renders it for a template without tools; the template's per-message wrapper tokens
+    are what the sum of the parts leaves over.
     """
     from kvmem.tools_format import render_plain
 
-    turns = render_plain(list(session.messages[:-1]) + [RESET], None)
+    turns = render_plain(list(session.messages), None)
     counts = [api.count_tokens(t["content"]) for t in turns]
     wrapper = max(0.0, (prompt_tokens - sum(counts)) / (len(turns) + 1))
     out: set[int] = set()
@@ -205,7 +234,7 @@ def run_all(api: Api, sessions: list[Session], plan: Plan, methods: tuple[Method
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``kvmem bench quality``."""
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
-    p.add_argument("--quick", action="store_true", help="the small run (about 11 minutes on 2 CPU cores)")
+    p.add_argument("--quick", action="store_true", help="the small run (32 sessions, about 15 minutes on 2 CPU cores)")
     p.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
     p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
@@ -213,6 +242,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
     p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all)")
     p.add_argument("--limit", type=int, help="run only the first N sessions")
+    p.add_argument("--block-tokens", type=int, help="tokens per KV block on the server this command starts "
+                   "(default 128, as kvmem serve)")
     p.add_argument("--full-budget", type=int, help=f"view budget of method full (default {FULL_VIEW_CAP} on the "
                    "server this command starts; with --url, full runs only when this is given)")
 
@@ -220,6 +251,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark as the flags ask; write JSON and plots; print the table (and the JSON line)."""
     plan = QUICK if args.quick else FULL
+    if args.block_tokens:
+        plan = replace(plan, block_tokens=args.block_tokens)
     methods = select_methods(args.methods)
     sessions = plan.sessions(args.seed)[:args.limit]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +279,8 @@ def select_methods(spec: str | None) -> tuple[Method, ...]:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if names == [ORACLE.label]:
+        raise ConfigError("--methods: oracle needs another method, whose request measures the workspace first")
     return tuple(known[n] for n in names)
 
 
@@ -258,8 +293,9 @@ def _server(args: argparse.Namespace, plan: Plan) -> Iterator[tuple[Api, int]]:
     flags = ["--ctx", str(FULL_VIEW_CAP + 128), "--kvmem-budget", str(full_budget), "--kvmem-gen-budget", "128",
              "--kvmem-block-tokens", str(plan.block_tokens),
              "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
-    _log(f"starting kvmem serve (log: {args.out / 'serve.log'})")
-    with ServeProcess(args.out, flags + (["--model", args.model] if args.model else [])) as server:
+    server = ServeProcess(args.out, ["--no-ui", *flags, *(["--model", args.model] if args.model else [])])
+    _log(f"starting kvmem serve (log: {server.log})")
+    with server:
         yield Api(server.url), full_budget
 
 

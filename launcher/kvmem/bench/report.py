@@ -1,4 +1,10 @@
-"""Quality results: per-item outcomes grouped into the output contract's rows, the headline check, a table."""
+"""Quality results: per-item outcomes grouped into the output contract's rows, the headline check, a table.
+
+The ``oracle`` rows are the answers with the gold blocks forced into a retrieval-sized view:
+a retrieval method's wrong answer is a *retrieval error* when its selection missed the gold
+blocks and a *model error* when it held them; the oracle's accuracy is the ceiling that
+perfect retrieval reaches with this model.
+"""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -33,21 +39,48 @@ def rows(outcomes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(outcomes: Sequence[dict[str, Any]], budget: int) -> dict[str, Any]:
-    """Accuracy per method on early needles in long workspaces, and the retrieval-heads margin over the baselines."""
+    """Accuracy per method on early needles in long workspaces (overall and per fact kind), the
+    retrieval-heads margin over the baselines, and the diagnosis of retrieval methods' answers."""
     early = [o for o in _valid(outcomes) if o["depth"] < EARLY and o["prompt_tokens"] >= LONG_RATIO * budget]
-    per: dict[str, list[bool]] = defaultdict(list)
-    for o in early:
-        per[label(o["method"], o["scorer"])].append(o["correct"])
-    acc = {k: _mean(v) for k, v in sorted(per.items())}
-    out: dict[str, Any] = {"early_long_sessions": len({o["session"] for o in early}), "early_long_accuracy": acc}
+    acc = _accuracy(early)
+    kinds = sorted({o["kind"] for o in early})
+    out: dict[str, Any] = {"early_long_sessions": len({o["session"] for o in early}), "early_long_accuracy": acc,
+                           "early_long_accuracy_by_kind": {k: _accuracy([o for o in early if o["kind"] == k]) for k in kinds}}
     if "retrieval/retrieval-heads" in acc and "recent" in acc:
         out["retrieval_minus_recent"] = acc["retrieval/retrieval-heads"] - acc["recent"]
     if "retrieval/retrieval-heads" in acc and "sink-recent" in acc:
         out["retrieval_minus_sink_recent"] = acc["retrieval/retrieval-heads"] - acc["sink-recent"]
+    out["diagnosis"] = diagnosis(outcomes)
     errors = {label(o["method"], o["scorer"]): o["error"] for o in outcomes if o["error"] is not None}
     if errors:
         out["errors"] = errors
     return out
+
+
+def _accuracy(outcomes: Iterable[dict[str, Any]]) -> dict[str, float]:
+    per: dict[str, list[bool]] = defaultdict(list)
+    for o in outcomes:
+        per[label(o["method"], o["scorer"])].append(o["correct"])
+    return {k: _mean(v) for k, v in sorted(per.items())}
+
+
+def diagnosis(outcomes: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per retrieval method: answers counted by cause (gold selected or missed, right or wrong, oracle right).
+
+    ``missed_wrong_oracle_right`` counts the retrieval errors that perfect retrieval would have
+    fixed; ``selected_wrong`` the model errors despite the right blocks.
+    """
+    oracle = {o["session"]: o["correct"] for o in _valid(outcomes) if o["method"] == "oracle"}
+    out: dict[str, dict[str, int]] = {}
+    for o in _valid(outcomes):
+        if o["method"] != "retrieval" or o["gold_selected"] is None:
+            continue
+        counts = out.setdefault(label(o["method"], o["scorer"]), dict.fromkeys(
+            ("selected_right", "selected_wrong", "missed_right", "missed_wrong", "missed_wrong_oracle_right"), 0))
+        counts[f"{'selected' if o['gold_selected'] else 'missed'}_{'right' if o['correct'] else 'wrong'}"] += 1
+        if not o["gold_selected"] and not o["correct"] and oracle.get(o["session"]):
+            counts["missed_wrong_oracle_right"] += 1
+    return dict(sorted(out.items()))
 
 
 def by(outcomes: Sequence[dict[str, Any]], key: str) -> dict[str, dict[Any, float]]:
@@ -79,7 +112,7 @@ def table(outcomes: Sequence[dict[str, Any]], budget: int) -> str:
 
 
 def _order(name: str) -> tuple[int, str]:
-    return (0 if name.startswith("retrieval") else 1, name)
+    return (0 if name.startswith("retrieval") else 2 if name == "oracle" else 1, name)
 
 
 def _pct(value: float | None) -> str:
