@@ -34,6 +34,13 @@ def _lines(series: dict[str, dict[float, float]], xlabel: str, title: str, path:
         style = "-" if name.startswith("retrieval") else ":" if name == "oracle" else "--"
         ax.plot(xs, [100 * series[name][x] for x in xs], style, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel="exact-match accuracy (%)", title=title, ylim=(-5, 105))
+    return save_figure(fig, ax, path)
+
+
+def save_figure(fig: Any, ax: Any, path: Path) -> Path:
+    """Grid, legend and layout, then write ``path`` as PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

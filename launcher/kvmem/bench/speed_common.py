@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvmem.bench.plots import save_figure
+
 GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tolerance": 0.10, "nvme_vs_raw": 0.8}
 
 
@@ -116,9 +118,4 @@ def _plot(points: Sequence[dict[str, Any]], ylabel: str, logy: bool, keys: dict[
     ax.set(xlabel="workspace tokens", ylabel=ylabel, title=title, xscale="log")
     if logy:
         ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, path)
