@@ -1,7 +1,6 @@
 """TorchAdapter through the EngineAdapter contract, on tiny GGUF models checked against HF."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

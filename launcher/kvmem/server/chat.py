@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import msgspec
 from aiohttp import web
@@ -74,13 +74,23 @@ async def _stream_chat(request: web.Request, state: ServerState, step: Any, base
     resp = await sse.open_stream(request)
     await resp.write(delta({"role": "assistant", "content": ""}))
     tool_filter = tools_format.ToolCallFilter() if has_tools else None
-    try:
+
+    async def chunks() -> None:
         result, calls = await sse.relay(gen, first, lambda text: resp.write(delta({"content": text})), tool_filter)
         if calls:
             await resp.write(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
         await resp.write(delta({}, "tool_calls" if calls else result.finish_reason))
         if include_usage:
             await resp.write(sse.frame({**chunk, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))
+
+    return await openai_stream(resp, chunks)
+
+
+async def openai_stream(resp: web.StreamResponse, chunks: Callable[[], Awaitable[None]]) -> web.StreamResponse:
+    """Write an OpenAI stream's chunks, then ``[DONE]``; an error mid-stream becomes an error chunk,
+    a client that went away ends it quietly."""
+    try:
+        await chunks()
     except (ConnectionResetError, ConnectionError):
         return resp
     except Exception as exc:
@@ -116,14 +126,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     def piece(text: str, finish: str | None = None) -> bytes:
         return sse.frame({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
 
-    try:
+    async def chunks() -> None:
         result, _ = await sse.relay(gen, first, lambda text: resp.write(piece(text)))
         await resp.write(piece("", result.finish_reason))
         if include_usage:
-            await resp.write(sse.frame({**base, "choices": [], "usage": usage(result)}))
-    except (ConnectionResetError, ConnectionError):
-        return resp
-    except Exception as exc:
-        await resp.write(sse.frame(to_api_error(exc).body()))
-    await resp.write(sse.DONE)
-    return resp
+            await resp.write(sse.frame({**base, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))
+
+    return await openai_stream(resp, chunks)
