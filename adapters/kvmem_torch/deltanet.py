@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvmem_torch import kernels
 from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
 
@@ -72,10 +73,14 @@ class DeltaNet:
         self.nk, self.nv, self.dk, self.dv = spec.linear_k_heads, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim
         self.conv_dim = spec.conv_dim
         self.sizes = fuse(w, ("qkv", "z", "b", "a"), "in_fused")
+        self.can_fuse = self.fused = kernels.eligible(w["in_fused"].device, self.dk, self.dv)
 
     def __call__(self, x: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
         T, w = x.shape[0], self.w
         mixed, z, b, a = F.linear(x, w["in_fused"]).split(self.sizes, dim=-1)
+        if T == 1 and self.fused:
+            core = kernels.deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
+            return F.linear(core[None], w["out"])
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         rep = self.nv // self.nk

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kvmem_torch import kernels
 from kvmem_torch.paged import PagedKV
 from kvmem_torch.spec import ModelSpec
 
@@ -55,6 +56,7 @@ class StepContext:
     k_cos: torch.Tensor  # [S, rd]
     k_sin: torch.Tensor
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd], when asked
+    n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
 
 
 _PREFILL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
@@ -94,6 +96,7 @@ class Attention:
         self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.gated, self.eps = spec.gated_attention, spec.rms_eps
         self.sizes = fuse(w, ("q", "k", "v"), "qkv_fused")
+        self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd)
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         T, w = x.shape[0], self.w
@@ -117,6 +120,11 @@ class Attention:
 
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""
+        if ctx.n_keys is not None and self.fused:
+            q = apply_rope(q, ctx.q_cos, ctx.q_sin)[0]
+            out = kernels.decode_attention(q, cache.rows, ctx.key_rows, cache.k_offset(self.cache_layer),
+                                           cache.v_offset(self.cache_layer), ctx.k_cos, ctx.k_sin, ctx.n_keys)
+            return out[None]
         keys = cache.rows.index_select(0, ctx.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
         values = cache.rows.index_select(0, ctx.key_rows + cache.v_offset(self.cache_layer))
         T, g = q.shape[0], self.n_heads // self.n_kv

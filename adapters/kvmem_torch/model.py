@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from kvmem_torch import kernels
 from kvmem_torch.deltanet import DeltaNet
 from kvmem_torch.layers import Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from kvmem_torch.paged import PagedKV, View
@@ -61,6 +62,7 @@ class Model:
         self.lm_head = weights.get("lm_head", self.embed)
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.inv_freq = rope_inv_freq(spec, self.device)
+        self.can_fuse_norm = self.fused_norm = kernels.eligible(self.device)
         self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
         attn_i = dn_i = 0
         for i, kind in enumerate(spec.layer_kinds):
@@ -75,6 +77,13 @@ class Model:
             else:
                 self.layers.append((kind, DeltaNet(spec, w), w))
                 dn_i += 1
+
+    def use_kernels(self, on: bool) -> None:
+        """Run single-token decode through the Triton kernels where a layer can (the default) or through
+        torch ops. Decode graphs captured before keep the path they were captured with."""
+        self.fused_norm = on and self.can_fuse_norm
+        for _, mixer, _ in self.layers:
+            mixer.fused = on and mixer.can_fuse
 
     def new_cache(self, num_blocks: int, block_tokens: int) -> PagedKV:
         s = self.spec
@@ -99,26 +108,33 @@ class Model:
         mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
         q_cos, q_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         k_cos, k_sin = rope_cos_sin(cache.pos.index_select(0, key_slots), self.inv_freq, self.dtype)
+        n_keys = q_index + 1 if positions.shape[0] == 1 else None
         return StepContext(cache.base_rows(slots), cache.base_rows(key_slots), mask, q_cos, q_sin, k_cos, k_sin,
-                           {} if capture else None)
+                           {} if capture else None, n_keys)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
                 last_only: bool = True) -> torch.Tensor:
         """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``)."""
         x = F.embedding(tokens, self.embed)
+        h = rms_norm(x, self.layers[0][2]["attn_norm"], self.spec.rms_eps)
+        norms = [w["attn_norm"] for _, _, w in self.layers[1:]] + [self.norm]
         dn_i = 0
-        for kind, mixer, w in self.layers:
-            h = rms_norm(x, w["attn_norm"], self.spec.rms_eps)
+        for (kind, mixer, w), next_norm in zip(self.layers, norms):
             if kind == ATTENTION:
                 h = mixer(h, ctx, cache)
             else:
                 h = mixer(h, state.conv[dn_i], state.rec[dn_i])
                 dn_i += 1
-            x = x + h
-            x = x + mlp(rms_norm(x, w["mlp_norm"], self.spec.rms_eps), w)
-        if last_only:
-            x = x[-1:]
-        return F.linear(rms_norm(x, self.norm, self.spec.rms_eps), self.lm_head)
+            x, h = self.add_norm(x, h, w["mlp_norm"])
+            x, h = self.add_norm(x, mlp(h, w), next_norm)
+        return F.linear(h[-1:] if last_only else h, self.lm_head)
+
+    def add_norm(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + h, its RMS norm): the residual stream and the next sublayer's input."""
+        if x.shape[0] == 1 and self.fused_norm:
+            return kernels.add_rms_norm(x, h, weight, self.spec.rms_eps)
+        x = x + h
+        return x, rms_norm(x, weight, self.spec.rms_eps)
 
     @torch.inference_mode()
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: PagedKV, view: View, state: RecurrentState,

@@ -1,0 +1,220 @@
+"""Triton kernels for one decode token: paged attention and the Gated DeltaNet step.
+
+Attention (split-K "flash decoding" over the paged cache): one new token attends to the view's ``S`` slots. The eager path gathers every K/V row into
+a contiguous copy, rotates all keys and runs two matmuls: about five passes over the view.
+This kernel reads each K and V row once, applies RoPE to the keys in registers from the
+step's shared cos/sin tables, and keeps an online softmax per split of the keys; a short
+torch epilogue merges the splits. Queries of one GQA group share a program, so K/V rows
+are read once per KV head.
+
+DeltaNet: the eager recurrent step is about forty small kernels (conv, norms, gates, three
+batched matmuls, the gated norm); ``deltanet_step`` is one kernel per layer that reads and
+writes each head's fp32 state once.
+
+Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
+how the unit tests check it against the eager path).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the eager path serves when Triton is absent
+    triton = None
+
+BLOCK_N = 64
+MIN_SPLIT = 256
+MAX_PROGRAMS = 1024
+
+
+def eligible(device: torch.device, *dims: int) -> bool:
+    """Whether the kernels can serve a layer: Triton present, on CUDA (or its interpreter), power-of-two
+    head dims of at least 16 (Triton's block and matmul shapes)."""
+    on_device = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return triton is not None and on_device and all(d >= 16 and d & (d - 1) == 0 for d in dims)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _split_kernel(q_ptr, rows_ptr, key_rows_ptr, cos_ptr, sin_ptr, n_keys_ptr,
+                      out_ptr, m_ptr, l_ptr, k_off, v_off, scale, S,
+                      SPLIT: tl.constexpr, IEEE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
+                      G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, BLOCK: tl.constexpr):
+        head, part = tl.program_id(0), tl.program_id(1)
+        n_splits = tl.num_programs(1)
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + (head * G + g)[:, None] * HD + d[None, :], mask=(g < G)[:, None], other=0.0)
+        half = RD // 2
+        rot = d < RD
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        n_keys = tl.minimum(tl.load(n_keys_ptr), S)
+        start = part * SPLIT
+        stop = tl.minimum(start + SPLIT, n_keys)
+        m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+        l_i = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, HD), tl.float32)
+        for n0 in range(0, SPLIT, BLOCK):  # a constant trip count; the view's end is a mask
+            n = start + n0 + tl.arange(0, BLOCK)
+            valid = n < stop
+            base = tl.load(key_rows_ptr + n, mask=valid, other=0)
+            k_row = ((base + k_off) * KV + head) * HD
+            k = tl.load(rows_ptr + k_row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            rmask = valid[:, None] & rot[None, :]
+            k_p = tl.load(rows_ptr + k_row[:, None] + partner[None, :], mask=rmask, other=0.0).to(tl.float32)
+            cs = n[:, None] * RD + tl.where(rot, d, 0)[None, :]
+            cos = tl.load(cos_ptr + cs, mask=rmask, other=1.0).to(tl.float32)
+            sin = tl.load(sin_ptr + cs, mask=rmask, other=0.0).to(tl.float32)
+            k = k * cos + sign[None, :] * k_p * sin
+            v_row = ((base + v_off) * KV + head) * HD
+            v = tl.load(rows_ptr + v_row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:  # fp32 caches: exact products, as the eager path
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:  # rotated keys and probabilities rounded to the cache dtype, as the eager path
+                s = tl.dot(q, tl.trans(k.to(q.dtype)))
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile past the view's end adds nothing
+            alpha = tl.exp(m_i - m_ref)
+            p = tl.exp(s - m_ref[:, None])
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        at = (head * n_splits + part) * G_PAD + g
+        tl.store(out_ptr + at[:, None] * HD + d[None, :], acc)
+        tl.store(m_ptr + at, m_i)
+        tl.store(l_ptr + at, l_i)
+
+
+def _splits(S: int, n_kv: int) -> tuple[int, int]:
+    """(number of splits, keys per split): ``MIN_SPLIT`` keys per program, doubled until at most
+    ``MAX_PROGRAMS`` programs; powers of two keep the kernel's compiled variants few."""
+    split = MIN_SPLIT
+    while -(-S // split) * n_kv > MAX_PROGRAMS:
+        split *= 2
+    return -(-S // split), split
+
+
+def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor, k_off: int, v_off: int,
+                     cos: torch.Tensor, sin: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+    """softmax(q·R(pos)k/√d) v for one token over the first ``n_keys`` of the view's slots.
+
+    q [heads, hd] already rotated; rows [R, kv, hd] the cache (pre-RoPE K); key_rows [S] the view's
+    base rows (``PagedKV.base_rows``), read at ``+ k_off`` (K) and ``+ v_off`` (V); cos/sin [S, rd] for
+    the keys; n_keys a one-element integer tensor (device-side, so a captured graph can vary it).
+    -> [heads, hd] in q's dtype.
+    """
+    n_heads, hd = q.shape
+    n_kv, S, rd = rows.shape[1], key_rows.shape[0], cos.shape[1]
+    G = n_heads // n_kv
+    G_PAD = max(16, triton.next_power_of_2(G))
+    n_splits, split = _splits(S, n_kv)
+    acc = torch.empty(n_kv, n_splits, G_PAD, hd, dtype=torch.float32, device=q.device)
+    m = torch.empty(n_kv, n_splits, G_PAD, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    _split_kernel[(n_kv, n_splits)](q.contiguous(), rows, key_rows, cos.contiguous(), sin.contiguous(), n_keys,
+                                    acc, m, l, k_off, v_off, hd ** -0.5, S,
+                                    SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd, RD=rd, BLOCK=BLOCK_N)
+    return merge_splits(acc, m, l)[:, :G].reshape(n_heads, hd).to(q.dtype)
+
+
+def merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """Combine per-split softmax partials [kv, splits, rows, hd] / [kv, splits, rows] -> [kv, rows, hd].
+    Splits that saw no key carry m = -inf and weigh nothing."""
+    m_max = m.amax(1, keepdim=True)
+    w = torch.exp(m - m_max)  # a split past the view's end has m = -inf: weight 0
+    return (acc * w[..., None]).sum(1) / (l * w).sum(1)[..., None]
+
+
+if triton is not None:
+
+    @triton.jit
+    def _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, ch, write, KC: tl.constexpr):
+        """Causal depthwise conv over (tail, new value) of channels ``ch`` + SiLU, rounded as the run dtype;
+        writes the shifted tail to ``next_ptr`` where ``write``."""
+        x = tl.load(mixed_ptr + ch)
+        acc = x.to(tl.float32) * tl.load(conv_w_ptr + ch * KC + KC - 1).to(tl.float32)
+        for j in tl.static_range(KC - 1):
+            tail = tl.load(conv_ptr + ch * (KC - 1) + j)
+            acc += tail.to(tl.float32) * tl.load(conv_w_ptr + ch * KC + j).to(tl.float32)
+            if j > 0:
+                tl.store(next_ptr + ch * (KC - 1) + j - 1, tail, mask=write)
+        tl.store(next_ptr + ch * (KC - 1) + KC - 2, x.to(next_ptr.dtype.element_ty), mask=write)
+        acc = acc.to(x.dtype).to(tl.float32)
+        return (acc * tl.sigmoid(acc)).to(x.dtype).to(tl.float32)
+
+    @triton.jit
+    def _deltanet_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, next_ptr, state_ptr, ssm_a_ptr,
+                         dt_bias_ptr, norm_w_ptr, out_ptr, eps, NK: tl.constexpr, DK: tl.constexpr,
+                         DV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr):
+        h = tl.program_id(0)
+        kh = h // REP
+        dk, dv = tl.arange(0, DK), tl.arange(0, DV)
+        first = (h % REP) == 0  # one program per key head writes that head's q/k conv tails
+        q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, kh * DK + dk, first, KC)
+        k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, (NK + kh) * DK + dk, first, KC)
+        v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, 2 * NK * DK + h * DV + dv, dv < DV, KC)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK ** -0.5)
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        beta = tl.sigmoid(tl.load(b_ptr + h).to(tl.float32))
+        a = tl.load(a_ptr + h).to(tl.float32) + tl.load(dt_bias_ptr + h)
+        g = tl.load(ssm_a_ptr + h) * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
+        at = h * DK * DV + dk[:, None] * DV + dv[None, :]
+        state = tl.load(state_ptr + at) * tl.exp(g)
+        delta = (v - tl.sum(k[:, None] * state, 0)) * beta
+        state += k[:, None] * delta[None, :]
+        tl.store(state_ptr + at, state)
+        core = tl.sum(q[:, None] * state, 0).to(out_ptr.dtype.element_ty).to(tl.float32)
+        normed = (core * tl.rsqrt(tl.sum(core * core, 0) / DV + eps)).to(out_ptr.dtype.element_ty)
+        scaled = (tl.load(norm_w_ptr + dv) * normed).to(tl.float32)
+        z = tl.load(z_ptr + h * DV + dv).to(tl.float32)
+        tl.store(out_ptr + h * DV + dv, (scaled * z * tl.sigmoid(z)).to(out_ptr.dtype.element_ty))
+
+
+def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                  rec_state: torch.Tensor, w: dict[str, torch.Tensor], n_k_heads: int, eps: float) -> torch.Tensor:
+    """One token through a Gated DeltaNet layer's mixer, from its input projections to the gated norm.
+
+    mixed [conv_dim], z [hv*dv], b/a [hv] (one token's projections); conv_state [conv_dim, K-1] and
+    rec_state [hv, dk, dv] (fp32) are updated in place; w holds ``conv``, ``ssm_a``, ``dt_bias``,
+    ``ssm_norm``. -> [hv*dv] in the run dtype, ready for the output projection.
+    """
+    hv, dk, dv = rec_state.shape
+    nxt = torch.empty_like(conv_state)
+    out = torch.empty_like(z)
+    _deltanet_kernel[(hv,)](mixed, z, b, a, conv_state, w["conv"], nxt, rec_state, w["ssm_a"], w["dt_bias"],
+                            w["ssm_norm"], out, eps, NK=n_k_heads, DK=dk, DV=dv, REP=hv // n_k_heads,
+                            KC=conv_state.shape[1] + 1, num_warps=8)
+    conv_state.copy_(nxt)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        mask = i < n
+        s = tl.load(x_ptr + i, mask=mask, other=0.0) + tl.load(h_ptr + i, mask=mask, other=0.0)
+        tl.store(sum_ptr + i, s, mask=mask)
+        s = s.to(tl.float32)
+        normed = s * tl.rsqrt(tl.sum(s * s, 0) / n + eps) * tl.load(w_ptr + i, mask=mask, other=0.0)
+        tl.store(out_ptr + i, normed.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h) * weight) for one token's hidden row [1, H]: the residual add and the next
+    norm in one kernel. The sum is rounded to the run dtype, the norm computed in fp32, as the torch path."""
+    total, normed = torch.empty_like(x), torch.empty_like(x)
+    _add_rms_norm_kernel[(1,)](x, h, weight, total, normed, x.shape[-1], eps,
+                               BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=8)
+    return total, normed

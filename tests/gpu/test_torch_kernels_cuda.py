@@ -1,0 +1,54 @@
+"""The Triton decode kernels compiled on CUDA: against float64 at the 27B attention shape, and the
+fused decode (graphs on) against the eager torch decode on the tiny HF models."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pytest.importorskip("triton")
+pytest.importorskip("transformers")
+
+from attention_reference import decode_attention_f64, rope_angles  # noqa: E402
+from kvmem_torch.kernels import decode_attention  # noqa: E402
+from kvmem_torch.model import Model  # noqa: E402
+from kvmem_torch.paged import PagedKV  # noqa: E402
+from kvmem_torch.runner import Runner  # noqa: E402
+from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
+@pytest.mark.parametrize("n_slots,n_keys", ((5000, 4999), (70_000, 66_000)))
+def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: int) -> None:
+    torch.manual_seed(0)
+    cache = PagedKV(2, n_slots // 128 + 8, 128, 4, 256, torch.bfloat16, "cuda")
+    cache.kv.normal_()
+    rows = cache.base_rows(torch.randperm(cache.num_blocks * 128, device="cuda")[:n_slots])
+    angles = rope_angles(torch.randint(0, 1 << 20, (n_slots,), device="cuda"), 64, 1e7)
+    q = torch.randn(24, 256, device="cuda").bfloat16()
+    got = decode_attention(q, cache.rows, rows, cache.k_offset(1), cache.v_offset(1), angles.cos().bfloat16(),
+                           angles.sin().bfloat16(), torch.tensor([n_keys], device="cuda"))
+    k, v = cache.rows[rows + cache.k_offset(1)][:n_keys], cache.rows[rows + cache.v_offset(1)][:n_keys]
+    ref = decode_attention_f64(q, k, v, angles[:n_keys])
+    assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen35"))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_fused_graph_decode_equals_eager_torch_decode(arch: str, dtype: torch.dtype) -> None:
+    model = Model(*tiny_spec_weights(tiny_hf_model(arch, seed=3).cuda(), dtype, "cuda"))
+    ids = torch.randint(0, 160, (90,), generator=torch.Generator().manual_seed(4)).tolist()
+    outs = {}
+    for fused in (False, True):
+        model.use_kernels(fused)
+        r = Runner(model, 16, 16, cuda_graphs=fused)
+        r.prefill(ids[:60], list(range(60)), chunk=25)
+        r.drop(16, 32)
+        outs[fused] = torch.cat([r.forward([t], [60 + i])[0].float().clone() for i, t in enumerate(ids[60:])])
+    eager, fused = outs[False], outs[True]
+    tol = 1e-4 if dtype == torch.float32 else 3e-2 * eager.abs().max().item()
+    assert (eager - fused).abs().max().item() <= tol
+    assert (eager.argmax(-1) == fused.argmax(-1)).float().mean().item() >= (1.0 if dtype == torch.float32 else 0.9)
