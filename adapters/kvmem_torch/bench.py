@@ -187,10 +187,10 @@ def main() -> None:
         out[f"decode_{n}"] = {"ms_per_token": sec * 1e3, "tok_s": 1 / sec, "floor_ms": floor * 1e3,
                               "fraction_of_floor": floor / sec}
     model.use_kernels(False)  # the same graphs over torch ops only: what the Triton kernels save
-    runner.graphs.clear()
+    runner.drop_graphs()
     out[f"decode_{views[0]}_torch_ops_ms"] = decode_speed(runner, views[0], args.steps) * 1e3
     model.use_kernels(True)
-    runner.graphs.clear()
+    runner.drop_graphs()
     runner.use_graphs = False
     out[f"decode_{views[0]}_eager_ms"] = decode_speed(runner, views[0], 4) * 1e3
     runner.use_graphs = True

@@ -26,7 +26,7 @@ try:
 except ImportError:  # the eager path serves when Triton is absent
     triton = None
 
-BLOCK_N = 64
+BLOCK_N = 32
 MIN_SPLIT = 256
 MAX_PROGRAMS = 1024
 
@@ -45,15 +45,18 @@ if triton is not None:
                       out_ptr, m_ptr, l_ptr, k_off, v_off, scale, S,
                       SPLIT: tl.constexpr, IEEE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
                       G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, BLOCK: tl.constexpr):
+        # scores = q_pass·k (dims >= RD, straight from the cache) + q_rot·rope(k[:RD]) (a narrow fp32 tile),
+        # so only the rotary dims are widened and rotated
         head, part = tl.program_id(0), tl.program_id(1)
         n_splits = tl.num_programs(1)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, HD)
-        q = tl.load(q_ptr + (head * G + g)[:, None] * HD + d[None, :], mask=(g < G)[:, None], other=0.0)
+        g, d, r = tl.arange(0, G_PAD), tl.arange(0, HD), tl.arange(0, RD)
+        q_rows = q_ptr + (head * G + g)[:, None] * HD
+        q_mask = (g < G)[:, None]
+        q_rot = tl.load(q_rows + r[None, :], mask=q_mask, other=0.0)
+        q_pass = tl.load(q_rows + d[None, :], mask=q_mask & (d >= RD)[None, :], other=0.0)
         half = RD // 2
-        rot = d < RD
-        partner = tl.where(d < half, d + half, d - half)
-        sign = tl.where(d < half, -1.0, 1.0)
+        partner = tl.where(r < half, r + half, r - half)
+        sign = tl.where(r < half, -1.0, 1.0)
         n_keys = tl.minimum(tl.load(n_keys_ptr), S)
         start = part * SPLIT
         stop = tl.minimum(start + SPLIT, n_keys)
@@ -64,20 +67,25 @@ if triton is not None:
             n = start + n0 + tl.arange(0, BLOCK)
             valid = n < stop
             base = tl.load(key_rows_ptr + n, mask=valid, other=0)
-            k_row = ((base + k_off) * KV + head) * HD
-            k = tl.load(rows_ptr + k_row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-            rmask = valid[:, None] & rot[None, :]
-            k_p = tl.load(rows_ptr + k_row[:, None] + partner[None, :], mask=rmask, other=0.0).to(tl.float32)
-            cs = n[:, None] * RD + tl.where(rot, d, 0)[None, :]
-            cos = tl.load(cos_ptr + cs, mask=rmask, other=1.0).to(tl.float32)
-            sin = tl.load(sin_ptr + cs, mask=rmask, other=0.0).to(tl.float32)
-            k = k * cos + sign[None, :] * k_p * sin
-            v_row = ((base + v_off) * KV + head) * HD
-            v = tl.load(rows_ptr + v_row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            k_at = rows_ptr + (((base + k_off) * KV + head) * HD)[:, None]
+            v_at = rows_ptr + (((base + v_off) * KV + head) * HD)[:, None]
+            k_r = tl.load(k_at + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            k_p = tl.load(k_at + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            cs = n[:, None] * RD + r[None, :]
+            cos = tl.load(cos_ptr + cs, mask=valid[:, None], other=1.0).to(tl.float32)
+            sin = tl.load(sin_ptr + cs, mask=valid[:, None], other=0.0).to(tl.float32)
+            k_r = k_r * cos + sign[None, :] * k_p * sin
+            v = tl.load(v_at + d[None, :], mask=valid[:, None], other=0.0)
             if IEEE:  # fp32 caches: exact products, as the eager path
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+                s = tl.dot(q_rot, tl.trans(k_r), input_precision="ieee")
             else:  # rotated keys and probabilities rounded to the cache dtype, as the eager path
-                s = tl.dot(q, tl.trans(k.to(q.dtype)))
+                s = tl.dot(q_rot, tl.trans(k_r.to(q_rot.dtype)))
+            if RD < HD:
+                k = tl.load(k_at + d[None, :], mask=valid[:, None] & (d >= RD)[None, :], other=0.0)
+                if IEEE:
+                    s += tl.dot(q_pass, tl.trans(k), input_precision="ieee")
+                else:
+                    s += tl.dot(q_pass, tl.trans(k))
             s = tl.where(valid[None, :], s * scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile past the view's end adds nothing
@@ -123,7 +131,8 @@ def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor
     l = torch.empty_like(m)
     _split_kernel[(n_kv, n_splits)](q.contiguous(), rows, key_rows, cos.contiguous(), sin.contiguous(), n_keys,
                                     acc, m, l, k_off, v_off, hd ** -0.5, S,
-                                    SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd, RD=rd, BLOCK=BLOCK_N)
+                                    SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd,
+                                    RD=rd, BLOCK=BLOCK_N, num_warps=8)
     return merge_splits(acc, m, l)[:, :G].reshape(n_heads, hd).to(q.dtype)
 
 

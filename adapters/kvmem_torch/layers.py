@@ -96,7 +96,7 @@ class Attention:
         self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.gated, self.eps = spec.gated_attention, spec.rms_eps
         self.sizes = fuse(w, ("q", "k", "v"), "qkv_fused")
-        self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd)
+        self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         T, w = x.shape[0], self.w

@@ -33,6 +33,7 @@ class Runner:
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.static = {n: torch.zeros(1, dtype=torch.long, device=model.device) for n in ("tok", "pos", "slot", "q")}
+        self._pool = None
 
     @property
     def max_view_tokens(self) -> int:
@@ -119,6 +120,11 @@ class Runner:
         graph.replay()
         return out
 
+    def drop_graphs(self) -> None:
+        """Forget the captured decode graphs and their memory pool (after the model's decode path changed)."""
+        self.graphs.clear()
+        self._pool = None
+
     def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         s, snap = self.static, self.state.snapshot()
 
@@ -134,7 +140,7 @@ class Runner:
             torch.cuda.current_stream().wait_stream(side)
             self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=getattr(self, "_pool", None)):
+            with torch.cuda.graph(graph, pool=self._pool):
                 out = step()
             self._pool = graph.pool()
         return graph, out
