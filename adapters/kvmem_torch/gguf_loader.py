@@ -166,7 +166,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str =
     """Spec, internal weights (``dtype`` on ``device``; DeltaNet scalars fp32) and the file's metadata."""
     f = GGUFFile(path)
     vocab = len(f.meta.get("tokenizer.ggml.tokens", [])) or f.tensors["token_embd.weight"].shape[0]
-    spec = spec_from_gguf(f.meta, vocab, has_output="output.weight" in f.tensors)
+    freqs = f.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in f.tensors else None
+    spec = spec_from_gguf(f.meta, vocab, has_output="output.weight" in f.tensors, rope_freqs=freqs)
     weights = {}
     names = [(n, internal_name(n, spec.n_layers)) for n in f.tensors]
     for gguf_name, name in tqdm([x for x in names if x[1]], desc=f"loading {f.path.name}", disable=not progress,

@@ -107,6 +107,8 @@ def write_gguf(path: str | Path, config: Mapping[str, Any], state: Mapping[str, 
             writer.add_tensor(gguf_name(spec, hf_name), gguf.quants.quantize(data, qt), raw_dtype=qt)
         else:
             writer.add_tensor(gguf_name(spec, hf_name), data)
+    if spec.rope_factors:  # as llama.cpp's converter writes llama3 scaling
+        writer.add_tensor("rope_freqs.weight", np.array(spec.rope_factors, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -23,8 +23,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_inv_freq(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
+    """Rotary frequencies, divided by the spec's rope-scaling factors when it has them."""
     rd = spec.rotary_dim
-    return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32, device=device) / rd))
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32, device=device) / rd))
+    if spec.rope_factors:
+        inv = inv / torch.tensor(spec.rope_factors, dtype=torch.float32, device=device)
+    return inv
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ key head (HF order) and ``ssm_a`` holds ``-exp(A_log)``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -38,12 +39,14 @@ class ModelSpec:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     conv_kernel: int = 4
+    rope_factors: tuple[float, ...] = ()  # per rotary frequency, divides it (rope scaling); () = none
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise UnsupportedModelError(f"architecture {self.arch!r} is not supported (have: {', '.join(ARCHS)})")
         assert set(self.layer_kinds) <= {ATTENTION, DELTANET}
         assert self.n_heads % self.n_kv_heads == 0 and self.rotary_dim <= self.head_dim
+        assert len(self.rope_factors) in (0, self.rotary_dim // 2)
 
     @property
     def n_layers(self) -> int:
@@ -86,21 +89,56 @@ def spec_from_hf(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _rope(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return config.get("rope_parameters") or config.get("rope_scaling") or {}
+
+
+def hf_rope_factors(rope: Mapping[str, Any], rotary_dim: int, theta: float) -> tuple[float, ...]:
+    """Per-frequency divisors of an HF rope config: ``linear`` (all ``factor``), ``llama3`` (low frequencies
+    divided by ``factor``, high ones kept, a smooth ramp between), ``default`` (none)."""
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise UnsupportedModelError(f"rope type {kind!r} is not supported")
-    return rope
+    if kind == "default":
+        return ()
+    if kind == "linear":
+        return (float(rope["factor"]),) * (rotary_dim // 2)
+    if kind != "llama3":
+        raise UnsupportedModelError(f"rope type {kind!r} is not supported (have: default, linear, llama3)")
+    factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    old = float(rope["original_max_position_embeddings"])
+    out = []
+    for i in range(0, rotary_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / rotary_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
+
+
+def gguf_rope_factors(meta: Mapping[str, Any], arch: str, rotary_dim: int,
+                      freqs: list[float] | None) -> tuple[float, ...]:
+    """Divisors from GGUF metadata (``rope.scaling.type`` none/linear) and the ``rope_freqs`` tensor, as
+    llama.cpp combines them: theta = pos * base^(-2i/d) * freq_scale / freq_factor_i."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in ("none", "linear"):
+        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (have: none, linear, rope_freqs)")
+    scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
+    if freqs is None and scale == 1.0:
+        return ()
+    return tuple(float(f) * scale for f in (freqs or [1.0] * (rotary_dim // 2)))
 
 
 def _llama_from_hf(c: Mapping[str, Any]) -> ModelSpec:
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     rope = _rope(c)
+    theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
     return ModelSpec(
         arch="llama", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
         intermediate_size=c["intermediate_size"], n_heads=c["num_attention_heads"],
         n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"], head_dim=head_dim,
-        rotary_dim=head_dim, rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+        rotary_dim=head_dim, rope_theta=theta, rope_factors=hf_rope_factors(rope, head_dim, theta),
         rms_eps=c.get("rms_norm_eps", 1e-5), layer_kinds=(ATTENTION,) * c["num_hidden_layers"],
         max_context=c.get("max_position_embeddings", 8192), tie_embeddings=c.get("tie_word_embeddings", False),
     )
@@ -109,6 +147,8 @@ def _llama_from_hf(c: Mapping[str, Any]) -> ModelSpec:
 def _qwen35_from_hf(c: Mapping[str, Any]) -> ModelSpec:
     rope = _rope(c)
     head_dim = c.get("head_dim", 256)
+    rotary_dim = int(head_dim * rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25)))
+    theta = float(rope.get("rope_theta", 10000.0))
     kinds = c.get("layer_types")
     if kinds:
         kinds = tuple(ATTENTION if k == "full_attention" else DELTANET for k in kinds)
@@ -118,8 +158,8 @@ def _qwen35_from_hf(c: Mapping[str, Any]) -> ModelSpec:
         arch="qwen35", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
         intermediate_size=c["intermediate_size"], n_heads=c["num_attention_heads"],
         n_kv_heads=c["num_key_value_heads"], head_dim=head_dim,
-        rotary_dim=int(head_dim * rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))),
-        rope_theta=float(rope.get("rope_theta", 10000.0)), rms_eps=c.get("rms_norm_eps", 1e-6),
+        rotary_dim=rotary_dim, rope_theta=theta, rope_factors=hf_rope_factors(rope, rotary_dim, theta),
+        rms_eps=c.get("rms_norm_eps", 1e-6),
         layer_kinds=kinds, max_context=c.get("max_position_embeddings", 32768),
         tie_embeddings=c.get("tie_word_embeddings", False), linear_k_heads=c["linear_num_key_heads"],
         linear_v_heads=c["linear_num_value_heads"], linear_k_dim=c["linear_key_head_dim"],
@@ -127,8 +167,10 @@ def _qwen35_from_hf(c: Mapping[str, Any]) -> ModelSpec:
     )
 
 
-def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -> ModelSpec:
-    """Build a spec from GGUF key/values (``{arch}.*`` keys); MTP layers are not counted."""
+def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool,
+                   rope_freqs: list[float] | None = None) -> ModelSpec:
+    """Build a spec from GGUF key/values (``{arch}.*`` keys) and the ``rope_freqs`` tensor if the file has
+    one; MTP layers are not counted."""
     arch = meta["general.architecture"]
     if arch not in ARCHS:
         raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (have: {', '.join(ARCHS)})")
@@ -136,11 +178,13 @@ def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool) -
     n_layers = key("block_count") - key("nextn_predict_layers", 0)
     n_heads = key("attention.head_count")
     head_dim = key("attention.key_length") or key("embedding_length") // n_heads
+    rotary_dim = key("rope.dimension_count") or head_dim
     common = dict(
         arch=arch, vocab_size=vocab_size, hidden_size=key("embedding_length"),
         intermediate_size=key("feed_forward_length"), n_heads=n_heads,
         n_kv_heads=key("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rotary_dim=key("rope.dimension_count") or head_dim, rope_theta=float(key("rope.freq_base", 10000.0)),
+        rotary_dim=rotary_dim, rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_factors=gguf_rope_factors(meta, arch, rotary_dim, rope_freqs),
         rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), max_context=key("context_length", 8192),
         tie_embeddings=not has_output,
     )

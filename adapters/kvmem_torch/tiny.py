@@ -32,12 +32,13 @@ def tiny_hf_config(arch: str) -> dict[str, Any]:
     return dict(TINY[arch])
 
 
-def tiny_hf_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
+def tiny_hf_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+                  config: dict[str, Any] | None = None) -> Any:
     """A randomly initialised HF ``LlamaForCausalLM`` / ``Qwen3_5ForCausalLM`` with non-trivial norms,
-    dt_bias and A_log, in eval mode."""
+    dt_bias and A_log, in eval mode; ``config`` replaces the tiny config of ``arch``."""
     import transformers
 
-    cfg = tiny_hf_config(arch)
+    cfg = dict(config or tiny_hf_config(arch))
     model_type = cfg.pop("model_type")
     if model_type == "llama":
         config, cls = transformers.LlamaConfig(**cfg), transformers.LlamaForCausalLM
