@@ -154,13 +154,14 @@ class LlamaCppAdapter:
 
     def _shift(self, k: np.ndarray, delta: int) -> np.ndarray:
         m = self.model
-        shifted = rotate(k, np.full(k.shape[1], delta), n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type)
+        shifted = rotate(k, np.full(k.shape[1], delta), n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type,
+                         factors=m.rope_factors)
         return shifted.astype(k.dtype)
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
         m = self.model
         positions = -np.arange(start_pos, start_pos + k.shape[1])
-        return rotate(k, positions, n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type)
+        return rotate(k, positions, n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type, factors=m.rope_factors)
 
     def drop(self, p0: int, p1: int) -> None:
         self.ctx.seq_rm(LlamaContext.VIEW, p0, p1)

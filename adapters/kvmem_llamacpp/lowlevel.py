@@ -46,6 +46,21 @@ def check_gguf(path: Path) -> None:
             raise UnsupportedModelError(f"{path} is not a GGUF file")
 
 
+def rope_factors(path: Path, n_rot: int) -> np.ndarray | None:
+    """Per-frequency RoPE divisors llama.cpp applies to this file (``rope_freqs`` tensor, linear scaling),
+    or None: the numpy rotations of blocks must match the cache's."""
+    from kvmem_torch.gguf_file import GGUFFile
+    from kvmem_torch.spec import gguf_rope_factors
+
+    f = GGUFFile(path)
+    try:
+        freqs = f.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in f.tensors else None
+        factors = gguf_rope_factors(f.meta, f.meta["general.architecture"], n_rot, freqs)
+    finally:
+        f.close()
+    return np.asarray(factors, dtype=np.float64) if factors else None
+
+
 class LlamaModel:
     """Loaded weights plus vocabulary and metadata."""
 
@@ -74,6 +89,7 @@ class LlamaModel:
         self.head_dim = int(self.meta("attention.key_length", self.n_embd // self.n_head))
         self.rope_dims = int(self.meta("rope.dimension_count", self.head_dim))
         self.rope_base = float(self.meta("rope.freq_base", 10000.0))
+        self.rope_factors = rope_factors(path, self.rope_dims)
         self._refuse("sliding-window attention models" if L.llama_model_n_swa(self.ptr) > 0 else None)
 
     def meta(self, key: str, default: object = None) -> str | object:

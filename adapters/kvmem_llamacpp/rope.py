@@ -13,15 +13,20 @@ import numpy as np
 NORM, NEOX = 0, 2
 
 
-def _angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+def _angles(positions: np.ndarray, n_rot: int, base: float,
+            factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
+    if factors is not None:
+        inv = inv / factors
     theta = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]  # [T, n_rot/2]
     return np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, n_rot/2]
 
 
-def rotate(x: np.ndarray, positions: np.ndarray, *, n_rot: int, base: float, style: int) -> np.ndarray:
-    """Rotate ``x`` ``[..., T, heads, head_dim]`` by ``positions`` (negative values undo); float32 out."""
-    cos, sin = _angles(positions, n_rot, base)
+def rotate(x: np.ndarray, positions: np.ndarray, *, n_rot: int, base: float, style: int,
+           factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotate ``x`` ``[..., T, heads, head_dim]`` by ``positions`` (negative values undo); float32 out.
+    ``factors`` divide the frequencies (rope scaling), as llama.cpp's ``rope_freqs`` do."""
+    cos, sin = _angles(positions, n_rot, base, factors)
     out = np.array(x, dtype=np.float32)
     rot = out[..., :n_rot]
     if style == NORM:

@@ -1,15 +1,18 @@
-"""RoPE scaling (linear, llama3) in the torch engine against HF transformers, through HF weights and
-through a GGUF carrying ``rope_freqs`` as llama.cpp's converter writes it; llama.cpp reads that GGUF alike."""
+"""RoPE scaling (linear, llama3): the torch engine against HF transformers, through HF weights and
+through a GGUF carrying ``rope_freqs`` as llama.cpp's converter writes it; llama.cpp reads that GGUF
+alike, and the llama.cpp adapter's own rotations (block moves, content keys) follow its factors."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+from kvmem_core.adapter import Placement  # noqa: E402
 from kvmem_core.errors import UnsupportedModelError  # noqa: E402
 from kvmem_torch.gguf_loader import load_gguf  # noqa: E402
 from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
@@ -69,6 +72,31 @@ def test_llama_cpp_applies_the_same_rope_freqs(ids: torch.Tensor, tmp_path: Path
     spec, weights, _ = load_gguf(tmp_path / "m.gguf", torch.float32, progress=False)
     ours = logits(Model(spec, weights), ids)
     assert (ours - torch.tensor(ref.scores[:len(ids)])).abs().max().item() <= 1e-4
+
+
+@pytest.mark.llamacpp
+def test_llama_cpp_adapter_rotates_blocks_with_the_files_rope_freqs(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    config = scaled_config("llama3")
+    write_gguf(tmp_path / "m.gguf", config, tiny_hf_model("llama", seed=7, config=config).state_dict())
+    adapter = LlamaCppAdapter(tmp_path / "m.gguf", view_tokens=256, block_tokens=16)
+    try:
+        blocks = {}
+        for start in (0, 1000):
+            adapter.clear_view()
+            adapter.forward(list(range(3, 19)), list(range(start, start + 16)))
+            blocks[start] = adapter.read_block(start, 16)
+        adapter.clear_view()
+        adapter.write_blocks([Placement(blocks[0], 0, 1000)])
+        moved = adapter.read_block(1000, 16).k.astype(np.float32)
+        assert np.abs(moved - blocks[1000].k.astype(np.float32)).max() < 0.01  # f16 rounding only
+        content = adapter.content_keys(blocks[1000].k, 1000) - adapter.content_keys(blocks[0].k, 0)
+        assert np.abs(content).max() < 0.01
+        assert len(set(adapter.model.rope_factors.tolist())) == 4
+    finally:
+        adapter.close()
 
 
 def test_unsupported_scalings_are_refused_by_name() -> None:
