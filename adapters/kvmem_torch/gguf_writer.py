@@ -91,13 +91,18 @@ def _tile(spec: ModelSpec, hf_name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def write_gguf(path: str | Path, config: Mapping[str, Any], state: Mapping[str, torch.Tensor],
-               qtype: str = "F32") -> ModelSpec:
-    """Write a GGUF with ``no_vocab`` tokenizer; matrices that split into 32-blocks use ``qtype``."""
+               qtype: str = "F32", sentencepiece: Mapping[str, list] | None = None) -> ModelSpec:
+    """Write a GGUF; matrices that split into 32-blocks use ``qtype``. The tokenizer is ``no_vocab`` or, with
+    ``sentencepiece`` (``tokens``, ``scores``, ``types``; ids 0/1/2 = unk/BOS/EOS), a SentencePiece one."""
     import gguf
 
     spec = spec_from_hf(config)
     writer = gguf.GGUFWriter(str(path), spec.arch)
     _write_meta(writer, spec)
+    if sentencepiece:
+        _write_sentencepiece(writer, sentencepiece)
+    else:
+        writer.add_tokenizer_model("no_vocab")
     for hf_name, t in state.items():
         if hf_name == "lm_head.weight" and spec.tie_embeddings:
             continue
@@ -129,7 +134,6 @@ def _write_meta(w: Any, spec: ModelSpec) -> None:
     w.add_rope_dimension_count(spec.rotary_dim)
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_vocab_size(spec.vocab_size)
-    w.add_tokenizer_model("no_vocab")
     w.add_file_type(0)
     if spec.arch == "qwen35":
         w.add_rope_dimension_sections([11, 11, 10, 0])
@@ -139,3 +143,15 @@ def _write_meta(w: Any, spec: ModelSpec) -> None:
         w.add_ssm_group_count(spec.linear_k_heads)
         w.add_ssm_time_step_rank(spec.linear_v_heads)
         w.add_ssm_inner_size(spec.linear_v_heads * spec.linear_v_dim)
+
+
+def _write_sentencepiece(w: Any, vocab: Mapping[str, list]) -> None:
+    w.add_tokenizer_model("llama")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_scores(vocab["scores"])
+    w.add_token_types(vocab["types"])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)

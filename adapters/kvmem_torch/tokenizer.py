@@ -1,8 +1,11 @@
 """Tokenizer and chat template from the model itself: GGUF metadata or an HF ``tokenizer.json``.
 
 GGUF BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) are rebuilt as a ``tokenizers``
-BPE with the pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``. Chat
-templates render with jinja2 in a sandbox, as HF and llama.cpp do.
+BPE with the pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``.
+SentencePiece vocabularies (``"llama"``: Llama 2, Mistral, TinyLlama) become a BPE whose
+merges rank by the score of the merged piece, with byte fallback and the ``▁`` space
+prefix: the merge order of llama.cpp's SPM tokenizer. Chat templates render with jinja2 in
+a sandbox, as HF and llama.cpp do.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ _QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_REGEX = {"qwen2": _QWEN2, "qwen35": _QWEN35, "llama3": _LLAMA3, "llama-bpe": _LLAMA3}
-_CONTROL, _USER_DEFINED = 3, 4
+_UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 2, 3, 4, 6
+_SPACE = "\u2581"  # SentencePiece's visible space
 _EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
 
 
@@ -29,8 +33,8 @@ class Tokenizer:
     """Encode/decode, per-token bytes, end-of-generation ids and the chat template."""
 
     def __init__(self, tok: Any, bos_id: int | None, eos_ids: Sequence[int], add_bos: bool,
-                 chat_template: str | None) -> None:
-        self.tok = tok
+                 chat_template: str | None, sentencepiece: bool = False) -> None:
+        self.tok, self.sentencepiece = tok, sentencepiece
         self.bos_id, self.add_bos = bos_id, add_bos
         vocab = tok.get_vocab()
         self.eog_ids = frozenset(eos_ids) | {vocab[t] for t in _EOG_TEXTS if t in vocab}
@@ -53,10 +57,14 @@ class Tokenizer:
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self, token: int) -> bytes:
-        """Raw bytes of one token (byte-level BPE pieces map back through the GPT-2 byte table)."""
+        """Raw bytes of one token (byte-level BPE pieces map back through the GPT-2 byte table; SentencePiece
+        pieces turn ``▁`` into a space and ``<0xNN>`` into that byte)."""
         piece = self.id_to_token.get(token, "")
         if token in self.special_ids:
             return piece.encode()
+        if self.sentencepiece:
+            is_byte = len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+            return bytes([int(piece[3:5], 16)]) if is_byte else piece.replace(_SPACE, " ").encode()
         table = _byte_decoder()
         if all(ch in table for ch in piece):
             return bytes(table[ch] for ch in piece)
@@ -133,25 +141,70 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def from_gguf_meta(meta: Mapping[str, Any]) -> Tokenizer:
-    """Build the tokenizer a GGUF describes (byte-level BPE vocabularies)."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
+    """Build the tokenizer a GGUF describes (byte-level BPE or SentencePiece vocabularies)."""
+    from tokenizers import AddedToken
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)")
+    if kind == "gpt2":
+        tok = _byte_level_bpe(meta)
+    elif kind == "llama":
+        tok = _sentencepiece_bpe(meta)
+    else:
+        raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported "
+                                    "(have: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)])
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
+    return Tokenizer(tok, meta.get("tokenizer.ggml.bos_token_id"), [i for i in (eos, eot) if i is not None],
+                     add_bos, meta.get("tokenizer.chat_template"), sentencepiece=kind == "llama")
+
+
+def _byte_level_bpe(meta: Mapping[str, Any]) -> Any:
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
     tokens = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), pre_tokenizers, Regex)
     tok.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type", [])
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                            for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)])
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    eot = meta.get("tokenizer.ggml.eot_token_id")
-    return Tokenizer(tok, meta.get("tokenizer.ggml.bos_token_id"), [i for i in (eos, eot) if i is not None],
-                     bool(meta.get("tokenizer.ggml.add_bos_token", False)), meta.get("tokenizer.chat_template"))
+    return tok
+
+
+def _sentencepiece_bpe(meta: Mapping[str, Any]) -> Any:
+    from tokenizers import decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    unk = tokens[meta.get("tokenizer.ggml.unknown_token_id", 0)]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=sentencepiece_merges(tokens, scores, types), unk_token=unk,
+                                 fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPACE)] * prefix + [normalizers.Replace(" ", _SPACE)])
+    tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                    + [decoders.Strip(" ", 1, 0)] * prefix)
+    return tok
+
+
+def sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece's scoring: every split of a piece into two vocabulary pieces,
+    ranked by the merged piece's score (highest first), as llama.cpp's SPM tokenizer picks bigrams."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked = []
+    for i, piece in enumerate(tokens):
+        if types[i] in (_UNKNOWN, _CONTROL, _BYTE):
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], vocab[left], vocab[right], left, right))
+    return [(left, right) for *_, left, right in sorted(ranked)]
 
 
 def _pre_tokenizer(pre: str, pre_tokenizers: Any, Regex: Any) -> Any:  # noqa: N803 - tokenizers' class name
