@@ -147,10 +147,11 @@ def merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.T
 if triton is not None:
 
     @triton.jit
-    def _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, ch, write, KC: tl.constexpr):
+    def _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, ch, rank, KC: tl.constexpr):
         """Causal depthwise conv over (tail, new value) of channels ``ch`` + SiLU, rounded as the run dtype;
-        writes the shifted tail to ``next_ptr`` where ``write``."""
+        writes the shifted tail to ``next_ptr`` if ``rank`` is 0 (one writer per channel)."""
         x = tl.load(mixed_ptr + ch)
+        write = (ch * 0 + rank) == 0  # built from the block: a scalar-derived mask is not a valid store mask
         acc = x.to(tl.float32) * tl.load(conv_w_ptr + ch * KC + KC - 1).to(tl.float32)
         for j in tl.static_range(KC - 1):
             tail = tl.load(conv_ptr + ch * (KC - 1) + j)
@@ -168,10 +169,10 @@ if triton is not None:
         h = tl.program_id(0)
         kh = h // REP
         dk, dv = tl.arange(0, DK), tl.arange(0, DV)
-        first = (h % REP) == 0  # one program per key head writes that head's q/k conv tails
-        q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, kh * DK + dk, first, KC)
-        k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, (NK + kh) * DK + dk, first, KC)
-        v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, 2 * NK * DK + h * DV + dv, dv < DV, KC)
+        rank = h % REP  # the key head's first program writes its q/k conv tails
+        q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, kh * DK + dk, rank, KC)
+        k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, (NK + kh) * DK + dk, rank, KC)
+        v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, 2 * NK * DK + h * DV + dv, 0, KC)
         q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK ** -0.5)
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         beta = tl.sigmoid(tl.load(b_ptr + h).to(tl.float32))
