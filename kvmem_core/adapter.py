@@ -140,6 +140,14 @@ class RecurrentCheckpoints(Protocol):
         """Put a checkpoint taken by ``save_state`` back."""
         ...
 
+    def state_arrays(self, snap: Any) -> dict[str, np.ndarray]:
+        """A checkpoint as named numpy arrays (to write it to disk); ``state_from_arrays`` inverts it exactly."""
+        ...
+
+    def state_from_arrays(self, arrays: dict[str, np.ndarray]) -> Any:
+        """The checkpoint ``state_arrays`` described."""
+        ...
+
 
 def file_fingerprint(path: str) -> str:
     """Stable 16-hex id of a weights file: its size plus its first and last MiB (fast on large files)."""

@@ -8,8 +8,9 @@ boundaries (the prefix-match point, the query's start, the end of each step) and
 query-replay start. Where no checkpoint exists, the step recomputes from the latest
 earlier one (the empty state at worst), never going on from a wrong state.
 
-Checkpoints are not persisted: after a restart a hybrid workspace's blocks are still
-matched, but its tokens are prefilled again from the start.
+With an NVMe directory, every checkpoint is also written to disk (``CheckpointFiles``), so
+after a restart a hybrid workspace resumes from its stored checkpoints instead of being
+prefilled again from the start.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem_core.adapter import RecurrentCheckpoints
+from kvmem_core.checkpoint_files import CheckpointFiles
+from kvmem_core.errors import CorruptBlockError
 
 MAX_CHECKPOINTS = 16  # a step takes up to four; a 27B qwen35 state is ~150 MB of host memory
 
@@ -41,10 +44,16 @@ class Checkpoints:
     stands for the checkpoint of no tokens.
     """
 
-    def __init__(self, adapter: RecurrentCheckpoints, capacity: int = MAX_CHECKPOINTS) -> None:
-        self.adapter, self.capacity = adapter, capacity
+    def __init__(self, adapter: RecurrentCheckpoints, capacity: int = MAX_CHECKPOINTS,
+                 files: CheckpointFiles | None = None) -> None:
+        self.adapter, self.capacity, self.files = adapter, capacity, files
         self._zero = adapter.save_state()
         self._items: OrderedDict[bytes, Checkpoint] = OrderedDict()
+
+    @classmethod
+    def open(cls, adapter: RecurrentCheckpoints, nvme_dir: Any, namespace: str) -> Checkpoints:
+        """Checkpoints in host memory, also written under ``nvme_dir`` (for model ``namespace``) when given."""
+        return cls(adapter, files=CheckpointFiles(nvme_dir, namespace) if nvme_dir else None)
 
     def take(self, tokens: Sequence[int], ws_id: str) -> None:
         """Keep the adapter's live state as the state after exactly ``tokens``."""
@@ -52,19 +61,34 @@ class Checkpoints:
         if key in self._items:
             self._items.move_to_end(key)
             return
-        self._items[key] = Checkpoint(len(tokens), ws_id, self.adapter.save_state())
+        self._keep(key, Checkpoint(len(tokens), ws_id, self.adapter.save_state()))
+        if self.files is not None:
+            self.files.put(key, len(tokens), ws_id, self.adapter.state_arrays(self._items[key].state))
+
+    def _keep(self, key: bytes, checkpoint: Checkpoint) -> None:
+        self._items[key] = checkpoint
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
     def has(self, tokens: Sequence[int]) -> bool:
-        return not tokens or _key(tokens) in self._items
+        if len(tokens) == 0:
+            return True
+        key = _key(tokens)
+        return key in self._items or (self.files is not None and key in self.files.index)
 
     def restore(self, tokens: Sequence[int]) -> None:
-        """Make the adapter's live state the state after ``tokens`` (``has(tokens)`` must hold)."""
+        """Make the adapter's live state the state after ``tokens`` (``has(tokens)`` must hold). A checkpoint
+        on disk that fails to load raises ``CorruptBlockError`` (it is gone then: the next step recomputes)."""
         if not tokens:
             self.adapter.restore_state(self._zero)
             return
         key = _key(tokens)
+        if key not in self._items:
+            n_tokens, ws_id = self.files.index[key]
+            arrays = self.files.get(key)
+            if arrays is None:
+                raise CorruptBlockError(f"the recurrent-state checkpoint after {n_tokens} tokens failed to load")
+            self._keep(key, Checkpoint(n_tokens, ws_id, self.adapter.state_from_arrays(arrays)))
         self._items.move_to_end(key)
         self.adapter.restore_state(self._items[key].state)
 
@@ -81,8 +105,11 @@ class Checkpoints:
     def _held(self, ids: Sequence[int], lo: int, hi: int) -> list[int]:
         """Ascending ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``."""
         arr = np.asarray(ids, dtype=np.int64)
-        lengths = sorted({c.n_tokens for c in self._items.values() if lo <= c.n_tokens < min(hi, len(arr) + 1)})
-        return [n for n in lengths if _key(arr[:n]) in self._items]
+        counts = {c.n_tokens for c in self._items.values()}
+        if self.files is not None:
+            counts |= {n for n, _ in self.files.index.values()}
+        lengths = sorted(n for n in counts if lo <= n < min(hi, len(arr) + 1))
+        return [n for n in lengths if self.has(arr[:n])]
 
     def replay_from(self, ids: Sequence[int], r0: int, mode: str) -> int | None:
         """Where a ``keep`` query replay starts: the first checkpoint at or after ``r0``. None: recompute
@@ -109,6 +136,13 @@ class Checkpoints:
         """Drop the checkpoints first taken for workspace ``ws_id``."""
         for key in [k for k, c in self._items.items() if c.ws_id == ws_id]:
             del self._items[key]
+        if self.files is not None:
+            self.files.forget(ws_id)
+
+    def close(self) -> None:
+        """Finish writing checkpoints to disk."""
+        if self.files is not None:
+            self.files.close()
 
 
 def _key(tokens: Sequence[int] | np.ndarray) -> bytes:

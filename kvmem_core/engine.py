@@ -53,7 +53,7 @@ class KVMemEngine:
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)
         adapter.clear_view()
-        self.checkpoints = Checkpoints(adapter) if adapter.caps.recurrent_state else None
+        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace) if adapter.caps.recurrent_state else None
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
@@ -152,6 +152,8 @@ class KVMemEngine:
         return out
 
     def close(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         self.store.close()
         self.adapter.close()
 

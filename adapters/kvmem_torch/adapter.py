@@ -134,6 +134,14 @@ class TorchAdapter:
     def restore_state(self, snap: RecurrentState) -> None:
         self.runner.state.restore(snap)
 
+    def state_arrays(self, snap: RecurrentState) -> dict[str, np.ndarray]:
+        """The conv tails (widened to fp32: exact for bf16/fp16) and the fp32 recurrent matrices."""
+        return {"conv": snap.conv.float().numpy(), "rec": snap.rec.numpy()}
+
+    def state_from_arrays(self, arrays: dict[str, np.ndarray]) -> RecurrentState:
+        conv = torch.from_numpy(arrays["conv"]).to(self.runner.state.conv.dtype)
+        return RecurrentState(conv, torch.from_numpy(arrays["rec"]))
+
     def close(self) -> None:
         self.stager.wait()
         del self.runner, self.model

@@ -3,7 +3,8 @@
 Inside the budget every step equals HF transformers on the whole transcript (≤ 1e-4,
 fp32): one shot, a next turn that reuses the stored prefix (from the live state or a
 checkpoint), a fork that restarts from the nearest earlier checkpoint, and a restart over
-the NVMe tier (checkpoints are not persisted: the prefix is recomputed). Over the budget,
+the NVMe tier (blocks and recurrent checkpoints are read back from disk; a checkpoint file
+that fails to load is recomputed). Over the budget,
 ``--kvmem-recurrent keep`` restores the checkpoint taken at the replay start and
 ``recompute`` rebuilds the state over exactly the selected view.
 """
@@ -21,6 +22,7 @@ pytest.importorskip("gguf")
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
+from kvmem_core.errors import CorruptBlockError  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
 from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
@@ -103,18 +105,42 @@ def test_turns_and_fork_equal_hf(model) -> None:
     assert_matches_hf(hf, engine, r4, turn3)
 
 
-def test_restart_recomputes_the_prefix_exactly(model, tmp_path: Path) -> None:
+def restarted(engine: KVMemEngine, path: Path, cfg: KVMemConfig) -> KVMemEngine:
+    engine.checkpoints.close()
+    engine.store.close()
+    return make_engine(path, cfg, engine.adapter)  # the same weights, a store rebuilt from the NVMe directory
+
+
+def test_restart_resumes_from_the_checkpoints_on_disk(model, tmp_path: Path) -> None:
     hf, path = model
     cfg = FITS.replace(nvme_dir=tmp_path / "nvme")
     engine = make_engine(path, cfg)
     turn1 = tokens(50, seed=6)
     r1 = step(engine, turn1)
-    engine.store.close()
-    engine = make_engine(path, cfg, engine.adapter)  # the same weights, a store rebuilt from the NVMe directory
+    engine = restarted(engine, path, cfg)
     assert engine.store.metrics()["nvme_blocks"] == (len(turn1) + STEPS - 1) // B
+    assert len(engine.checkpoints.files.index) >= 2
     turn2 = turn1 + list(r1.token_ids) + tokens(10, seed=7)
     r2 = step(engine, turn2)
-    assert r2.cached_tokens == 0  # no checkpoint survives the restart: recomputed from the start
+    assert r2.cached_tokens >= 48  # resumed at a stored block edge, not prefilled from the start
+    assert_matches_hf(hf, engine, r2, turn2)
+    engine.close()
+
+
+def test_a_damaged_checkpoint_file_is_recomputed(model, tmp_path: Path) -> None:
+    hf, path = model
+    cfg = FITS.replace(nvme_dir=tmp_path / "nvme")
+    engine = make_engine(path, cfg)
+    turn1 = tokens(50, seed=8)
+    r1 = step(engine, turn1)
+    engine = restarted(engine, path, cfg)
+    for f in engine.checkpoints.files.dir.glob("*.npz"):
+        f.write_bytes(f.read_bytes()[:-40])  # truncated: the zip directory is gone
+    turn2 = turn1 + list(r1.token_ids) + tokens(10, seed=9)
+    with pytest.raises(CorruptBlockError):
+        step(engine, turn2)
+    r2 = step(engine, turn2)
+    assert r2.cached_tokens == 0  # every checkpoint was dropped: recomputed from the start
     assert_matches_hf(hf, engine, r2, turn2)
     engine.close()
 
