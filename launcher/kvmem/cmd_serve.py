@@ -192,15 +192,16 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     from kvmem import protocol as P
     from kvmem.server.app import serve
     from kvmem.server.engine_client import EngineClient
-    from kvmem.server.state import ServerState
+    from kvmem.server.state import ResponseStore, ServerState
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
     spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
                         opts=engine_opts(placement, sys.stderr.isatty()))
     engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
+    stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
-                        fingerprint=fingerprint)
+                        fingerprint=fingerprint, responses=ResponseStore(stored))
     path = pidfile(args.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))

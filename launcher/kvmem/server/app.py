@@ -139,6 +139,7 @@ def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Applicat
     r.add_post("/v1/completions", chat.completions)
     r.add_post("/v1/responses", responses.create_response)
     r.add_get("/v1/responses/{response_id}", responses.get_response)
+    r.add_delete("/v1/responses/{response_id}", responses.delete_response)
     r.add_post("/v1/messages", messages.create_message)
     r.add_post("/v1/messages/count_tokens", messages.count_tokens)
     r.add_get("/v1/kvmem/workspaces", list_workspaces)

@@ -154,8 +154,19 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 async def get_response(request: web.Request) -> web.Response:
     stored = request.app[STATE].responses.get(request.match_info["response_id"])
     if stored is None:
-        raise APIError(404, f"response {request.match_info['response_id']!r} not found", "response_not_found")
+        raise _not_found(request.match_info["response_id"])
     return web.json_response(stored["response"])
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if not request.app[STATE].responses.delete(response_id):
+        raise _not_found(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"response {response_id!r} not found", "response_not_found")
 
 
 class _Events:

@@ -1,8 +1,10 @@
 """What every route shares: the engine client, the config, counters, stored responses."""
 from __future__ import annotations
 
-import collections
 import contextlib
+import json
+import logging
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -16,22 +18,46 @@ from kvmem.server.metrics import Metrics
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest, StepResult
 
+log = logging.getLogger("kvmem.server")
+
 
 class ResponseStore:
-    """Stored Responses (``store: true``), newest kept, oldest dropped past ``capacity``."""
+    """Stored Responses (``store: true``) with the transcript each one ends, for ``previous_response_id``:
+    the newest ``capacity`` are kept. In an SQLite file when given a path (so they outlive a restart,
+    as the workspaces' KV on the NVMe tier does), in memory otherwise. A file SQLite cannot read is
+    moved aside (``.corrupt``) and a new one started."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, path: Path | None = None, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._items: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        try:
+            self.db = self._open(path)
+        except sqlite3.DatabaseError as e:
+            log.error("stored responses in %s are unreadable (%s); moved aside, starting empty", path, e)
+            path.replace(path.with_suffix(".corrupt"))
+            self.db = self._open(path)
+
+    @staticmethod
+    def _open(path: Path | None) -> sqlite3.Connection:
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None)  # autocommit
+        db.execute("CREATE TABLE IF NOT EXISTS responses (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE,"
+                   " body TEXT NOT NULL)")
+        return db
 
     def put(self, response_id: str, response: dict[str, Any], transcript: list[dict[str, Any]]) -> None:
         """Keep a response and the full transcript (messages after it ran) for chaining."""
-        self._items[response_id] = {"response": response, "transcript": transcript}
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        body = json.dumps({"response": response, "transcript": transcript})
+        self.db.execute("INSERT OR REPLACE INTO responses (id, body) VALUES (?, ?)", (response_id, body))
+        self.db.execute("DELETE FROM responses WHERE seq <= (SELECT MAX(seq) FROM responses) - ?", (self.capacity,))
 
     def get(self, response_id: str) -> dict[str, Any] | None:
-        return self._items.get(response_id)
+        row = self.db.execute("SELECT body FROM responses WHERE id = ?", (response_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a stored response; False if there was none."""
+        return self.db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
 
 @dataclass
