@@ -114,3 +114,25 @@ def test_32_clients_on_a_queue_of_4(server: LiveServer, client: openai.OpenAI) -
     key = 'kvmem_requests_total{route="/v1/chat/completions",status="429"}'
     count = lambda text: next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
     assert count(after) - count(before) == codes.count(429)
+
+
+def test_stored_responses_and_their_kv_outlive_a_server_restart(tmp_path) -> None:
+    flags = ("--no-ui", "--ctx", "4096", "--kvmem-budget", "1024", "--kvmem-nvme-dir", str(tmp_path / "nvme"))
+    first_server = LiveServer(tmp_path / "a", *flags).start()
+    try:
+        client = openai.OpenAI(base_url=first_server.url + "/v1", api_key="none", max_retries=0)
+        first = client.responses.create(model="", input="Name one ocean. " + SYSTEM, max_output_tokens=6, temperature=0)
+    finally:
+        first_server.stop()
+    second_server = LiveServer(tmp_path / "b", *flags).start()
+    try:
+        client = openai.OpenAI(base_url=second_server.url + "/v1", api_key="none", max_retries=0)
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        second = client.responses.create(model="", input="Another one?", previous_response_id=first.id,
+                                         max_output_tokens=6, temperature=0)
+        assert second.usage.input_tokens_details.cached_tokens >= 256  # the first turn's blocks, read from disk
+        client.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(first.id)
+    finally:
+        second_server.stop()
