@@ -61,6 +61,9 @@ class StepResult:
 OnText = Callable[[str], bool]
 """Called with each new piece of text; returning False aborts the step (client gone)."""
 
+OnStart = Callable[[str], None]
+"""Called once per step with its workspace id, as soon as the prefix match has chosen it (before prefill)."""
+
 
 @runtime_checkable
 class Engine(Protocol):
@@ -73,7 +76,7 @@ class Engine(Protocol):
 
     def count_tokens(self, request: StepRequest) -> int: ...
 
-    def step(self, request: StepRequest, on_text: OnText) -> StepResult: ...
+    def step(self, request: StepRequest, on_text: OnText, on_start: OnStart | None = None) -> StepResult: ...
 
     def list_workspaces(self) -> list[dict[str, Any]]: ...
 

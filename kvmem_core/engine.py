@@ -18,7 +18,7 @@ import numpy as np
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
-from kvmem_core.contract import OnText, StepRequest, StepResult
+from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, Sampler, build_prompt
@@ -70,8 +70,9 @@ class KVMemEngine:
         """Prompt tokens ``request`` renders to (what ``step`` would report as ``prompt_tokens``)."""
         return len(build_prompt(self.adapter, request).ids)
 
-    def step(self, request: StepRequest, on_text: OnText) -> StepResult:
-        """Run one KVMem step (see module docstring); stream text through ``on_text``.
+    def step(self, request: StepRequest, on_text: OnText, on_start: OnStart | None = None) -> StepResult:
+        """Run one KVMem step (see module docstring); stream text through ``on_text``; ``on_start`` learns
+        the workspace id once the prefix match has chosen it.
 
         Bad input raises a ``KVMemError`` before anything changes. A step that fails later
         empties the view (stored blocks stay), so the next step starts from a known state.
@@ -84,18 +85,20 @@ class KVMemEngine:
         if oracle is not None and not all(0 <= b < len(prompt.ids) // self.layout.block_tokens for b in oracle):
             raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
         try:
-            return self._run(cfg, prompt, request, on_text, oracle)
+            return self._run(cfg, prompt, request, on_text, on_start, oracle)
         except BaseException:
             reset(self.view, self.adapter)
             self._view_ws = None
             raise
 
     def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText,
-             oracle: Sequence[int] | None) -> StepResult:
+             on_start: OnStart | None, oracle: Sequence[int] | None) -> StepResult:
         t0 = time.perf_counter()
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
         ws, cached = self._open(prompt.ids, min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids)))
+        if on_start is not None:
+            on_start(ws.id)
         mode = self._mode(cfg)
         self._setup_view(cfg, mode, fits, cached)
         logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached)

@@ -93,6 +93,7 @@ def exercise(base_url: str, api_key: str = "none") -> dict[str, Any]:
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == plain.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert chunks[0].kvmem["workspace_id"] == chunks[-1].kvmem["workspace_id"]  # known from the first chunk on
     first = client.responses.create(model=model, input="Name one ocean.", max_output_tokens=6, temperature=0)
     second = client.responses.create(model=model, input="Another one?", previous_response_id=first.id,
                                      max_output_tokens=6, temperature=0)

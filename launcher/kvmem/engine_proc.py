@@ -92,7 +92,8 @@ class EngineLoop:
             return msg.id not in self.aborted
 
         try:
-            result = self.engine.step(P.from_wire_request(msg.request), on_text)
+            result = self.engine.step(P.from_wire_request(msg.request), on_text,
+                                      lambda ws_id: self.send(P.Started(id=msg.id, workspace_id=ws_id)))
         except Exception as exc:
             self.fail(msg.id, exc)
             return

@@ -97,6 +97,13 @@ class Ready(_Msg):
     metrics: dict[str, float]
 
 
+class Started(_Msg):
+    """A step's workspace is known (sent before prefill)."""
+
+    id: str
+    workspace_id: str
+
+
 class Text(_Msg):
     id: str
     text: str
@@ -130,7 +137,7 @@ class Dead(_Msg):
     message: str
 
 
-Message = Union[Step, Call, Abort, Shutdown, Ready, Text, Done, Reply, Failed, Dead]
+Message = Union[Step, Call, Abort, Shutdown, Ready, Started, Text, Done, Reply, Failed, Dead]
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -216,3 +216,14 @@ def test_delete_offers_to_free_the_server_workspace(page, server) -> None:
             return
         page.wait_for_timeout(100)
     pytest.fail(f"workspace {ws_id} still on the server after the delete")
+
+
+def test_stopping_a_new_conversations_first_answer_still_links_its_workspace(page, server) -> None:
+    page.click("#new-chat")
+    page.evaluate("""() => { const box = document.getElementById('messages');
+        const obs = new MutationObserver(() => { const a = document.querySelector('#messages .msg-assistant.streaming .markdown');
+            if (a && a.textContent.trim()) { obs.disconnect(); document.getElementById('stop').click(); } });
+        obs.observe(box, {subtree: true, childList: true, characterData: true}); }""")
+    assert ask(page, "Tell me a long story about a castle.").endswith("stopped")
+    ws_id = current_workspace(page)
+    assert ws_id and api_get(server, f"/v1/kvmem/workspaces/{ws_id}")[0] == 200

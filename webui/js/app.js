@@ -203,8 +203,8 @@ async function send(text) {
     });
   };
   try {
-    const kvmem = await streamAnswer(api, body, answer, update, state.controller.signal);
-    if (kvmem?.workspace_id) conv.workspaceId = kvmem.workspace_id;
+    // the first chunk names the workspace, so an answer stopped early still links its memory
+    await streamAnswer(api, body, answer, update, state.controller.signal, (id) => { conv.workspaceId = id; });
     setStatus("up");
   } catch (err) {
     if (!answer.content) {

@@ -9,10 +9,11 @@ export function historyOf(messages) {
 
 /**
  * Streams `body` into `message` (content, reasoning, stats), calling onUpdate() after each
- * piece of text. Resolves with the last `kvmem` object seen (null if none). An abort leaves
- * the partial answer in place and rejects with the AbortError.
+ * piece of text, and onWorkspace(id) when a chunk names the server-side workspace (the first
+ * one does). Resolves with the last `kvmem` object seen (null if none). An abort leaves the
+ * partial answer in place and rejects with the AbortError.
  */
-export async function streamAnswer(api, body, message, onUpdate, signal) {
+export async function streamAnswer(api, body, message, onUpdate, signal, onWorkspace = () => {}) {
   let kvmem = null;
   let pieces = 0;
   let firstAt = null;
@@ -27,6 +28,7 @@ export async function streamAnswer(api, body, message, onUpdate, signal) {
     await api.chatStream(
       body,
       (chunk) => {
+        if (chunk.kvmem?.workspace_id) onWorkspace(chunk.kvmem.workspace_id);
         if (chunk.kvmem) kvmem = chunk.kvmem;
         if (chunk.usage) usage = chunk.usage;
         if (chunk.timings) timings = chunk.timings;

@@ -66,13 +66,16 @@ async def _stream_chat(request: web.Request, state: ServerState, step: Any, base
     chunk = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
 
-    def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse.frame({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}], **extra})
+    def delta(d: dict[str, Any], finish: str | None = None, **more: Any) -> bytes:
+        choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        return sse.frame({**chunk, "choices": [choice], **extra, **more})
 
-    gen = state.stream(step)
+    started: dict[str, str] = {}
+    gen = state.stream(step, lambda ws_id: started.setdefault("workspace_id", ws_id))
     first = await first_item(gen)
     resp = await sse.open_stream(request)
-    await resp.write(delta({"role": "assistant", "content": ""}))
+    # the workspace id rides on the first chunk too, so a client that stops the answer early still has it
+    await resp.write(delta({"role": "assistant", "content": ""}, kvmem=started))
     tool_filter = tools_format.ToolCallFilter() if has_tools else None
 
     async def chunks() -> None:

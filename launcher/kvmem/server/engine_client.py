@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import msgspec
 import zmq
@@ -81,8 +81,10 @@ class EngineClient:
         self._ctx.destroy(linger=0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def generate(self, request: StepRequest) -> AsyncIterator[str | StepResult]:
-        """Yield text pieces as the engine makes them, then the ``StepResult``; APIError on failure."""
+    async def generate(self, request: StepRequest,
+                       on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+        """Yield text pieces as the engine makes them, then the ``StepResult``; APIError on failure.
+        ``on_start`` learns the step's workspace id before its first piece."""
         await self._take_slot()
         req_id = uuid.uuid4().hex
         queue: asyncio.Queue[P.Message] = asyncio.Queue()
@@ -93,6 +95,10 @@ class EngineClient:
             self._send(P.Step(id=req_id, request=P.to_wire_request(request)))
             while True:
                 msg = await queue.get()
+                if isinstance(msg, P.Started):
+                    if on_start is not None:
+                        on_start(msg.workspace_id)
+                    continue
                 if isinstance(msg, P.Text):
                     yield msg.text
                     continue
@@ -190,12 +196,12 @@ class EngineClient:
         elif isinstance(msg, P.Dead):
             self._last_dead = msg.message
             log.error("engine died: %s", msg.message)
-        elif isinstance(msg, (P.Text, P.Done, P.Failed, P.Reply)):
+        elif isinstance(msg, (P.Started, P.Text, P.Done, P.Failed, P.Reply)):
             if isinstance(msg, P.Done):
                 self.metrics = msg.metrics
             if msg.id in self._streams:
                 self._streams[msg.id].put_nowait(msg)
-            if msg.id == self._active and not isinstance(msg, P.Text):
+            if msg.id == self._active and not isinstance(msg, (P.Started, P.Text)):
                 self._release()
 
     def _release(self) -> None:

@@ -7,7 +7,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -80,9 +80,11 @@ class ServerState:
         check_model(requested, model_id)
         return model_id
 
-    async def stream(self, step: StepRequest) -> AsyncIterator[str | StepResult]:
-        """The engine's pieces and result for ``step``, counted in the metrics."""
-        async with contextlib.aclosing(self.engine.generate(step)) as gen:
+    async def stream(self, step: StepRequest,
+                     on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+        """The engine's pieces and result for ``step``, counted in the metrics; ``on_start`` gets the
+        workspace id before the first piece."""
+        async with contextlib.aclosing(self.engine.generate(step, on_start)) as gen:
             async for item in gen:
                 if isinstance(item, StepResult):
                     self.metrics.observe_step(item)
