@@ -19,9 +19,9 @@ from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
-from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, CorruptBlockError
+from kvmem_core.errors import ConfigError, CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import Prompt, Sampler, build_prompt
+from kvmem_core.prompt import Prompt, Sampler, build_prompt, check_prompt
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
@@ -81,7 +81,7 @@ class KVMemEngine:
         oracle = knobs.pop("blocks", None)  # a diagnostic selection: these blocks, then the newest
         cfg = self.config.replace(**knobs) if knobs else self.config
         prompt = build_prompt(self.adapter, request)
-        self._check(cfg, prompt)
+        check_prompt(cfg, prompt, self.layout, self.adapter.caps.max_view_tokens, bool(self.summary_opts.prototypes))
         if oracle is not None and not all(0 <= b < len(prompt.ids) // self.layout.block_tokens for b in oracle):
             raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
         try:
@@ -161,28 +161,6 @@ class KVMemEngine:
         self.adapter.close()
 
     # ---- step phases --------------------------------------------------------------------
-
-    def _check(self, cfg: KVMemConfig, prompt: Prompt) -> None:
-        n = len(prompt.ids)
-        cfg.validate_view(self.adapter.caps.max_view_tokens)
-        if n == 0:
-            raise ContextLengthError("the prompt is empty")
-        if n > cfg.ctx:
-            raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
-        layers, heads = self.layout.n_layers, self.layout.n_heads
-        bad = [f"{l}:{h}" for l, h in cfg.retrieval_heads or () if not (0 <= l < layers and 0 <= h < heads)]
-        if bad:
-            raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layers} attention layers, "
-                              f"{heads} query heads)")
-        if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not self.summary_opts.prototypes:
-            raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
-        sink = cfg.sink_tokens if cfg.method != "recent" else 0
-        mandatory = sum(e - s for s, e in prompt.mandatory) + min(sink + cfg.recent_tokens, n)
-        if n > cfg.budget and cfg.method != "full" and mandatory > cfg.budget:
-            raise BudgetError(f"mandatory spans (system prompt, sink, recent window) need {mandatory} tokens but "
-                              f"--kvmem-budget is {cfg.budget}; raise the budget or shorten the system prompt")
-        if cfg.method == "full" and n > cfg.budget:
-            raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")
 
     def _mode(self, cfg: KVMemConfig) -> str:
         if cfg.positions != "auto":
@@ -412,13 +390,8 @@ class KVMemEngine:
         return text, ids, finish
 
     def _count(self, prompt_tokens: int, cached: int, decoded: int, timings: dict[str, float]) -> None:
-        c = self._counts
-        c["steps"] += 1
-        c["prompt_tokens"] += prompt_tokens
-        c["cached_tokens"] += cached
-        c["decode_tokens"] += decoded
-        c["prefill_seconds"] += timings["prefill_s"]
-        c["decode_seconds"] += timings["decode_s"]
+        self._counts.update(steps=1, prompt_tokens=prompt_tokens, cached_tokens=cached, decode_tokens=decoded,
+                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"])
 
 
 def _query_start(prompt: Prompt) -> int:

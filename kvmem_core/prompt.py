@@ -12,7 +12,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
+from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
+from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
+from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
 
@@ -54,6 +57,33 @@ def _prefix_tokens(adapter: EngineAdapter, messages: Sequence[dict[str, Any]], t
                    kwargs: dict[str, Any], cap: int) -> int:
     text = adapter.render_chat(messages, tools=tools, add_generation_prompt=False, **kwargs)
     return min(len(adapter.tokenize(text)), cap)
+
+
+def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int,
+                 has_prototypes: bool) -> None:
+    """Refuse a step that cannot run as configured, before anything changes: an empty or too long prompt,
+    retrieval heads outside the model, key-direction scoring without prototypes, mandatory spans (or
+    ``full``) over the budget."""
+    n = len(prompt.ids)
+    cfg.validate_view(max_view_tokens)
+    if n == 0:
+        raise ContextLengthError("the prompt is empty")
+    if n > cfg.ctx:
+        raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
+    layers, heads = layout.n_layers, layout.n_heads
+    bad = [f"{l}:{h}" for l, h in cfg.retrieval_heads or () if not (0 <= l < layers and 0 <= h < heads)]
+    if bad:
+        raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layers} attention layers, "
+                          f"{heads} query heads)")
+    if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not has_prototypes:
+        raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
+    sink = cfg.sink_tokens if cfg.method != "recent" else 0
+    mandatory = sum(e - s for s, e in prompt.mandatory) + min(sink + cfg.recent_tokens, n)
+    if n > cfg.budget and cfg.method != "full" and mandatory > cfg.budget:
+        raise BudgetError(f"mandatory spans (system prompt, sink, recent window) need {mandatory} tokens but "
+                          f"--kvmem-budget is {cfg.budget}; raise the budget or shorten the system prompt")
+    if cfg.method == "full" and n > cfg.budget:
+        raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")
 
 
 class Sampler:
