@@ -53,6 +53,17 @@ def test_methods_are_chosen_by_label() -> None:
         select_methods("retrieval/bm25")
 
 
+def test_sizes_pick_cells_of_the_plan() -> None:
+    from kvmem.bench.quality import FULL
+
+    plan = FULL.only_sizes("4096, 7168")
+    assert {size for size, _, _ in plan.grid} == {4096, 7168} and len(plan.sessions(0)) == 40
+    with pytest.raises(ConfigError, match="choose from 400, 1024, 2048, 4096, 7168"):
+        FULL.only_sizes("5000")
+    with pytest.raises(ConfigError, match="not a list"):
+        FULL.only_sizes("big")
+
+
 def test_oracle_alone_is_refused_and_runs_last_in_the_table() -> None:
     with pytest.raises(ConfigError, match="oracle needs another method"):
         select_methods("oracle")

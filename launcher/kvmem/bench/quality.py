@@ -66,6 +66,17 @@ class Plan:
             out += make_sessions([size], list(depths), list(kinds), seed * 1000 + i)
         return out
 
+    def only_sizes(self, spec: str) -> Plan:
+        """The plan's cells whose workspace size is listed in ``spec`` ("4096,7168")."""
+        try:
+            sizes = {int(s) for s in spec.split(",") if s.strip()}
+        except ValueError:
+            raise ConfigError(f"--sizes: {spec!r} is not a list of token counts") from None
+        have = sorted({size for size, _, _ in self.grid})
+        if not sizes or not sizes <= set(have):
+            raise ConfigError(f"--sizes: choose from {', '.join(map(str, have))}")
+        return replace(self, grid=tuple(cell for cell in self.grid if cell[0] in sizes))
+
     def overrides(self, m: Method, full_budget: int, oracle: tuple[int, ...] = ()) -> dict[str, Any]:
         """The request's ``kvmem`` object for ``m`` (``oracle``: the blocks the oracle forces)."""
         if m.method == "full":
@@ -242,6 +253,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
     p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all)")
     p.add_argument("--limit", type=int, help="run only the first N sessions")
+    p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run, e.g. 4096,7168 (default: all)")
     p.add_argument("--block-tokens", type=int, help="tokens per KV block on the server this command starts "
                    "(default 128, as kvmem serve)")
     p.add_argument("--full-budget", type=int, help=f"view budget of method full (default {FULL_VIEW_CAP} on the "
@@ -253,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     if args.block_tokens:
         plan = replace(plan, block_tokens=args.block_tokens)
+    if args.sizes:
+        plan = plan.only_sizes(args.sizes)
     methods = select_methods(args.methods)
     sessions = plan.sessions(args.seed)[:args.limit]
     args.out.mkdir(parents=True, exist_ok=True)
