@@ -361,7 +361,8 @@ class BlockStore:
         first: BaseException | None = None
         done = self.nvme.next_done(block=wait)
         while done is not None:
-            first = first or self._apply(done)
+            error = self._apply(done)  # every result is applied, also after a failure
+            first = first or error
             done = self.nvme.next_done(block=False)
         if first is not None:
             raise first

@@ -136,3 +136,42 @@ def test_stored_responses_and_their_kv_outlive_a_server_restart(tmp_path) -> Non
             client.responses.retrieve(first.id)
     finally:
         second_server.stop()
+
+
+def test_a_fatal_engine_error_fails_its_request_with_the_dead_message_and_the_engine_comes_back(tmp_path) -> None:
+    """A real fatal error (the NVMe blocks directory replaced by a file: writes fail with OSError) reaches
+    the server as a DEAD frame; once the disk is repaired the restarted engine serves the stored KV."""
+    nvme = tmp_path / "nvme"
+    live = LiveServer(tmp_path, "--no-ui", "--ctx", "4096", "--kvmem-budget", "1024", "--kvmem-nvme-dir", str(nvme)).start()
+    try:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say yes."}]
+        client.chat.completions.create(model="", messages=turn, max_tokens=4, temperature=0)
+        client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)  # flushed
+        blocks = next(p for p in nvme.rglob("blocks") if p.is_dir())
+        blocks.rename(blocks.with_name("blocks.saved"))
+        blocks.write_text("a file where the directory was")
+        failed = None
+        for i in range(4):  # block writes are asynchronous: a failure surfaces at the engine's next store call
+            try:
+                client.chat.completions.create(model="", messages=[{"role": "user", "content": f"Count to {i}. " * 40}],
+                                               max_tokens=4)
+            except openai.APIStatusError as exc:
+                failed = exc
+                break
+        assert failed is not None and failed.status_code == 503 and failed.body["code"] == "engine_died"
+        assert "NotADirectoryError" in failed.body["message"]
+        blocks.unlink()
+        blocks.with_name("blocks.saved").rename(blocks)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                again = client.chat.completions.create(model="", messages=turn, max_tokens=4, temperature=0)
+                break
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 503 and exc.response.headers["Retry-After"]
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        assert again.usage.prompt_tokens_details.cached_tokens >= 128  # the first turn's blocks, from disk
+    finally:
+        live.stop()

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,25 @@ def test_writer_errors_are_raised_not_swallowed(tmp_path):
         store.flush()
     assert store.metrics()["write_errors"] == 1 and store.tier(meta.chain_hash) == "host"
     assert store.metrics()["nvme_bytes"] == 0
+
+
+def test_several_failed_writes_raise_once_and_the_store_still_closes(tmp_path):
+    store = make_store(tmp_path)
+    blocks_dir = store.nvme.blocks_dir
+    blocks_dir.rmdir()
+    blocks_dir.write_bytes(b"")
+    ws, _ = store.open_workspace("ns", np.arange(64))
+    chain = synthetic_chain(LAYOUT, np.arange(64), "ns")
+    for meta, kv in chain:
+        store.append(ws.id, meta, kv)
+    with pytest.raises(OSError):
+        store.flush()
+    assert store.metrics()["write_errors"] == len(chain)
+    closing = threading.Thread(target=store.close, daemon=True)  # every failed job must be accounted for
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "close() still waits for writes that already failed"
+    assert all(store.tier(meta.chain_hash) == "host" for meta, _ in chain)
 
 
 def test_killed_process_leaves_every_completed_block_and_workspace(tmp_path):
