@@ -105,43 +105,39 @@ def test_turns_and_fork_equal_hf(model) -> None:
     assert_matches_hf(hf, engine, r4, turn3)
 
 
-def restarted(engine: KVMemEngine, path: Path, cfg: KVMemConfig) -> KVMemEngine:
+def turn_then_restart(model, tmp_path: Path, seed: int) -> tuple[KVMemEngine, list[int]]:
+    """One 50-token turn on an engine with an NVMe tier, then a fresh engine over the same directory and
+    weights (a restart). -> (the new engine, the second turn's prompt)."""
+    _, path = model
+    cfg = FITS.replace(nvme_dir=tmp_path / "nvme")
+    engine = make_engine(path, cfg)
+    turn1 = tokens(50, seed=seed)
+    r1 = step(engine, turn1)
     engine.checkpoints.close()
     engine.store.close()
-    return make_engine(path, cfg, engine.adapter)  # the same weights, a store rebuilt from the NVMe directory
+    engine = make_engine(path, cfg, engine.adapter)
+    assert engine.store.metrics()["nvme_blocks"] == (len(turn1) + STEPS - 1) // B
+    return engine, turn1 + list(r1.token_ids) + tokens(10, seed=seed + 1)
 
 
 def test_restart_resumes_from_the_checkpoints_on_disk(model, tmp_path: Path) -> None:
-    hf, path = model
-    cfg = FITS.replace(nvme_dir=tmp_path / "nvme")
-    engine = make_engine(path, cfg)
-    turn1 = tokens(50, seed=6)
-    r1 = step(engine, turn1)
-    engine = restarted(engine, path, cfg)
-    assert engine.store.metrics()["nvme_blocks"] == (len(turn1) + STEPS - 1) // B
+    engine, turn2 = turn_then_restart(model, tmp_path, seed=6)
     assert len(engine.checkpoints.files.index) >= 2
-    turn2 = turn1 + list(r1.token_ids) + tokens(10, seed=7)
     r2 = step(engine, turn2)
     assert r2.cached_tokens >= 48  # resumed at a stored block edge, not prefilled from the start
-    assert_matches_hf(hf, engine, r2, turn2)
+    assert_matches_hf(model[0], engine, r2, turn2)
     engine.close()
 
 
 def test_a_damaged_checkpoint_file_is_recomputed(model, tmp_path: Path) -> None:
-    hf, path = model
-    cfg = FITS.replace(nvme_dir=tmp_path / "nvme")
-    engine = make_engine(path, cfg)
-    turn1 = tokens(50, seed=8)
-    r1 = step(engine, turn1)
-    engine = restarted(engine, path, cfg)
+    engine, turn2 = turn_then_restart(model, tmp_path, seed=8)
     for f in engine.checkpoints.files.dir.glob("*.npz"):
         f.write_bytes(f.read_bytes()[:-40])  # truncated: the zip directory is gone
-    turn2 = turn1 + list(r1.token_ids) + tokens(10, seed=9)
     with pytest.raises(CorruptBlockError):
         step(engine, turn2)
     r2 = step(engine, turn2)
     assert r2.cached_tokens == 0  # every checkpoint was dropped: recomputed from the start
-    assert_matches_hf(hf, engine, r2, turn2)
+    assert_matches_hf(model[0], engine, r2, turn2)
     engine.close()
 
 
