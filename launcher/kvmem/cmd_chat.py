@@ -9,17 +9,14 @@ import argparse
 import sys
 
 from kvmem_core.contract import StepRequest
-from kvmem.cmd_run import add_model_flags, add_sampling_flags, generate_streamed, open_engine, sampling, stats, stats_line
-from kvmem.flags import add_kvmem_flags
+from kvmem.cmd_run import add_engine_flags, generate_streamed, open_engine, sampling, stats, stats_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("chat", help="interactive multi-turn chat (the transcript is resent every turn)")
     parser.add_argument("--system", default=None, help="a system message")
     parser.add_argument("--quiet", action="store_true", help="no stats line after each answer")
-    add_sampling_flags(parser)
-    add_model_flags(parser)
-    add_kvmem_flags(parser)
+    add_engine_flags(parser)
     parser.set_defaults(func=run)
 
 

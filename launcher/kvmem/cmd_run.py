@@ -18,10 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--system", default=None, help="a system message (mandatory history)")
     parser.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     parser.add_argument("--json", action="store_true", help='print one JSON object {"text", "ids", "stats"} instead of streaming')
+    add_engine_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """Sampling, model and KVMem flags: what a command that loads an engine and generates takes."""
     add_sampling_flags(parser)
     add_model_flags(parser)
     add_kvmem_flags(parser)
-    parser.set_defaults(func=run)
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import expect
-from webui_support import browser, free_port, new_page, open_page, screenshot_on_failure, static_server, stop  # noqa: F401
+from kvmem.serve_process import free_port
+from webui_support import browser, new_page, open_page, screenshot_on_failure, static_server, stop  # noqa: F401
 
 XSS = (
     "Here: <img src=x onerror=\"window.__xss=1\"> and <script>window.__xss=2</script> "

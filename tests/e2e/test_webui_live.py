@@ -7,18 +7,13 @@ workspace. The tests run in order and share the page.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import expect
-from webui_support import ROOT, browser, free_port, open_page, screenshot_on_failure, stop, wait_http  # noqa: F401
+from serving import LiveServer, get_json
+from webui_support import browser, open_page, screenshot_on_failure  # noqa: F401
 
 KEY = "webui-test-key"
 SERVER_FLAGS = [
@@ -29,38 +24,17 @@ SERVER_FLAGS = [
 STATS = re.compile(r"^(\d+) tokens · ([\d.]+) tok/s · (\d+) cache-hit tokens · prompt (\d+)")
 
 
-def serve_available() -> bool:
-    from kvmem import cli
-
-    return "kvmem.cmd_serve" in cli.SUBCOMMANDS and importlib.util.find_spec("kvmem.cmd_serve") is not None
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not serve_available():
-        pytest.skip("`kvmem serve` is not available in this checkout")
-    port = free_port()
-    env_run = tmp_path_factory.mktemp("run")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvmem", "serve", "--port", str(port), *SERVER_FLAGS],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "KVMEM_RUN_DIR": str(env_run)},
-    )
-    base = f"http://127.0.0.1:{port}"
+    live = LiveServer(tmp_path_factory.mktemp("run"), *SERVER_FLAGS).start(timeout=180)
     try:
-        wait_http(base + "/health", proc, timeout=180)
-        yield base
+        yield live.url
     finally:
-        stop(proc)
+        live.stop()
 
 
 def api_get(base: str, path: str) -> tuple[int, dict]:
-    req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {KEY}"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return get_json(base + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
 
 
 @pytest.fixture(scope="module")

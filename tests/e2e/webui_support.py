@@ -1,10 +1,9 @@
-"""Shared by the web UI tests: the installed Chromium driven by Playwright, free ports,
-waiting for HTTP servers, and a screenshot of every failed test's page."""
+"""Shared by the web UI tests: the installed Chromium driven by Playwright, waiting for HTTP
+servers, and a screenshot of every failed test's page."""
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,12 +28,6 @@ def chromium_or_skip() -> str:
     if path is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float, headers: dict[str, str] | None = None) -> None:
