@@ -21,7 +21,7 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import ConfigError, CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import Prompt, Sampler, build_prompt, check_prompt
+from kvmem_core.prompt import Prompt, Sampler, build_prompt, check_prompt, stop_cut
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
@@ -112,9 +112,11 @@ class KVMemEngine:
         if self.checkpoints is not None:
             self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
+        self._forget(*(e["workspace"] for e in self.store.take_events() if e["event"] == "evicted_workspace"))
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids))}
-        self._count(len(prompt.ids), cached, len(ids), timings)
+        self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
+                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"])
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
     @property
@@ -141,13 +143,18 @@ class KVMemEngine:
         return info
 
     def delete_workspace(self, workspace_id: str) -> bool:
-        self._indexes.pop(workspace_id, None)
-        if self.checkpoints is not None:
-            self.checkpoints.forget(workspace_id)
+        self._forget(workspace_id)
         if workspace_id == self._view_ws:
             reset(self.view, self.adapter)
             self._view_ws = None
         return self.store.delete_workspace(workspace_id)
+
+    def _forget(self, *ws_ids: str) -> None:
+        """Drop the engine-side state (retrieval index, checkpoints) of workspaces gone from the store."""
+        for ws_id in ws_ids:
+            self._indexes.pop(ws_id, None)
+            if self.checkpoints is not None:
+                self.checkpoints.forget(ws_id)
 
     def metrics(self) -> dict[str, float]:
         out = {f"store_{k}": float(v) for k, v in self.store.metrics().items()}
@@ -372,9 +379,9 @@ class KVMemEngine:
             ids.append(token)
             piece = decoder.decode(self.adapter.token_bytes(token))
             text += piece
-            stop = next((s for s in params.stop if s in text), None)
-            if stop is not None:
-                text, finish = text[:text.index(stop)], "stop"
+            cut = stop_cut(text, len(piece), params.stop)
+            if cut is not None:
+                text, finish = text[:cut], "stop"
                 break
             if piece and on_text(piece) is False:
                 finish = "abort"
@@ -389,9 +396,6 @@ class KVMemEngine:
         text += decoder.decode(b"", final=True)
         return text, ids, finish
 
-    def _count(self, prompt_tokens: int, cached: int, decoded: int, timings: dict[str, float]) -> None:
-        self._counts.update(steps=1, prompt_tokens=prompt_tokens, cached_tokens=cached, decode_tokens=decoded,
-                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"])
 
 
 def _query_start(prompt: Prompt) -> int:

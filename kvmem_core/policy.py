@@ -19,7 +19,7 @@ class EvictionPolicy(Protocol):
 
     def remove(self, block_hash: str) -> None: ...
 
-    def candidates(self) -> Iterator[str]: ...
+    def candidates(self) -> Iterator[str]: ...  # oldest first, live: no removal while iterating
 
 
 class LRUPolicy:
@@ -40,8 +40,8 @@ class LRUPolicy:
         self._order.pop(block_hash, None)
 
     def candidates(self) -> Iterator[str]:
-        """Oldest first; a snapshot, so the caller may remove while iterating."""
-        return iter(list(self._order))
+        """Oldest first; a live view: take what you need before removing anything."""
+        return iter(self._order)
 
 
 def plan_workspace_eviction(

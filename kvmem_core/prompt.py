@@ -111,3 +111,10 @@ class Sampler:
             probs = np.where(mask, probs, 0.0)
             probs /= probs.sum()
         return int(self.rng.choice(probs.size, p=probs))
+
+
+def stop_cut(text: str, new: int, stops: Sequence[str]) -> int | None:
+    """Where ``text`` ends before a stop string that its last ``new`` characters completed (the earliest
+    such), or None. Only the tail can hold a new match, so the work per token does not grow with the text."""
+    hits = [i for s in stops if (i := text.find(s, max(0, len(text) - new - len(s) + 1))) >= 0]
+    return min(hits) if hits else None

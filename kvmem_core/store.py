@@ -188,12 +188,19 @@ class BlockStore:
         return LoadResult(blocks, tuple(h for h in dict.fromkeys(ticket.hashes) if h not in blocks))
 
     def flush(self) -> None:
-        """Wait until every queued write (blocks, manifests, removals) has landed and is fsynced."""
+        """Wait until every queued write (blocks, manifests, removals) has landed and is fsynced; then raise
+        the first failure among them, if any (all of them were applied and counted)."""
         if self.nvme is not None:
             self.nvme.submit_sync()
             self._pending += 1
+        first: Exception | None = None
         while self._pending:
-            self._drain(wait=True)
+            try:
+                self._drain(wait=True)
+            except Exception as exc:  # keep waiting: a failure must not leave later jobs unaccounted for
+                first = first or exc
+        if first is not None:
+            raise first
 
     def close(self) -> None:
         """Flush and stop the background threads."""

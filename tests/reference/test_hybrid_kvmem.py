@@ -184,6 +184,8 @@ def test_over_budget_recurrent_modes(model, mode: str) -> None:
         view_ids, positions = view_sequence(engine.view)
         view_ids, positions = view_ids[:-(STEPS - 1)], positions[:-(STEPS - 1)]  # before the answer
         assert sel["replayed_tokens"] == len(view_ids) and positions[:B] == list(range(B))
+        want = [*range(0, B), *range(7 * B, 150)]  # blocks 0, 7, 8 and the tail, derived from the selection
+        assert positions == want and view_ids == [ids[p] for p in want]
         first, out = hf_greedy(hf, view_ids, positions)
         assert np.abs(engine.last_logits - first).max() <= 1e-4 and list(result.token_ids) == out
         full, _ = hf_greedy(hf, ids)

@@ -85,6 +85,7 @@ def test_the_question_is_the_last_user_turn_and_tool_results_answer_their_calls(
     messages = session.messages
     assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
     assert session.fact.question in messages[-1]["content"]
+    assert any(m["role"] == "tool" for m in messages)
     for prev, msg in itertools.pairwise(messages):
         if msg["role"] == "tool":
             assert prev["tool_calls"][0]["id"] == msg["tool_call_id"]

@@ -28,6 +28,7 @@ def test_reuse_phases_add_up_and_turn_shape_is_recorded(result):
     ttft, = result["ttft"]
     assert set(ttft["phases_s"]) == {"prefill", "archive", "select", "materialize", "replay"}
     assert sum(ttft["phases_s"].values()) == pytest.approx(ttft["reuse_ttft_s"])
+    assert all(seconds > 0 for seconds in ttft["phases_s"].values())  # every phase was timed, none skipped
     assert (ttft["history_tokens"], ttft["turn_tokens"], ttft["replayed_tokens"]) == (1024, 256, 128)
 
 
@@ -47,4 +48,4 @@ def test_dense_comparison_uses_the_bytes_ratio(result):
     for d, p in zip(result["dense"], result["points"]):
         assert d["theoretical_ratio"] == pytest.approx((w + d["workspace_tokens"] * kv) / (w + 512 * kv))
         assert d["kvmem_speedup"] == pytest.approx(p["kvmem_tok_s"] / d["dense_tok_s"])
-        assert p["full_tok_s"] == d["dense_tok_s"]
+        assert p["full_tok_s"] == d["dense_tok_s"] and d["dense_tok_s"] > 0

@@ -183,8 +183,8 @@ def test_several_failed_writes_raise_once_and_the_store_still_closes(tmp_path):
         store.append(ws.id, meta, kv)
     with pytest.raises(OSError):
         store.flush()
-    assert store.metrics()["write_errors"] == len(chain)
-    closing = threading.Thread(target=store.close, daemon=True)  # every failed job must be accounted for
+    assert store.metrics()["write_errors"] == len(chain) and store.metrics()["write_queue"] == 0
+    closing = threading.Thread(target=store.close, daemon=True)  # every failed job was accounted for
     closing.start()
     closing.join(10)
     assert not closing.is_alive(), "close() still waits for writes that already failed"

@@ -31,7 +31,7 @@ def test_distractors_share_the_template_with_other_entities_and_codes():
 
 def test_documents_cycle_through_every_surrounding_and_template():
     docs = make_docs(len(SURROUNDINGS) * len(FACTS))
-    assert {d.question for d in docs} and len({d.question.split()[1] for d in docs}) == len(FACTS)
+    assert all(d.question.endswith("?") for d in docs) and len({d.question.split()[1] for d in docs}) == len(FACTS)
     assert any('{"id"' in d.text for d in docs) and any(" INFO " in d.text for d in docs)
     assert any("def total_" in d.text or "class Record" in d.text for d in docs)
     assert any("Assistant:" in d.text for d in docs)
