@@ -183,9 +183,6 @@ class LlamaContext:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
-    def pos_max(self, seq: int) -> int:
-        return L.llama_memory_seq_pos_max(self.mem, seq)
-
     def clear(self) -> None:
         L.llama_memory_clear(self.mem, True)
 

@@ -47,10 +47,6 @@ class RecurrentState:
         self.conv.zero_()
         self.rec.zero_()
 
-    @property
-    def nbytes(self) -> int:
-        return self.conv.nbytes + self.rec.nbytes
-
 
 class Model:
     """Weights in the internal layout (see ``spec``) plus the per-layer callables."""
@@ -64,7 +60,7 @@ class Model:
         self.inv_freq = rope_inv_freq(spec, self.device)
         self.can_fuse_norm = self.fused_norm = kernels.eligible(self.device)
         self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
-        attn_i = dn_i = 0
+        attn_i = 0
         for i, kind in enumerate(spec.layer_kinds):
             w = {name[len(f"layers.{i}."):]: t for name, t in weights.items() if name.startswith(f"layers.{i}.")}
             for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
@@ -76,7 +72,6 @@ class Model:
                 attn_i += 1
             else:
                 self.layers.append((kind, DeltaNet(spec, w), w))
-                dn_i += 1
 
     def use_kernels(self, on: bool) -> None:
         """Run single-token decode through the Triton kernels where a layer can (the default) or through

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from kvmem_core.step import chunk_cuts
 from kvmem_torch.model import Model, RecurrentState
 
 
@@ -87,8 +88,7 @@ class Runner:
     def prefill(self, tokens: Sequence[int], positions: Sequence[int], chunk: int = 512,
                 snapshot_at: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, RecurrentState]]:
         """Chunked prefill; snapshots of the recurrent state after ``i`` tokens for each ``i`` in ``snapshot_at``."""
-        cuts = sorted({0, len(tokens), *(i for i in snapshot_at if 0 < i < len(tokens))}
-                      | set(range(0, len(tokens), chunk)))
+        cuts = chunk_cuts(0, len(tokens), chunk, snapshot_at)
         snaps, logits = {}, None
         for a, b in zip(cuts, cuts[1:]):
             logits, _ = self.forward(tokens[a:b], positions[a:b])

@@ -6,12 +6,12 @@ config remembers where each value came from (flag, env or default) for ``--dry-r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvmem_core.config import FIELD_HELP, METHODS, POSITION_MODES, RECURRENT_MODES, SCORERS, KVMemConfig, parse_retrieval_heads
+from kvmem_core.config import (FIELD_HELP, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
+                               SCORERS, KVMemConfig, parse_retrieval_heads)
 from kvmem_core.errors import ConfigError
 
 _DEFAULTS = KVMemConfig()
@@ -49,14 +49,14 @@ KNOBS = (
     Knob("block_tokens", "--kvmem-block-tokens", int),
     Knob("sink_tokens", "--kvmem-sink-tokens", int),
     Knob("recent_tokens", "--kvmem-recent-tokens", int),
-    Knob("method", "--kvmem-method", _choice(METHODS, ("recency",))),
-    Knob("scorer", "--kvmem-retrieval-method", _choice(SCORERS, ("key-direction-fixed4", "key-direction-adaptive"))),
+    Knob("method", "--kvmem-method", _choice(METHODS, tuple(METHOD_ALIASES))),
+    Knob("scorer", "--kvmem-retrieval-method", _choice(SCORERS, tuple(SCORER_ALIASES))),
     Knob("retrieval_heads", "--kvmem-retrieval-heads", parse_retrieval_heads),
     Knob("cpu_gb", "--kvmem-cpu-gb", float),
     Knob("nvme_dir", "--kvmem-nvme-dir", str),
     Knob("nvme_gb", "--kvmem-nvme-gb", float),
     Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),
-    Knob("retention", "--kvmem-retention", _choice(("evict-idle", "keep-all"))),
+    Knob("retention", "--kvmem-retention", _choice(RETENTIONS)),
     Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
 )
 
@@ -99,6 +99,3 @@ def _show(value: Any) -> str:
         return "unset"
     return str(value)
 
-
-def config_fields() -> list[str]:
-    return [f.name for f in dataclasses.fields(KVMemConfig)]

@@ -8,7 +8,7 @@ import pytest
 
 from kvmem.server import messages as M
 from kvmem.server import schemas as S
-from kvmem.server.errors import APIError
+from kvmem.server.errors import APIError, to_api_error
 from kvmem_core.contract import StepResult
 from kvmem_core.errors import BudgetError
 
@@ -64,6 +64,6 @@ def test_tool_calls_become_tool_use_blocks() -> None:
 
 
 def test_errors_take_the_anthropic_shape() -> None:
-    assert M.anthropic_error(BudgetError("spans")) == {
+    assert M.anthropic_error(to_api_error(BudgetError("spans"))) == {
         "type": "error", "error": {"type": "request_too_large", "message": "spans", "code": "budget_exceeded"}}
     assert M.anthropic_error(APIError(503, "later", "engine_unavailable"))["error"]["type"] == "overloaded_error"

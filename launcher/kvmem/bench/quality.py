@@ -25,9 +25,9 @@ from kvmem.bench import plots, report
 from kvmem.bench.api import Api, ApiError
 from kvmem.bench.sessions import Session, is_correct, make_sessions
 from kvmem.serve_process import ServeProcess
+from kvmem_core.config import SCORERS
 from kvmem_core.errors import ConfigError
 
-SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
 FULL_VIEW_CAP = 8064  # method full's view on the server this command starts: 8192 (SmolLM2) - 128 reserve
 
 
@@ -40,7 +40,7 @@ class Method:
 
     @property
     def label(self) -> str:
-        return f"retrieval/{self.scorer}" if self.scorer else self.method
+        return report.label(self.method, self.scorer)
 
 
 ORACLE = Method("oracle")

@@ -16,7 +16,7 @@ from kvmem import tools_format
 from kvmem.server import convert, sse
 from kvmem.server import schemas as S
 from kvmem.server.chat import first_item, kvmem_info, read_body
-from kvmem.server.errors import invalid, to_api_error
+from kvmem.server.errors import APIError, invalid, to_api_error
 from kvmem.server.state import STATE, ServerState
 from kvmem_core.contract import StepRequest, StepResult
 
@@ -64,7 +64,7 @@ def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
             for t in body.tools]
 
 
-def step_of(body: S.CountTokensRequest, state: ServerState, max_tokens: int | None = None) -> StepRequest:
+def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     """The engine step for a Messages body (``count_tokens`` bodies carry no sampling)."""
     messages, tools = convert.engine_transcript(chat_messages(body), chat_tools(body), state.engine.supports_tools)
     if isinstance(body, S.MessagesRequest):
@@ -143,17 +143,16 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
     except (ConnectionResetError, ConnectionError):
         return resp
     except Exception as exc:
-        await resp.write(sse.frame(anthropic_error(exc), event="error"))
+        await resp.write(sse.frame(anthropic_error(to_api_error(exc)), event="error"))
     return resp
 
 
-def anthropic_error(exc: BaseException) -> dict[str, Any]:
-    """Anthropic's error body for ``exc`` (status and code still come from ``to_api_error``)."""
-    err = to_api_error(exc)
+def anthropic_error(err: APIError) -> dict[str, Any]:
+    """Anthropic's error body for an API error (``to_api_error`` maps exceptions once, logging a 500 once)."""
     kind = {413: "request_too_large", 503: "overloaded_error"}.get(err.status, err.type if err.status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": err.message, "code": err.code}}
 
 
 def error_response(exc: BaseException) -> web.Response:
     err = to_api_error(exc)
-    return web.json_response(anthropic_error(exc), status=err.status, headers=err.headers)
+    return web.json_response(anthropic_error(err), status=err.status, headers=err.headers)
