@@ -7,7 +7,6 @@ budget nothing is selected or replayed, so the result equals the plain engine's.
 """
 from __future__ import annotations
 
-import codecs
 import logging
 import time
 from collections import Counter
@@ -21,9 +20,10 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import ConfigError, CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import Prompt, Sampler, build_prompt, check_prompt, stop_cut
+from kvmem_core.prompt import Prompt, build_prompt, check_prompt
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
+from kvmem_core.sampling import decode
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
@@ -366,36 +366,17 @@ class KVMemEngine:
     def _decode(self, cfg: KVMemConfig, ws: Workspace, request: StepRequest, logits: np.ndarray,
                 on_text: OnText) -> tuple[str, list[int], str]:
         """Sample into the generation reserve; every decoded token joins the workspace (commit)."""
-        params, sample = request.sampling, Sampler(request.sampling)
         self.last_logits = logits
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text, ids, finish = "", [], "length"
-        mode, prompt = self._mode(cfg), Prompt([], 0)
-        for i in range(params.max_tokens):
-            token = sample(logits)
-            if self.adapter.is_eog(token):
-                finish = "stop"
-                break
-            ids.append(token)
-            piece = decoder.decode(self.adapter.token_bytes(token))
-            text += piece
-            cut = stop_cut(text, len(piece), params.stop)
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-                break
-            if piece and on_text(piece) is False:
-                finish = "abort"
-                break
-            if i + 1 == params.max_tokens:
-                break
-            if self.adapter.view_free() < 1:
-                self._make_room(cfg, mode, 1)
-            out = self.adapter.forward([token], [self.view.next_pos])
-            self._archive(ws, prompt, append_computed(self.view, [token]))
-            logits = out.logits
-        text += decoder.decode(b"", final=True)
-        return text, ids, finish
+        mode, adapter, no_spans = self._mode(cfg), self.adapter, Prompt([], 0)
 
+        def advance(token: int) -> np.ndarray:
+            if adapter.view_free() < 1:
+                self._make_room(cfg, mode, 1)
+            out = adapter.forward([token], [self.view.next_pos])
+            self._archive(ws, no_spans, append_computed(self.view, [token]))
+            return out.logits
+
+        return decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text)
 
 
 def _query_start(prompt: Prompt) -> int:

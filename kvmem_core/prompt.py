@@ -1,4 +1,4 @@
-"""Render a request with the model's chat template, tokenize it, and mark its spans; sample tokens.
+"""Render a request with the model's chat template, tokenize it, and mark its spans.
 
 Span marks come from rendering growing prefixes of the transcript: message ``i`` ends
 where the rendering of messages ``[:i+1]`` ends. The *query* is the last user message
@@ -9,11 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
-
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig
-from kvmem_core.contract import SamplingParams, StepRequest
+from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
 from kvmem_core.layout import BlockLayout
 
@@ -84,37 +82,3 @@ def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view
                           f"--kvmem-budget is {cfg.budget}; raise the budget or shorten the system prompt")
     if cfg.method == "full" and n > cfg.budget:
         raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")
-
-
-class Sampler:
-    """Greedy at temperature 0; otherwise temperature, top-k, top-p over float64 probabilities."""
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        self.rng = np.random.default_rng(params.seed)
-
-    def __call__(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.temperature <= 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
-        if 0 < p.top_k < z.size:
-            kth = np.partition(z, -p.top_k)[-p.top_k]
-            z[z < kth] = -np.inf
-        probs = np.exp(z - z.max())
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            order = np.argsort(-probs)
-            keep = np.cumsum(probs[order]) - probs[order] < p.top_p
-            mask = np.zeros_like(probs, dtype=bool)
-            mask[order[keep]] = True
-            probs = np.where(mask, probs, 0.0)
-            probs /= probs.sum()
-        return int(self.rng.choice(probs.size, p=probs))
-
-
-def stop_cut(text: str, new: int, stops: Sequence[str]) -> int | None:
-    """Where ``text`` ends before a stop string that its last ``new`` characters completed (the earliest
-    such), or None. Only the tail can hold a new match, so the work per token does not grow with the text."""
-    hits = [i for s in stops if (i := text.find(s, max(0, len(text) - new - len(s) + 1))) >= 0]
-    return min(hits) if hits else None

@@ -1,0 +1,150 @@
+"""Turning logits into streamed text: token sampling, stop strings, the decode loop.
+
+This is the one implementation every backend's steps use. ``Sampler`` draws a token from
+logits. ``TextStream`` turns the sampled tokens' bytes into text pieces for the client and
+cuts the text before the first stop string; it holds back the longest tail that could
+still begin a stop string, so what it has streamed always equals the final text, however
+the tokens split the stop. ``decode`` runs the loop of one step over both.
+"""
+from __future__ import annotations
+
+import codecs
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.contract import OnText, SamplingParams
+
+Advance = Callable[[int], np.ndarray]
+"""Runs one sampled token through the model (committing it) and returns the next logits."""
+
+
+class Sampler:
+    """Greedy at temperature 0; otherwise temperature, top-k, top-p over float64 probabilities.
+
+    A given ``seed`` reproduces the same draws from the same logits.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        if p.temperature <= 0:
+            return int(np.argmax(logits))
+        probs = filter_probs(logits.astype(np.float64) / p.temperature, p.top_k, p.top_p)
+        return int(self.rng.choice(probs.size, p=probs))
+
+
+def filter_probs(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Probabilities of scaled logits ``z`` restricted to the ``top_k`` best tokens (0: all), then to the
+    smallest set of them whose mass reaches ``top_p`` (the token that crosses it is kept)."""
+    z = z.copy()
+    if 0 < top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z[z < kth] = -np.inf
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        keep = np.cumsum(probs[order]) - probs[order] < top_p
+        mask = np.zeros_like(probs, dtype=bool)
+        mask[order[keep]] = True
+        probs = np.where(mask, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+class TextStream:
+    """UTF-8 token bytes in, text pieces out through ``on_text``, cut before the first stop string.
+
+    ``push`` returns ``"stop"`` once a stop string completed, ``"abort"`` when ``on_text``
+    returned False, else None. ``close`` releases the held-back tail and returns the final
+    text; for a step that was not aborted, the pieces streamed concatenate to it.
+    """
+
+    def __init__(self, stops: Sequence[str], on_text: OnText) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.on_text = on_text
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.text = ""
+        self.sent = 0  # characters of ``text`` already streamed
+        self.ended: str | None = None
+
+    def push(self, data: bytes) -> str | None:
+        """Add one token's bytes (see class docstring)."""
+        assert self.ended is None, "push after the stream ended"
+        self._add(self.decoder.decode(data), final=False)
+        return self.ended
+
+    def close(self) -> str:
+        """End of generation: flush the decoder and stream what was held back; -> the final text."""
+        if self.ended is None:
+            self._add(self.decoder.decode(b"", final=True), final=True)
+        return self.text
+
+    def _add(self, piece: str, final: bool) -> None:
+        self.text += piece
+        cut = stop_cut(self.text, len(piece), self.stops)
+        if cut is not None:
+            self.text = self.text[:cut]
+            self._emit(len(self.text))
+            self.ended = "stop"
+            return
+        if not self._emit(len(self.text) - (0 if final else held_back(self.text, self.stops))):
+            self.ended = "abort"
+
+    def _emit(self, end: int) -> bool:
+        """Stream ``text[sent:end]``; False when the client is gone."""
+        if end <= self.sent:
+            return True
+        piece, self.sent = self.text[self.sent:end], end
+        return self.on_text(piece) is not False
+
+
+def stop_cut(text: str, new: int, stops: Sequence[str]) -> int | None:
+    """Where ``text`` ends before a stop string that its last ``new`` characters completed (the earliest
+    such), or None. Only the tail can hold a new match, so the work per token does not grow with the text."""
+    hits = [i for s in stops if (i := text.find(s, max(0, len(text) - new - len(s) + 1))) >= 0]
+    return min(hits) if hits else None
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
+    return max((_partial(text, s) for s in stops), default=0)
+
+
+def _partial(text: str, stop: str) -> int:
+    j = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+    while j >= 0:
+        if stop.startswith(text[j:]):
+            return len(text) - j
+        j = text.find(stop[0], j + 1)
+    return 0
+
+
+def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[int], bytes],
+           is_eog: Callable[[int], bool], advance: Advance, on_text: OnText) -> tuple[str, list[int], str]:
+    """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
+
+    Every sampled token but an end-of-generation one is in the ids (the one that completed a
+    stop string too); ``advance`` runs each token but the last through the model. The finish
+    reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``.
+    """
+    sample, stream = Sampler(params), TextStream(params.stop, on_text)
+    ids: list[int] = []
+    finish = "length"
+    for i in range(params.max_tokens):
+        token = sample(logits)
+        if is_eog(token):
+            finish = "stop"
+            break
+        ids.append(token)
+        ended = stream.push(token_bytes(token))
+        if ended is not None:
+            finish = ended
+            break
+        if i + 1 < params.max_tokens:
+            logits = advance(token)
+    return stream.close(), ids, finish

@@ -1,0 +1,41 @@
+"""Per-request guarantees of the engine on the real small model: stop strings stream exactly the final text."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import SamplingParams, StepRequest
+from kvmem_core.engine import KVMemEngine
+from llamacpp_support import chat, model_path
+
+pytestmark = pytest.mark.llamacpp
+CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512)
+SEA = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[KVMemEngine]:
+    from kvmem_llamacpp import create_adapter
+
+    e = KVMemEngine(create_adapter(str(model_path()), CFG), CFG)
+    yield e
+    e.close()
+
+
+def streamed(engine: KVMemEngine, request: StepRequest) -> tuple[str, str, str]:
+    pieces: list[str] = []
+    result = engine.step(request, lambda piece: pieces.append(piece) is None)
+    return "".join(pieces), result.text, result.finish_reason
+
+
+def test_a_stop_string_split_over_tokens_streams_exactly_the_final_text(engine: KVMemEngine) -> None:
+    free = engine.step(chat(SEA, 24), lambda piece: True)
+    pieces = [engine.adapter.token_bytes(t).decode() for t in free.token_ids]
+    k = next(i for i in range(4, len(pieces) - 1) if len(pieces[i]) > 1 and len(pieces[i + 1]) > 3)
+    stop = pieces[i := k][-1] + pieces[k + 1][:3]  # ends one token, starts the next
+    request = StepRequest(messages=tuple(SEA), sampling=SamplingParams(temperature=0.0, max_tokens=24, stop=(stop,)))
+    sent, final, finish = streamed(engine, request)
+    assert finish == "stop" and final == "".join(pieces[:i + 1])[:-1]
+    assert sent == final
