@@ -21,6 +21,7 @@ import kvmem
 from kvmem.server import chat, messages, responses
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, error_response
+from kvmem.server.metrics import CONTENT_TYPE
 from kvmem.server.state import STATE, ServerState
 
 log = logging.getLogger("kvmem.server")
@@ -75,10 +76,8 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    engine = state.engine
-    text = state.metrics.render(engine.metrics, engine.busy, engine.restarts, engine.state == "ready")
-    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"})
 
 
 async def list_workspaces(request: web.Request) -> web.Response:

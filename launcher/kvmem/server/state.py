@@ -14,7 +14,7 @@ from aiohttp import web
 from kvmem.server.convert import check_model
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.errors import engine_unavailable
-from kvmem.server.metrics import Metrics
+from kvmem.server.metrics import Metrics, StepClock
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest, StepResult
 
@@ -72,6 +72,9 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     responses: ResponseStore = field(default_factory=ResponseStore)
 
+    def __post_init__(self) -> None:
+        self.metrics.watch(self.engine)
+
     def served_model(self, requested: str | None) -> str:
         """The served model id; 503 while the engine is still loading, 404 if ``requested`` names another model."""
         model_id = self.engine.model_id
@@ -82,12 +85,21 @@ class ServerState:
 
     async def stream(self, step: StepRequest,
                      on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
-        """The engine's pieces and result for ``step``, counted in the metrics; ``on_start`` gets the
-        workspace id before the first piece."""
-        async with contextlib.aclosing(self.engine.generate(step, on_start)) as gen:
+        """The engine's pieces and result for ``step``, counted and timed in the metrics; ``on_start`` gets
+        the workspace id before the first piece."""
+        clock = StepClock()
+
+        def started(workspace_id: str) -> None:
+            clock.start()
+            if on_start is not None:
+                on_start(workspace_id)
+
+        async with contextlib.aclosing(self.engine.generate(step, started)) as gen:
             async for item in gen:
                 if isinstance(item, StepResult):
-                    self.metrics.observe_step(item)
+                    self.metrics.observe_step(item, clock)
+                else:
+                    clock.text()
                 yield item
 
     async def run(self, step: StepRequest) -> StepResult:
