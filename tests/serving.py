@@ -23,17 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class AppClient:
-    """The app on a private event loop with a synchronous ``request``; the engine starts only if asked."""
+    """The app on a private event loop with a synchronous ``request``; the engine starts only if asked;
+    ``state_fields`` go to ``ServerState``."""
 
     def __init__(self, api_key: str | None = None, ui_dir: Path | None = None, start_engine: bool = False,
-                 config: KVMemConfig | None = None, max_body_bytes: int = 4096) -> None:
+                 config: KVMemConfig | None = None, max_body_bytes: int = 4096, **state_fields: Any) -> None:
         self.loop = asyncio.new_event_loop()
         config = config or KVMemConfig()
         spec = P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(config))
         self.engine = self.loop.run_until_complete(self._make_engine(spec))
         if start_engine:
             self.loop.run_until_complete(self.engine.start())
-        state = ServerState(engine=self.engine, config=config, api_key=api_key, ui_dir=ui_dir)
+        state = ServerState(engine=self.engine, config=config, api_key=api_key, ui_dir=ui_dir, **state_fields)
         self.server = TestServer(build_app(state, max_body_bytes=max_body_bytes))
         self.loop.run_until_complete(self.server.start_server())
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmem import devices
-from kvmem.flags import add_kvmem_flags, resolve_config
+from kvmem.flags import add_kvmem_flags, add_list_flag, resolve_config
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
 
@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=env("KVMEM_HOST", "127.0.0.1"), help="bind address (default: 127.0.0.1; env KVMEM_HOST)")
     p.add_argument("--port", type=int, default=int(env("KVMEM_PORT", "8080")), help="port (default: 8080; env KVMEM_PORT)")
     p.add_argument("--api-key", default=env("KVMEM_API_KEY"), help="require this bearer key on API routes (default: none; env KVMEM_API_KEY)")
+    add_list_flag(p, "--served-model-name", "KVMEM_SERVED_MODEL_NAME", "names clients may send as `model`, listed by /v1/models")
     p.add_argument("--backend", default=env("KVMEM_BACKEND", "auto"), choices=devices.BACKENDS, help="engine: torch on a GPU for models it supports, else llama.cpp (default: auto; env KVMEM_BACKEND)")
     p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (default: auto; env KVMEM_DEVICE)")
     p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)")
@@ -84,7 +85,7 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
     gpu = placement.gpu.index if placement.gpu else None
     blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
-                       _ui_dir(args) and str(_ui_dir(args))], sort_keys=True, default=str)
+                       _ui_dir(args) and str(_ui_dir(args)), args.served_model_name], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -97,6 +98,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
         f"model     {args.model or DEFAULT_MODEL}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
+        f"names     {', '.join(args.served_model_name) or 'the model id'}",
         f"web UI    {_ui_dir(args) or 'off'}",
         "knobs:",
     ]
@@ -201,7 +203,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
-                        fingerprint=fingerprint, responses=ResponseStore(stored))
+                        fingerprint=fingerprint, responses=ResponseStore(stored), model_names=tuple(args.served_model_name))
     path = pidfile(args.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))

@@ -94,6 +94,27 @@ def _parse_env(knob: Knob) -> Any:
         raise ConfigError(f"{knob.env}={raw!r}: {exc}") from None
 
 
+class _ListFlag(argparse.Action):
+    """A comma-separated list that may repeat; the first use on the command line replaces the env's list."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest)
+        items = [] if current is self.default else list(current)
+        setattr(namespace, self.dest, items + split_list(values))
+
+
+def split_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def add_list_flag(parser: argparse.ArgumentParser, flag: str, env: str, help_text: str) -> None:
+    """A flag taking names, comma-separated or repeated, whose default is ``env``'s comma-separated list."""
+    parser.add_argument(flag, action=_ListFlag, default=split_list(os.environ.get(env, "")), metavar="NAMES",
+                        help=f"{help_text} (comma-separated or repeated; default: none; env {env})")
+
+
 def _show(value: Any) -> str:
     if value is None:
         return "unset"

@@ -113,13 +113,6 @@ def test_error_mapping(exc: BaseException, status: int, code: str) -> None:
     assert set(err.body()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_unknown_model_is_404_and_unset_model_is_fine() -> None:
-    convert.check_model(None, "smol")
-    convert.check_model("smol", "smol")
-    err = error_of(convert.check_model, "gpt-9", "smol")
-    assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
-
-
 def test_completion_step_takes_the_prompt() -> None:
     body = msgspec.json.decode(b'{"prompt": ["The sky is"], "max_tokens": 4, "stop": ["\\n"]}', type=S.CompletionRequest)
     step = convert.completion_step(body, CONFIG)

@@ -66,8 +66,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    model_id = request.app[STATE].engine.model_id
-    return web.json_response({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "kvmem"}]})
+    names = request.app[STATE].served_names()
+    return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "kvmem"}
+                                                         for name in names]})
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -7,7 +7,7 @@ import msgspec
 
 from kvmem import tools_format
 from kvmem.server import schemas as S
-from kvmem.server.errors import APIError, invalid
+from kvmem.server.errors import invalid
 from kvmem_core.config import KVMemConfig, parse_retrieval_heads
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.errors import ConfigError
@@ -15,13 +15,6 @@ from kvmem_core.errors import ConfigError
 _DEFAULT = SamplingParams()
 _OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
                     "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads"}
-
-
-def check_model(requested: str | None, model_id: str) -> None:
-    """404 unless ``requested`` is unset or names the served model."""
-    if requested not in (None, "", model_id):
-        raise APIError(404, f"model {requested!r} is not served here; this server serves {model_id!r}",
-                       "model_not_found", "model")
 
 
 def overrides(options: S.KVMemOptions | None, config: KVMemConfig) -> dict[str, Any]:

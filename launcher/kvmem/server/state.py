@@ -11,9 +11,8 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from kvmem.server.convert import check_model
 from kvmem.server.engine_client import EngineClient
-from kvmem.server.errors import engine_unavailable
+from kvmem.server.errors import APIError, engine_unavailable
 from kvmem.server.metrics import Metrics, StepClock
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest, StepResult
@@ -71,17 +70,31 @@ class ServerState:
     fingerprint: str = ""
     metrics: Metrics = field(default_factory=Metrics)
     responses: ResponseStore = field(default_factory=ResponseStore)
+    model_names: tuple[str, ...] = ()  # --served-model-name
 
     def __post_init__(self) -> None:
         self.metrics.watch(self.engine)
 
+    def served_names(self) -> list[str]:
+        """What ``/v1/models`` lists and ``model`` may name: the ``--served-model-name`` aliases, then the
+        engine's own model id (once it is loaded)."""
+        names = list(self.model_names)
+        if self.engine.model_id and self.engine.model_id not in names:
+            names.append(self.engine.model_id)
+        return names
+
     def served_model(self, requested: str | None) -> str:
-        """The served model id; 503 while the engine is still loading, 404 if ``requested`` names another model."""
-        model_id = self.engine.model_id
-        if not model_id:
+        """The name a reply carries: ``requested`` when it is a served name, the first one when it is empty;
+        503 while the engine is still loading, 404 if ``requested`` names another model."""
+        if not self.engine.model_id:
             raise engine_unavailable(f"the engine is {self.engine.state}")
-        check_model(requested, model_id)
-        return model_id
+        names = self.served_names()
+        if not requested:
+            return names[0]
+        if requested not in names:
+            raise APIError(404, f"model {requested!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                           "model_not_found", "model")
+        return requested
 
     async def stream(self, step: StepRequest,
                      on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
