@@ -20,12 +20,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
 from kvmem.flags import add_kvmem_flags, add_list_flag, resolve_config
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvmem.server.security import Security
 
 DEFAULT_MODEL = "embedded SmolLM2-135M-Instruct (Q4_1)"
 
@@ -36,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=env("KVMEM_HOST", "127.0.0.1"), help="bind address (default: 127.0.0.1; env KVMEM_HOST)")
     p.add_argument("--port", type=int, default=int(env("KVMEM_PORT", "8080")), help="port (default: 8080; env KVMEM_PORT)")
     p.add_argument("--api-key", default=env("KVMEM_API_KEY"), help="require this bearer key on API routes (default: none; env KVMEM_API_KEY)")
+    add_list_flag(p, "--allowed-hosts", "KVMEM_ALLOWED_HOSTS", "also accept these Host names (a proxy's, a LAN name; * for any)")
+    add_list_flag(p, "--cors-origins", "KVMEM_CORS_ORIGINS", "let web pages of these origins (http://host:port; * for any) call the API")
     add_list_flag(p, "--served-model-name", "KVMEM_SERVED_MODEL_NAME", "names clients may send as `model`, listed by /v1/models")
     p.add_argument("--backend", default=env("KVMEM_BACKEND", "auto"), choices=devices.BACKENDS, help="engine: torch on a GPU for models it supports, else llama.cpp (default: auto; env KVMEM_BACKEND)")
     p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (default: auto; env KVMEM_DEVICE)")
@@ -60,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
     """Stop, describe, reuse or start a server, as the flags ask."""
     if args.stop:
         return 0 if stop_server(args.port) else 1
+    from kvmem.server.security import Security, exposure_warning
+
     config, sources = resolve_config(args)
+    security = Security(args.host, tuple(args.allowed_hosts), tuple(args.cors_origins))
+    warning = exposure_warning(args.host, args.api_key)
+    if warning:
+        print(f"kvmem: WARNING: {warning}", file=sys.stderr, flush=True)
     placement = devices.resolve(args.backend, args.device, args.gpu)
     fingerprint = config_fingerprint(args, config, placement)
     if args.dry_run:
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                               "add --restart to replace it, or pick another --port")
         if not stop_server(args.port):
             return 1
-    return start(args, config, placement, fingerprint)
+    return start(args, config, placement, fingerprint, security)
 
 
 def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement) -> str:
@@ -85,7 +96,8 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
     gpu = placement.gpu.index if placement.gpu else None
     blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
-                       _ui_dir(args) and str(_ui_dir(args)), args.served_model_name], sort_keys=True, default=str)
+                       _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
+                       args.served_model_name], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -98,6 +110,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
         f"model     {args.model or DEFAULT_MODEL}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
+        f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
         f"web UI    {_ui_dir(args) or 'off'}",
         "knobs:",
@@ -189,7 +202,8 @@ def engine_opts(placement: devices.Placement, progress: bool) -> dict[str, objec
     return opts
 
 
-def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str) -> int:
+def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str,
+          security: Security) -> int:
     """Run the server in the foreground until SIGINT/SIGTERM."""
     from kvmem import protocol as P
     from kvmem.server.app import serve
@@ -203,7 +217,8 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
-                        fingerprint=fingerprint, responses=ResponseStore(stored), model_names=tuple(args.served_model_name))
+                        fingerprint=fingerprint, responses=ResponseStore(stored), security=security,
+                        model_names=tuple(args.served_model_name))
     path = pidfile(args.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))

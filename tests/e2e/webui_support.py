@@ -2,6 +2,7 @@
 servers, and a screenshot of every failed test's page."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -55,28 +56,36 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def static_server(port: int) -> subprocess.Popen:
-    """`python -m http.server` on webui/: the page without any API behind it."""
+def static_server(port: int, directory: Path = WEBUI_DIR) -> subprocess.Popen:
+    """`python -m http.server` on `directory` (an index.html in it), by default webui/: the page without
+    any API behind it."""
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(WEBUI_DIR)],
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     wait_http(f"http://127.0.0.1:{port}/index.html", proc, timeout=15)
     return proc
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    """One headless Chromium for the whole module."""
+@contextlib.contextmanager
+def chromium(*extra_args: str) -> Iterator[object]:
+    """A headless Chromium with `extra_args` on its command line; skips the test when it is not installed."""
     executable = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        instance = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        instance = pw.chromium.launch(executable_path=executable, args=[*CHROMIUM_ARGS, *extra_args])
         yield instance
         instance.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless Chromium for the whole module."""
+    with chromium() as instance:
+        yield instance
 
 
 def screenshot_on_failure(request: pytest.FixtureRequest, page: object) -> None:

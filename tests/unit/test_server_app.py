@@ -60,7 +60,8 @@ def test_ui_files_need_no_key_and_stay_inside_their_folder(client: AppClient) ->
 def test_validation_runs_before_the_engine_is_needed(client: AppClient) -> None:
     status, _, body = client.request("POST", "/v1/chat/completions", headers=AUTH, json={"messages": []})
     assert status == 400 and error(body)["param"] == "messages"
-    status, _, body = client.request("POST", "/v1/chat/completions", headers=AUTH, data=b"{not json")
+    status, _, body = client.request("POST", "/v1/chat/completions", headers={**AUTH, "Content-Type": "application/json"},
+                                     data=b"{not json")
     assert status == 400 and error(body)["code"] == "invalid_json"
 
 

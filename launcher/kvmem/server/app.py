@@ -1,6 +1,7 @@
 """The aiohttp application: routes, auth, error mapping, static web UI, and ``serve``.
 
-Every API route needs the bearer key when one is set (``Authorization: Bearer KEY`` or
+Every request first passes ``security``'s Host, Origin and Content-Type checks. Every API
+route needs the bearer key when one is set (``Authorization: Bearer KEY`` or
 ``X-Api-Key: KEY``); ``/health`` and the web UI's static files never do. Every failure
 leaves through ``errors.error_response``, so clients always get the OpenAI error JSON.
 """
@@ -22,11 +23,11 @@ from kvmem.server import chat, messages, responses
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, error_response
 from kvmem.server.metrics import CONTENT_TYPE
+from kvmem.server.security import API_PREFIXES, cors_hook, security_middleware
 from kvmem.server.state import STATE, ServerState
 
 log = logging.getLogger("kvmem.server")
 DEFAULT_UI_DIR = Path(__file__).resolve().parents[3] / "webui"
-API_PREFIXES = ("/v1/", "/tokenize", "/metrics", "/openapi.json")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -126,7 +127,9 @@ async def static_ui(request: web.Request) -> web.StreamResponse:
 
 def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Application:
     """The application for ``state``; the engine client must be started separately."""
-    app = web.Application(middlewares=[errors_middleware, auth_middleware], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[errors_middleware, security_middleware(state.security), auth_middleware],
+                          client_max_size=max_body_bytes)
+    app.on_response_prepare.append(cors_hook(state.security))
     app[STATE] = state
     r = app.router
     r.add_get("/health", health)

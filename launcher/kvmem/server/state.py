@@ -14,6 +14,7 @@ from aiohttp import web
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.errors import APIError, engine_unavailable
 from kvmem.server.metrics import Metrics, StepClock
+from kvmem.server.security import Security
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest, StepResult
 
@@ -70,6 +71,7 @@ class ServerState:
     fingerprint: str = ""
     metrics: Metrics = field(default_factory=Metrics)
     responses: ResponseStore = field(default_factory=ResponseStore)
+    security: Security = field(default_factory=Security)
     model_names: tuple[str, ...] = ()  # --served-model-name
 
     def __post_init__(self) -> None:
