@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=env("KVMEM_MODEL"), help="GGUF file or model directory (default: the embedded SmolLM2; env KVMEM_MODEL)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for the engine before 429 (default 16)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
-    p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the checkout's webui/)")
+    p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")
     p.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
     p.add_argument("--dry-run", action="store_true", help="print the resolved configuration and exit")
     p.add_argument("--restart", action="store_true", help="replace a server this command started with another configuration")
@@ -122,12 +122,12 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
 
 
 def _ui_dir(args: argparse.Namespace) -> Path | None:
-    from kvmem.server.app import DEFAULT_UI_DIR
+    from kvmem.server.app import installed_ui_dir
 
     if args.no_ui:
         return None
-    folder = args.ui_dir or DEFAULT_UI_DIR
-    return folder if (folder / "index.html").is_file() else None
+    folder = args.ui_dir or installed_ui_dir()
+    return folder if folder is not None and (folder / "index.html").is_file() else None
 
 
 def probe_health(host: str, port: int) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.resources
 import logging
 import os
 import signal
@@ -27,8 +28,16 @@ from kvmem.server.security import API_PREFIXES, cors_hook, security_middleware
 from kvmem.server.state import STATE, ServerState
 
 log = logging.getLogger("kvmem.server")
-DEFAULT_UI_DIR = Path(__file__).resolve().parents[3] / "webui"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def installed_ui_dir() -> Path | None:
+    """The web UI's folder: the package ``kvmem_webui`` (webui/ of the checkout in an editable install);
+    None when it is not installed."""
+    try:
+        return Path(str(importlib.resources.files("kvmem_webui")))
+    except ModuleNotFoundError:
+        return None
 
 
 @web.middleware
