@@ -1,7 +1,7 @@
 """The one KVMem configuration: built once in the launcher, validated, passed down.
 
-Every knob has a default that makes the embedded SmolLM2-135M model useful on a 2-core
-CPU machine; ``FIELD_HELP`` documents each one for ``--help`` and the docs.
+Every knob has a default that makes the embedded models (Qwen2.5-Coder-0.5B, SmolLM2-135M)
+useful on a 2-core CPU machine; ``FIELD_HELP`` documents each one for ``--help`` and the docs.
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from kvmem.serve_process import ServeProcess
 from kvmem.server.app import build_app
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.state import ServerState
+from model_support import SMALL_MODEL
 
 from kvmem_core.config import KVMemConfig
 
@@ -30,7 +31,7 @@ class AppClient:
                  config: KVMemConfig | None = None, max_body_bytes: int = 4096, **state_fields: Any) -> None:
         self.loop = asyncio.new_event_loop()
         config = config or KVMemConfig()
-        spec = P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(config))
+        spec = P.EngineSpec(backend="llama.cpp", model=SMALL_MODEL, config=P.config_to_wire(config))
         self.engine = self.loop.run_until_complete(self._make_engine(spec))
         if start_engine:
             self.loop.run_until_complete(self.engine.start())
@@ -65,11 +66,11 @@ def get_json(url: str, headers: dict[str, str] | None = None, timeout: float = 5
 
 
 class LiveServer(ServeProcess):
-    """``python -m kvmem serve`` on a free port, run from the repository root; ``run_dir`` keeps its pidfile
-    away from the user's."""
+    """``python -m kvmem serve --model SMALL_MODEL`` on a free port, run from the repository root; ``run_dir``
+    keeps its pidfile away from the user's. A ``--model`` in ``args`` comes later and wins."""
 
     def __init__(self, run_dir: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
-        super().__init__(run_dir, args, port=port, env=env, cwd=ROOT)
+        super().__init__(run_dir, ("--model", SMALL_MODEL, *args), port=port, env=env, cwd=ROOT)
 
     def command(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run another ``kvmem serve`` with this server's flags plus ``extra`` and wait for it."""

@@ -12,7 +12,8 @@ import sys
 
 from kvmem_core.errors import KVMemError
 
-SUBCOMMANDS = ("kvmem.cmd_run", "kvmem.cmd_chat", "kvmem.cmd_calibrate", "kvmem.cmd_bench", "kvmem.cmd_test", "kvmem.cmd_serve")
+SUBCOMMANDS = ("kvmem.cmd_run", "kvmem.cmd_chat", "kvmem.cmd_calibrate", "kvmem.cmd_bench", "kvmem.cmd_test", "kvmem.cmd_serve",
+               "kvmem.cmd_models")
 
 
 def build_parser() -> argparse.ArgumentParser:

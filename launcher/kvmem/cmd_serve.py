@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
 from kvmem.flags import add_kvmem_flags, add_list_flag, resolve_config
+from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvmem.server.security import Security
 
-DEFAULT_MODEL = "embedded SmolLM2-135M-Instruct (Q4_1)"
+DEFAULT_MODEL = f"{DEFAULT.name}, {DEFAULT.title}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=env("KVMEM_BACKEND", "auto"), choices=devices.BACKENDS, help="engine: torch on a GPU for models it supports, else llama.cpp (default: auto; env KVMEM_BACKEND)")
     p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (default: auto; env KVMEM_DEVICE)")
     p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)")
-    p.add_argument("--model", default=env("KVMEM_MODEL"), help="GGUF file or model directory (default: the embedded SmolLM2; env KVMEM_MODEL)")
+    p.add_argument("--model", default=env("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for the engine before 429 (default 16)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")

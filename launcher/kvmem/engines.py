@@ -27,7 +27,7 @@ def adapter_factory(backend: str) -> Callable[..., Any]:
 
 def load_engine(backend: str, model: str | None, config: KVMemConfig, *, progress: bool = False,
                 **opts: Any) -> Engine:
-    """Load ``model`` (None: the embedded default) on ``backend`` and wrap it in a ``KVMemEngine``.
+    """Load ``model`` (a known model's name, a path; None: the default) on ``backend`` and wrap it in a ``KVMemEngine``.
 
     The retrieval heads come from ``config.retrieval_heads``, else the model's cached or
     shipped profile, else a calibration run now (cached for next time; ``progress`` shows

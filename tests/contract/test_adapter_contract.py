@@ -1,9 +1,10 @@
-"""The EngineAdapter contract, run against every installed backend on the embedded model, and KVMem's
+"""The EngineAdapter contract, run against every installed backend on the small test model, and KVMem's
 step on top of it with each storage tier (host only, host + NVMe)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from model_support import small_model
 
 from kvmem_core.adapter import EngineAdapter, Placement
 from kvmem_core.config import KVMemConfig
@@ -17,14 +18,8 @@ TEXT = "The lighthouse keeper wrote the tide tables by hand every evening, then 
 def adapter(request):
     pytest.importorskip("llama_cpp" if request.param == "llama.cpp" else "torch")
     from kvmem.engines import adapter_factory
-    from kvmem.models import default_model
-    from kvmem_core.errors import ModelNotFoundError
 
-    try:
-        path = default_model()
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
-    a = adapter_factory(request.param)(str(path), CFG)
+    a = adapter_factory(request.param)(str(small_model()), CFG)
     yield a
     a.close()
 

