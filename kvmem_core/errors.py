@@ -42,6 +42,14 @@ class ContextLengthError(KVMemError):
     code = "context_length_exceeded"
 
 
+class TemplateError(KVMemError):
+    """The chat template cannot render this request: a ``chat_template_kwargs`` key it reserves, a value or
+    a transcript the template refuses or chokes on."""
+
+    http_status = 400
+    code = "template_error"
+
+
 class CorruptBlockError(KVMemError):
     """A stored block failed its checksum, magic or layout check; it is treated as missing."""
 

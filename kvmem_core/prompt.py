@@ -1,21 +1,24 @@
 """Render a request with the model's chat template, tokenize it, and mark its spans.
 
 Span marks come from rendering growing prefixes of the transcript: message ``i`` ends
-where the rendering of messages ``[:i+1]`` ends. The *query* is the last user message
+where the rendering of messages ``[:i+1]`` ends. A template that fails on a request raises
+``TemplateError``: a bad request, never an engine fault. The *query* is the last user message
 (where retrieval looks from); system and tool-schema messages are *mandatory* history.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest
-from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError
+from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, TemplateError
 from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
+RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+Render = Callable[[Sequence[dict[str, Any]], bool], str]
 
 
 @dataclass(frozen=True)
@@ -28,15 +31,16 @@ class Prompt:
 
 
 def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
-    """Render (chat) or take (raw) the request's text and tokenize it with span marks."""
+    """Render (chat) or take (raw) the request's text and tokenize it with span marks. A template that
+    fails on the request raises ``TemplateError``, as do ``chat_template_kwargs`` naming a variable KVMem
+    sets itself (``RESERVED_KWARGS``)."""
     if request.messages is None:
         ids = adapter.tokenize(request.prompt or "")
         return Prompt(ids, max(0, len(ids) - RAW_QUERY_TOKENS))
     messages = [_plain(m) for m in request.messages]
-    kwargs: dict[str, Any] = dict(request.template_kwargs)
-    text = adapter.render_chat(messages, tools=request.tools, add_generation_prompt=True, **kwargs)
-    ids = adapter.tokenize(text)
-    ends = [_prefix_tokens(adapter, messages[:i + 1], request.tools, kwargs, len(ids)) for i in range(len(messages))]
+    render = _renderer(adapter, request)
+    ids = adapter.tokenize(render(messages, True))
+    ends = [min(len(adapter.tokenize(render(messages[:i + 1], False))), len(ids)) for i in range(len(messages))]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     query_start = starts[users[-1]] if users else starts[-1] if messages else 0
@@ -51,10 +55,27 @@ def _plain(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": content if content is not None else ""}
 
 
-def _prefix_tokens(adapter: EngineAdapter, messages: Sequence[dict[str, Any]], tools: Any,
-                   kwargs: dict[str, Any], cap: int) -> int:
-    text = adapter.render_chat(messages, tools=tools, add_generation_prompt=False, **kwargs)
-    return min(len(adapter.tokenize(text)), cap)
+def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
+    """``render(messages, add_generation_prompt)`` with the request's tools and template kwargs; any failure
+    of the template is a ``TemplateError`` (a bad request, never an engine fault)."""
+    reserved = sorted(set(RESERVED_KWARGS) & set(request.template_kwargs))
+    if reserved:
+        raise TemplateError(f"chat_template_kwargs may not set {', '.join(reserved)}: KVMem sets them itself")
+    kwargs = dict(request.template_kwargs)
+
+    def render(messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+        try:
+            text = adapter.render_chat(messages, tools=request.tools, add_generation_prompt=add_generation_prompt,
+                                       **kwargs)
+        except KVMemError:
+            raise
+        except Exception as exc:  # jinja2 errors, and whatever a template's filters raise on odd values
+            raise TemplateError(f"chat template: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(text, str):
+            raise TemplateError("chat template: it did not render text")
+        return text
+
+    return render
 
 
 def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int,

@@ -4,23 +4,30 @@ Started by the API server as ``python -m kvmem.engine_proc IN_ADDR OUT_ADDR SPEC
 connects a PULL socket to ``IN_ADDR`` (requests) and a PUSH socket to ``OUT_ADDR`` (replies),
 loads the engine, says ``Ready`` and serves. Text pieces stream back as ``Text`` frames while
 a step runs; between pieces it reads its inbox so an ``Abort`` (client gone) stops the step.
-A request error (a ``KVMemError``, a template error) fails that request only; anything else
-is fatal: the process sends ``Dead`` and exits non-zero, and the server restarts it.
+An error caused by one request fails that request only (a ``KVMemError`` with its status,
+anything else a 500) and the engine serves on. Only errors that leave the process unusable
+are fatal (``is_fatal``): the process sends ``Dead`` and exits non-zero, and the server
+restarts it.
 """
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import sys
 from typing import Any
 
-import jinja2
 import msgspec
 import zmq
 
 from kvmem import protocol as P
 from kvmem_core.contract import Engine
 from kvmem_core.errors import KVMemError
+
+log = logging.getLogger("kvmem.engine")
+FATAL_TYPES = (MemoryError, OSError, AssertionError, SystemError, zmq.ZMQError)
+DEVICE_FAULTS = ("out of memory", "CUDA error", "HIP error", "device-side assert", "illegal memory access",
+                 "CUBLAS_STATUS", "cuDNN error", "NCCL error")
 
 
 def load(spec: P.EngineSpec) -> Engine:
@@ -30,13 +37,22 @@ def load(spec: P.EngineSpec) -> Engine:
     return load_engine(spec.backend, spec.model, P.config_from_wire(spec.config), **spec.opts)
 
 
+def is_fatal(exc: BaseException) -> bool:
+    """True for errors after which this process cannot be trusted: out of memory, a lost or faulted device,
+    the store's disk failing (``OSError``), a broken internal invariant (``AssertionError``), a dead socket."""
+    if isinstance(exc, FATAL_TYPES):
+        return True
+    return isinstance(exc, RuntimeError) and any(fault in str(exc) for fault in DEVICE_FAULTS)
+
+
 def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
     """The ``Failed`` frame for an error that harms only its request, or None when ``exc`` is fatal."""
     if isinstance(exc, KVMemError):
         return P.Failed(id=req_id, status=exc.http_status, code=exc.code, message=str(exc))
-    if isinstance(exc, jinja2.TemplateError):
-        return P.Failed(id=req_id, status=400, code="template_error", message=f"chat template: {exc}")
-    return None
+    if is_fatal(exc):
+        return None
+    log.error("request %s failed", req_id, exc_info=exc)
+    return P.Failed(id=req_id, status=500, code="internal_error", message=f"internal error: {type(exc).__name__}: {exc}")
 
 
 class EngineLoop:

@@ -68,14 +68,18 @@ def test_numpy_values_in_engine_dicts_travel_as_plain_numbers() -> None:
     assert P.decode(P.encode(msg)).value == {"blocks": 3, "scores": [0.5, 0.25], "path": "/a"}
 
 
-def test_request_errors_fail_one_request_and_other_errors_are_fatal() -> None:
-    import jinja2
-
+def test_request_errors_fail_one_request_and_only_unusable_engine_errors_are_fatal() -> None:
     from kvmem.engine_proc import request_error
-    from kvmem_core.errors import BudgetError, CorruptBlockError
+    from kvmem_core.errors import BudgetError, CorruptBlockError, TemplateError
 
     assert request_error("r", BudgetError("spans")) == P.Failed(id="r", status=413, code="budget_exceeded", message="spans")
     assert request_error("r", CorruptBlockError("bad")).status == 500
-    failed = request_error("r", jinja2.TemplateError("no tools here"))
+    failed = request_error("r", TemplateError("no tools here"))
     assert (failed.status, failed.code) == (400, "template_error") and "no tools here" in failed.message
-    assert request_error("r", RuntimeError("segfault ahead")) is None
+    for exc in (TypeError("render() got multiple values for keyword argument 'tools'"), KeyError("x"), ValueError("y"),
+                RuntimeError("a bug one request hit")):
+        failed = request_error("r", exc)
+        assert (failed.status, failed.code) == (500, "internal_error") and type(exc).__name__ in failed.message
+    for exc in (MemoryError(), OSError(28, "No space left on device"), AssertionError("invariant"),
+                RuntimeError("CUDA error: an illegal memory access was encountered"), RuntimeError("CUDA out of memory.")):
+        assert request_error("r", exc) is None

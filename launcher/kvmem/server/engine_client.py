@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 
 from kvmem import protocol as P
-from kvmem.server.errors import APIError, engine_unavailable
+from kvmem.server.errors import APIError, engine_unavailable, invalid
 from kvmem_core.contract import StepRequest, StepResult
 
 log = logging.getLogger("kvmem.server")
@@ -85,14 +85,15 @@ class EngineClient:
                        on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
         """Yield text pieces as the engine makes them, then the ``StepResult``; APIError on failure.
         ``on_start`` learns the step's workspace id before its first piece."""
-        await self._take_slot()
         req_id = uuid.uuid4().hex
+        frame = wire_frame(P.Step(id=req_id, request=P.to_wire_request(request)))
+        await self._take_slot()
         queue: asyncio.Queue[P.Message] = asyncio.Queue()
         self._streams[req_id] = queue
         self._active = req_id
         finished = False
         try:
-            self._send(P.Step(id=req_id, request=P.to_wire_request(request)))
+            self._send(frame)
             while True:
                 msg = await queue.get()
                 if isinstance(msg, P.Started):
@@ -118,11 +119,12 @@ class EngineClient:
         if self.state != "ready":
             raise engine_unavailable()
         req_id = uuid.uuid4().hex
+        wire = P.to_wire_request(request) if request is not None else None
+        frame = wire_frame(P.Call(id=req_id, op=op, arg=arg, request=wire))
         queue: asyncio.Queue[P.Message] = asyncio.Queue()
         self._streams[req_id] = queue
         try:
-            wire = P.to_wire_request(request) if request is not None else None
-            self._send(P.Call(id=req_id, op=op, arg=arg, request=wire))
+            self._send(frame)
             msg = await queue.get()
         finally:
             self._streams.pop(req_id, None)
@@ -146,8 +148,9 @@ class EngineClient:
             raise engine_unavailable()
 
     def _send(self, msg: Any) -> None:
+        """Push a message (or a frame already encoded) to the engine."""
         try:
-            self._push.send(P.encode(msg), flags=zmq.NOBLOCK)
+            self._push.send(msg if isinstance(msg, bytes) else P.encode(msg), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.warning("engine send failed: %s", exc)
 
@@ -232,6 +235,15 @@ class EngineClient:
             queue.put_nowait(P.Failed(id=req_id, status=503, code="engine_died", message=reason))
         if self._active is not None:
             self._release()
+
+
+def wire_frame(msg: P.Step | P.Call) -> bytes:
+    """The frame for a request, made before it takes the step slot: a 400 when the request holds what the
+    wire cannot carry (an integer over 64 bits), never a slot held for a frame that was not sent."""
+    try:
+        return P.encode(msg)
+    except OverflowError as exc:
+        raise invalid(f"the request holds a number the engine cannot take: {exc}", code="invalid_value") from None
 
 
 def _failure(msg: P.Message) -> APIError:
