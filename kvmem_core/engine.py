@@ -77,6 +77,7 @@ class KVMemEngine:
         Bad input raises a ``KVMemError`` before anything changes. A step that fails later
         empties the view (stored blocks stay), so the next step starts from a known state.
         """
+        t0 = time.perf_counter()  # the step's clock includes rendering and tokenizing
         knobs = dict(request.overrides)
         oracle = knobs.pop("blocks", None)  # a diagnostic selection: these blocks, then the newest
         cfg = self.config.replace(**knobs) if knobs else self.config
@@ -85,15 +86,14 @@ class KVMemEngine:
         if oracle is not None and not all(0 <= b < len(prompt.ids) // self.layout.block_tokens for b in oracle):
             raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
         try:
-            return self._run(cfg, prompt, request, on_text, on_start, oracle)
+            return self._run(cfg, prompt, request, on_text, on_start, oracle, t0)
         except BaseException:
             reset(self.view, self.adapter)
             self._view_ws = None
             raise
 
     def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText,
-             on_start: OnStart | None, oracle: Sequence[int] | None) -> StepResult:
-        t0 = time.perf_counter()
+             on_start: OnStart | None, oracle: Sequence[int] | None, t0: float) -> StepResult:
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
         ws, cached = self._open(prompt.ids, min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids)))

@@ -1,12 +1,19 @@
 """Render a request with the model's chat template, tokenize it, and mark its spans.
 
-Span marks come from rendering growing prefixes of the transcript: message ``i`` ends
-where the rendering of messages ``[:i+1]`` ends. A template that fails on a request raises
-``TemplateError``: a bad request, never an engine fault. The *query* is the last user message
-(where retrieval looks from); system and tool-schema messages are *mandatory* history.
+Message ``i`` ends where the rendering of messages ``[:i+1]`` ends. That rendering is a
+prefix of the whole transcript's, so the ends are found in one pass instead of rendering
+and tokenizing every prefix: each message rendered by itself ends with exactly the text
+the whole rendering continues with at the previous message's end (whatever a template adds
+before a lone message, such as a default system turn, is a head the match skips). Where a
+template renders a message differently alone (or refuses to), that one end comes from
+rendering its prefix. One tokenization of the whole text then maps the character offsets
+to token indices through the tokens' byte lengths. The *query* is the last user message
+(where retrieval looks from); system and developer messages are *mandatory* history.
 """
 from __future__ import annotations
 
+import bisect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -18,7 +25,9 @@ from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+PROBE_CHARS = 32
 Render = Callable[[Sequence[dict[str, Any]], bool], str]
+_piece_lengths: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -31,16 +40,20 @@ class Prompt:
 
 
 def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
-    """Render (chat) or take (raw) the request's text and tokenize it with span marks. A template that
-    fails on the request raises ``TemplateError``, as do ``chat_template_kwargs`` naming a variable KVMem
-    sets itself (``RESERVED_KWARGS``)."""
+    """Render (chat) or take (raw) the request's text and tokenize it with span marks.
+
+    Costs one render and one tokenization plus work linear in the transcript. A template
+    that fails on the request raises ``TemplateError``, as do ``chat_template_kwargs``
+    naming a variable KVMem sets itself (``RESERVED_KWARGS``).
+    """
     if request.messages is None:
         ids = adapter.tokenize(request.prompt or "")
         return Prompt(ids, max(0, len(ids) - RAW_QUERY_TOKENS))
     messages = [_plain(m) for m in request.messages]
     render = _renderer(adapter, request)
-    ids = adapter.tokenize(render(messages, True))
-    ends = [min(len(adapter.tokenize(render(messages[:i + 1], False))), len(ids)) for i in range(len(messages))]
+    text = render(messages, True)
+    ids = adapter.tokenize(text)
+    ends = _token_indices(adapter, text, ids, message_ends(render, messages, text))
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     query_start = starts[users[-1]] if users else starts[-1] if messages else 0
@@ -76,6 +89,77 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
         return text
 
     return render
+
+
+def message_ends(render: Render, messages: Sequence[dict[str, Any]], text: str) -> list[int]:
+    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends."""
+    ends, pos = [], 0
+    for i, message in enumerate(messages):
+        try:
+            alone = render([message], False)
+        except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
+            alone = ""
+        n = _continued(alone, text, pos)
+        pos = pos + n if n else _prefix_end(render, messages[:i + 1], text, pos)
+        ends.append(pos)
+    return ends
+
+
+def _continued(alone: str, text: str, pos: int) -> int:
+    """Length of the longest tail of ``alone`` that ``text`` continues with at ``pos`` (0: none)."""
+    probe = text[pos:pos + PROBE_CHARS]
+    if not probe:
+        return 0
+    j = alone.find(probe)
+    while j >= 0:  # tails at least a probe long
+        if text.startswith(alone[j:], pos):
+            return len(alone) - j
+        j = alone.find(probe, j + 1)
+    for j in range(max(0, len(alone) - len(probe) + 1), len(alone)):  # shorter tails
+        if text.startswith(alone[j:], pos):
+            return len(alone) - j
+    return 0
+
+
+def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos: int) -> int:
+    """Where ``prefix``'s own rendering ends in ``text``; ``pos`` when it does not render as a prefix of it."""
+    try:
+        head = render(prefix, False)
+    except TemplateError:
+        return pos
+    return max(pos, len(head)) if text.startswith(head) else pos
+
+
+def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offsets: Sequence[int]) -> list[int]:
+    """For each character offset into ``text``, how many of its tokens ``ids`` end at or before it.
+
+    Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
+    text (a BOS it inserts, a leading space) come before offset 0.
+    """
+    lengths = _lengths(adapter, ids)
+    ends, total = [], 0
+    for n in lengths:
+        total += n
+        ends.append(total)
+    lead = total - len(text.encode("utf-8", "surrogatepass"))
+    out, byte, prev = [], lead, 0
+    for offset in offsets:
+        byte += len(text[prev:offset].encode("utf-8", "surrogatepass"))
+        prev = offset
+        out.append(min(bisect.bisect_right(ends, byte), len(ids)))
+    return out
+
+
+def _lengths(adapter: EngineAdapter, ids: Sequence[int]) -> list[int]:
+    """Byte length of each token's text (cached per adapter: token bytes cost a call into the engine)."""
+    cache = _piece_lengths.setdefault(adapter, {})
+    out = []
+    for t in ids:
+        n = cache.get(t)
+        if n is None:
+            n = cache[t] = len(adapter.token_bytes(t))
+        out.append(n)
+    return out
 
 
 def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int,

@@ -20,6 +20,7 @@ import numpy as np
 from kvmem.bench.speed_common import headline, ratio, rss_mb
 from kvmem.bench.speed_overhead import decode_overhead
 from kvmem_core.adapter import Placement
+from kvmem_core.bench_prompt import measure as measure_prompt
 from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
@@ -57,6 +58,7 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     try:
         points, transcripts = session(engine, plan["sizes"], decode_tokens, lines_per_turn, log)
         transfer = transfers(engine)
+        prompt_row = measure_prompt(engine.adapter)
         model = engine.model_id
     finally:
         engine.close()
@@ -69,7 +71,8 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     overhead = decode_overhead(model_path, rounds=3 if quick else 5)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
-    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead)
+    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead, prompt_building=prompt_row)
+    log(f"prompt building at {prompt_row['messages']} messages: {prompt_row['ratio']:.2f}x one render + tokenize")
     out.update(quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
                                     "recent_tokens": config.recent_tokens, "block_tokens": config.block_tokens},
                points=points, transfer=transfer)
