@@ -18,9 +18,9 @@ from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
-from kvmem_core.errors import ConfigError, CorruptBlockError
+from kvmem_core.errors import CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import Prompt, build_prompt, check_prompt
+from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode
@@ -68,6 +68,7 @@ class KVMemEngine:
 
     def count_tokens(self, request: StepRequest) -> int:
         """Prompt tokens ``request`` renders to (what ``step`` would report as ``prompt_tokens``)."""
+        check_request(request, self.config)
         return len(build_prompt(self.adapter, request).ids)
 
     def step(self, request: StepRequest, on_text: OnText, on_start: OnStart | None = None) -> StepResult:
@@ -78,13 +79,7 @@ class KVMemEngine:
         empties the view (stored blocks stay), so the next step starts from a known state.
         """
         t0 = time.perf_counter()  # the step's clock includes rendering and tokenizing
-        knobs = dict(request.overrides)
-        oracle = knobs.pop("blocks", None)  # a diagnostic selection: these blocks, then the newest
-        cfg = self.config.replace(**knobs) if knobs else self.config
-        prompt = build_prompt(self.adapter, request)
-        check_prompt(cfg, prompt, self.layout, self.adapter.caps.max_view_tokens, bool(self.summary_opts.prototypes))
-        if oracle is not None and not all(0 <= b < len(prompt.ids) // self.layout.block_tokens for b in oracle):
-            raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
+        cfg, prompt, oracle = admit(self.adapter, self.config, request, bool(self.summary_opts.prototypes))
         try:
             return self._run(cfg, prompt, request, on_text, on_start, oracle, t0)
         except BaseException:

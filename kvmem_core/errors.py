@@ -50,6 +50,14 @@ class TemplateError(KVMemError):
     code = "template_error"
 
 
+class LimitError(KVMemError):
+    """A request asks more than one request may (``kvmem_core.prompt.check_request``): too many messages,
+    ``max_tokens`` over ``--ctx``."""
+
+    http_status = 400
+    code = "limit_exceeded"
+
+
 class CorruptBlockError(KVMemError):
     """A stored block failed its checksum, magic or layout check; it is treated as missing."""
 

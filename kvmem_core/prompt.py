@@ -20,10 +20,11 @@ from typing import Any, Callable, Sequence
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest
-from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, TemplateError
+from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
 from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
+MAX_MESSAGES = 4096  # per request: an agent's transcript has hundreds; a flood of tiny ones only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
 Render = Callable[[Sequence[dict[str, Any]], bool], str]
@@ -160,6 +161,31 @@ def _lengths(adapter: EngineAdapter, ids: Sequence[int]) -> list[int]:
             n = cache[t] = len(adapter.token_bytes(t))
         out.append(n)
     return out
+
+
+def admit(adapter: EngineAdapter, config: KVMemConfig, request: StepRequest,
+          has_prototypes: bool) -> tuple[KVMemConfig, Prompt, tuple[int, ...] | None]:
+    """A step's config (the engine's with the request's overrides), prompt and diagnostic oracle blocks
+    (``kvmem.blocks``: these, then the newest), after every check that may refuse it: nothing has
+    changed when one raises."""
+    check_request(request, config)
+    knobs = dict(request.overrides)
+    oracle = knobs.pop("blocks", None)
+    cfg = config.replace(**knobs) if knobs else config
+    prompt = build_prompt(adapter, request)
+    check_prompt(cfg, prompt, adapter.layout, adapter.caps.max_view_tokens, has_prototypes)
+    if oracle is not None and not all(0 <= b < len(prompt.ids) // adapter.layout.block_tokens for b in oracle):
+        raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
+    return cfg, prompt, None if oracle is None else tuple(oracle)
+
+
+def check_request(request: StepRequest, cfg: KVMemConfig) -> None:
+    """Refuse a request over the per-request limits with ``LimitError``, before any work: more than
+    ``MAX_MESSAGES`` messages, or ``max_tokens`` over ``--ctx`` (no answer can be longer than the workspace)."""
+    if request.messages is not None and len(request.messages) > MAX_MESSAGES:
+        raise LimitError(f"the request has {len(request.messages)} messages; at most {MAX_MESSAGES} are served")
+    if request.sampling.max_tokens > cfg.ctx:
+        raise LimitError(f"max_tokens is {request.sampling.max_tokens} but --ctx is {cfg.ctx}; ask for at most {cfg.ctx}")
 
 
 def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int,

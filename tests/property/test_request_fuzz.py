@@ -256,7 +256,7 @@ def engine_reply(loop: EngineLoop, box: Outbox, body: dict[str, Any], supports_t
 def check_engine_reply(reply: Any) -> None:
     event("refused by the server" if reply is None else reply.code if isinstance(reply, P.Failed) else "rendered")
     if isinstance(reply, P.Failed):
-        assert reply.status == 400 and reply.code == "template_error", reply
+        assert reply.status == 400 and reply.code in ("template_error", "limit_exceeded"), reply
     else:
         assert reply is None or isinstance(reply, P.Reply) and reply.value > 0
 

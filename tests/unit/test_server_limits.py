@@ -1,17 +1,53 @@
-"""The server side of the engine's queue: a request the wire cannot carry is refused before it takes the slot."""
+"""Per-request limits: too many messages or too many tokens asked are a 400, and every engine call queues (429)."""
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Iterator
 
+import pytest
 from kvmem import protocol as P
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.errors import APIError
+from serving import AppClient
 
 from kvmem_core.config import KVMemConfig
-from kvmem_core.contract import StepRequest
+from kvmem_core.contract import SamplingParams, StepRequest
+from kvmem_core.errors import LimitError
+from kvmem_core.prompt import MAX_MESSAGES, check_request
 
 CONFIG = KVMemConfig(ctx=4096)
 MESSAGE = {"role": "user", "content": "hi"}
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[AppClient]:
+    c = AppClient(max_body_bytes=1 << 20)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [MESSAGE] * (MAX_MESSAGES + 1)}, "messages"),
+    ("/v1/messages", {"messages": [MESSAGE] * (MAX_MESSAGES + 1), "max_tokens": 4}, None),
+    ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)}, "input"),
+])
+def test_a_body_of_too_many_messages_is_a_400_before_the_engine(client: AppClient, path: str, body: dict,
+                                                                 param: str | None) -> None:
+    status, _, reply = client.request("POST", path, json=body)
+    data = json.loads(reply)
+    assert status == 400 and str(MAX_MESSAGES) in json.dumps(data)
+    if param is not None:
+        assert data["error"]["param"] == param and data["error"]["code"] == "invalid_value"
+
+
+def test_the_engine_refuses_too_many_messages_and_max_tokens_over_ctx() -> None:
+    check_request(StepRequest(messages=(MESSAGE,) * MAX_MESSAGES, sampling=SamplingParams(max_tokens=4096)), CONFIG)
+    with pytest.raises(LimitError, match=f"at most {MAX_MESSAGES}"):
+        check_request(StepRequest(messages=(MESSAGE,) * (MAX_MESSAGES + 1)), CONFIG)
+    with pytest.raises(LimitError, match="--ctx is 4096") as exc:
+        check_request(StepRequest(prompt="hi", sampling=SamplingParams(max_tokens=4097)), CONFIG)
+    assert (exc.value.http_status, exc.value.code) == (400, "limit_exceeded")
 
 
 def ready_engine(max_queue: int = 16) -> EngineClient:
@@ -38,3 +74,22 @@ def test_a_number_the_wire_cannot_carry_is_a_400_and_never_holds_the_step_slot()
 
     err = asyncio.run(go())
     assert (err.status, err.code) == (400, "invalid_value")
+
+
+@pytest.mark.parametrize(("op", "arg"), [("tokenize", "hi"), ("count_tokens", None), ("list_workspaces", None),
+                                         ("workspace_info", "ws-1"), ("delete_workspace", "ws-1")])
+def test_engine_calls_queue_with_the_steps_and_get_429_past_the_bound(op: str, arg: str | None) -> None:
+    async def go() -> APIError:
+        engine = ready_engine(max_queue=1)
+        await engine._slot.acquire()  # a step runs
+        engine.waiting = 1  # and one waits
+        try:
+            await engine.call(op, arg, StepRequest(messages=(MESSAGE,)) if op == "count_tokens" else None)
+        except APIError as exc:
+            return exc
+        finally:
+            await engine.close()
+        raise AssertionError("the call was not refused")
+
+    err = asyncio.run(go())
+    assert (err.status, err.code, err.headers) == (429, "queue_full", {"Retry-After": "1"})

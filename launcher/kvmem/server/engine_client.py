@@ -1,9 +1,9 @@
 """The API side of the engine process: spawn it, talk to it, restart it when it dies.
 
-Steps are serialized: one runs in the engine while at most ``max_queue`` wait; past that a
-step is refused with 429. The step slot is held until the engine reports the step's end,
-even when the client left early (its ``Abort`` makes that quick), so a new step never
-races an old one. When the process exits, in-flight requests fail with 503 and a fresh
+Steps and calls are serialized: one runs in the engine while at most ``max_queue`` wait;
+past that a request is refused with 429. The slot is held until the engine reports the
+request's end, even when the client left early (its ``Abort`` makes that quick), so a new
+step never races an old one. When the process exits, in-flight requests fail with 503 and a fresh
 engine is spawned on new sockets; requests meanwhile get 503 with ``Retry-After``.
 """
 from __future__ import annotations
@@ -114,15 +114,16 @@ class EngineClient:
                 self._send(P.Abort(id=req_id))
 
     async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None) -> Any:
-        """Run one non-generating engine call (``protocol.CALL_OPS``) and return its value."""
+        """Run one non-generating engine call (``protocol.CALL_OPS``) and return its value. Calls queue with
+        the steps (429 past ``max_queue``): tokenizing a large body ties the engine up as a step does."""
         assert op in P.CALL_OPS
-        if self.state != "ready":
-            raise engine_unavailable()
         req_id = uuid.uuid4().hex
         wire = P.to_wire_request(request) if request is not None else None
         frame = wire_frame(P.Call(id=req_id, op=op, arg=arg, request=wire))
+        await self._take_slot()
         queue: asyncio.Queue[P.Message] = asyncio.Queue()
         self._streams[req_id] = queue
+        self._active = req_id
         try:
             self._send(frame)
             msg = await queue.get()

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from kvmem_core.prompt import MAX_MESSAGES
+
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=0)]
@@ -86,7 +88,7 @@ class Sampling(msgspec.Struct, kw_only=True):
 
 
 class ChatRequest(Sampling, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     tools: list[ChatTool] | None = None
@@ -134,7 +136,7 @@ class Reasoning(msgspec.Struct):
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Meta(max_length=MAX_MESSAGES)]
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
@@ -182,7 +184,7 @@ class AnthropicTool(msgspec.Struct):
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
+    messages: Annotated[list[AnthropicMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     system: str | list[InputPart] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
