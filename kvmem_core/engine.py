@@ -32,6 +32,7 @@ log = logging.getLogger("kvmem.engine")
 MAX_QUERY_TOKENS = 512
 PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
 PREVIEW_TOKENS = 24  # tokens of a block's text shown by workspace_info
+MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
 class KVMemEngine:
@@ -59,7 +60,7 @@ class KVMemEngine:
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter(blocks_recomputed=0)  # listed in metrics from the start
 
     # ---- the Engine contract ------------------------------------------------------------
 
@@ -75,17 +76,39 @@ class KVMemEngine:
         """Run one KVMem step (see module docstring); stream text through ``on_text``; ``on_start`` learns
         the workspace id once the prefix match has chosen it.
 
-        Bad input raises a ``KVMemError`` before anything changes. A step that fails later
-        empties the view (stored blocks stay), so the next step starts from a known state.
+        Bad input raises a ``KVMemError`` before anything changes. A stored block (or recurrent
+        checkpoint) found lost before decoding is recomputed: the store cuts the workspace back
+        to the blocks before it and the step starts over, prefilling from there
+        (``blocks_recomputed``). A step that fails otherwise empties the view (stored blocks
+        stay), so the next step starts from a known state.
         """
         t0 = time.perf_counter()  # the step's clock includes rendering and tokenizing
         cfg, prompt, oracle = admit(self.adapter, self.config, request, bool(self.summary_opts.prototypes))
-        try:
-            return self._run(cfg, prompt, request, on_text, on_start, oracle, t0)
-        except BaseException:
-            reset(self.view, self.adapter)
-            self._view_ws = None
-            raise
+        attempt = 0
+        while True:
+            try:
+                return self._run(cfg, prompt, request, on_text, None if attempt else on_start, oracle, t0)
+            except CorruptBlockError as exc:
+                self._abandon()
+                lost = self._take_store_events()
+                self._counts["blocks_recomputed"] += lost
+                attempt += 1
+                if attempt > MAX_RECOMPUTES:
+                    raise
+                log.warning("the step starts over to recompute %d lost blocks: %s", lost, exc)
+            except BaseException:
+                self._abandon()
+                raise
+
+    def _abandon(self) -> None:
+        reset(self.view, self.adapter)
+        self._view_ws = None
+
+    def _take_store_events(self) -> int:
+        """Drop the engine-side state of workspaces the store evicted; return how many blocks it found lost."""
+        events = self.store.take_events()
+        self._forget(*(e["workspace"] for e in events if e["event"] == "evicted_workspace"))
+        return sum(e["event"] == "corrupt_block" for e in events)
 
     def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText,
              on_start: OnStart | None, oracle: Sequence[int] | None, t0: float) -> StepResult:
@@ -107,7 +130,7 @@ class KVMemEngine:
         if self.checkpoints is not None:
             self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
-        self._forget(*(e["workspace"] for e in self.store.take_events() if e["event"] == "evicted_workspace"))
+        self._take_store_events()
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids))}
         self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
@@ -140,8 +163,7 @@ class KVMemEngine:
     def delete_workspace(self, workspace_id: str) -> bool:
         self._forget(workspace_id)
         if workspace_id == self._view_ws:
-            reset(self.view, self.adapter)
-            self._view_ws = None
+            self._abandon()
         return self.store.delete_workspace(workspace_id)
 
     def _forget(self, *ws_ids: str) -> None:
@@ -287,7 +309,7 @@ class KVMemEngine:
         result = self.store.complete_load(self.store.prepare_load(hashes))
         if result.missing:
             raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
-                                    "store; the next request re-prefills them")
+                                    "store; the step prefills them again")
         return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
 
     def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,

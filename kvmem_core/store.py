@@ -328,15 +328,17 @@ class BlockStore:
         read = ticket.reads.get(h)
         if read is None:
             kv = self.host.get(h)
-            if kv is None:
-                self._counts["misses"] += 1
-            else:
+            if kv is not None:
                 self.policy.touch(h)
+            elif h in self._metas:
+                self._drop_lost(h, "gone from the host tier")
+            else:
+                self._counts["misses"] += 1
             return kv
         try:
             _, kv = read.result()
         except (CorruptBlockError, OSError, ValueError, KeyError) as exc:
-            self._drop_corrupt(h, exc)
+            self._drop_lost(h, str(exc))
             return None
         self._cache(h, kv)
         return kv
@@ -351,13 +353,19 @@ class BlockStore:
         self.host.put(h, kv)
         self.policy.insert(h)
 
-    def _drop_corrupt(self, h: str, exc: BaseException) -> None:
-        log.warning("block %s is unreadable and treated as missing: %s", h, exc)
+    def _drop_lost(self, h: str, why: str) -> None:
+        """Forget a block that failed its checks or is gone, and cut every workspace holding it back to the
+        blocks before it: their history from there on is prefilled again by the next step that sends it."""
+        log.warning("block %s is unreadable and treated as missing: %s", h, why)
         self._counts["corrupt"] += 1
         self._counts["misses"] += 1
-        self._events.append({"event": "corrupt_block", "block": h, "error": str(exc)})
-        if self._metas.pop(h, None) is not None:
+        self._events.append({"event": "corrupt_block", "block": h, "error": why})
+        self.policy.remove(h)
+        if self._metas.pop(h, None) is not None and self.nvme is not None:
             self._drop_file(h)
+        for freed in self.workspaces.cut_at(h):
+            self._maybe_free(freed)
+        self._sync_manifests()
 
     # -- background results, restart ----------------------------------------------------
 

@@ -138,8 +138,24 @@ class WorkspaceRegistry:
         """Remove a workspace; return the hashes no workspace references any more."""
         ws = self._spaces.pop(ws_id)
         self._dirty.add(ws_id)
+        return self._release(ws_id, ws.hashes)
+
+    def cut_at(self, block_hash: str) -> list[str]:
+        """Cut every workspace holding ``block_hash`` back to the blocks before it; return the hashes no
+        workspace references any more."""
         freed = []
-        for h in dict.fromkeys(ws.hashes):
+        for ws_id in sorted(self._owners.get(block_hash, ())):
+            ws = self._spaces[ws_id]
+            k = ws.hashes.index(block_hash)
+            freed += self._release(ws_id, ws.hashes[k:])
+            del ws.hashes[k:]
+            self._dirty.add(ws_id)
+        return freed
+
+    def _release(self, ws_id: str, hashes: Sequence[str]) -> list[str]:
+        """Drop ``ws_id`` from the holders of ``hashes``; return those no workspace holds now."""
+        freed = []
+        for h in dict.fromkeys(hashes):
             holders = self._owners[h]
             holders.discard(ws_id)
             if not holders:

@@ -22,7 +22,6 @@ pytest.importorskip("gguf")
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
-from kvmem_core.errors import CorruptBlockError  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
 from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
@@ -133,9 +132,7 @@ def test_a_damaged_checkpoint_file_is_recomputed(model, tmp_path: Path) -> None:
     engine, turn2 = turn_then_restart(model, tmp_path, seed=8)
     for f in engine.checkpoints.files.dir.glob("*.npz"):
         f.write_bytes(f.read_bytes()[:-40])  # truncated: the zip directory is gone
-    with pytest.raises(CorruptBlockError):
-        step(engine, turn2)
-    r2 = step(engine, turn2)
+    r2 = step(engine, turn2)  # the step starts over past each damaged checkpoint
     assert r2.cached_tokens == 0  # every checkpoint was dropped: recomputed from the start
     assert_matches_hf(model[0], engine, r2, turn2)
     engine.close()

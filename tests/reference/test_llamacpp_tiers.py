@@ -1,10 +1,15 @@
-"""Blocks that left the view come back bit-exact: from the host tier, and from NVMe after a restart."""
+"""Blocks that left the view come back bit-exact: from the host tier, and from NVMe after a restart; a lost
+one is recomputed and the answer stays the same."""
 from __future__ import annotations
+
+import shutil
+from typing import Callable
 
 import numpy as np
 import pytest
 
 from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import StepResult
 from kvmem_core.engine import KVMemEngine
 from llamacpp_support import N_BATCH, PARAGRAPH, Plain, chat, model_path
 
@@ -67,22 +72,43 @@ def test_nvme_round_trip_after_restart_is_bit_identical(adapter, plain, tmp_path
     engine.store.close()
 
 
-def test_a_block_corrupted_on_disk_fails_its_step_cleanly_and_the_next_one_prefills_it(adapter, plain, tmp_path):
-    from kvmem_core.errors import CorruptBlockError
+def turns_with_a_lost_block(engine: KVMemEngine, lose: Callable[[str], None]) -> tuple[StepResult, StepResult]:
+    """A1, then B1 (it takes the view), then ``lose`` one of A1's stored blocks (by hash), then A1's second turn."""
+    r1 = engine.step(chat(A1), lambda piece: True)
+    engine.step(chat(B1), lambda piece: True)
+    lose(engine.store.workspaces.get(r1.workspace_id).hashes[1])
+    return r1, engine.step(chat(second_turn(r1.text)), lambda piece: True)
+
+
+def test_a_block_dropped_from_the_host_tier_is_recomputed_and_the_answer_is_unchanged(adapter, plain):
+    _, clean = turns_with_a_lost_block(KVMemEngine(adapter, CFG, heads=((17, 3),)), lambda h: None)
+    engine = KVMemEngine(adapter, CFG, heads=((17, 3),))
+    r1, r2 = turns_with_a_lost_block(engine, engine.store.host.pop)
+    assert engine.metrics()["blocks_recomputed"] == 1 and r2.workspace_id == r1.workspace_id
+    assert r2.cached_tokens == CFG.block_tokens < clean.cached_tokens  # prefilled again from the lost block on
+    assert (r2.text, r2.token_ids) == (clean.text, clean.token_ids)
+    check_against_plain(engine, plain, r1, r2)
+
+
+def test_a_block_corrupted_on_disk_is_recomputed_and_the_answer_is_unchanged(adapter, plain, tmp_path):
     from kvmem_core.blockfile import SUFFIX
 
-    cfg = CFG.replace(nvme_dir=tmp_path, cpu_gb=0.01)
+    cfg = CFG.replace(nvme_dir=tmp_path / "nvme", cpu_gb=0.01)
     first = KVMemEngine(adapter, cfg, heads=((17, 3),))
     r1 = first.step(chat(A1), lambda piece: True)
     first.store.close()
-    victim = sorted(tmp_path.rglob("*" + SUFFIX))[0]
+    shutil.copytree(tmp_path / "nvme", tmp_path / "clean")
+    clean = KVMemEngine(adapter, cfg.replace(nvme_dir=tmp_path / "clean"), heads=((17, 3),))
+    expected = clean.step(chat(second_turn(r1.text)), lambda piece: True)
+    clean.store.close()
+    victim = sorted((tmp_path / "nvme").rglob("*" + SUFFIX))[0]
     data = bytearray(victim.read_bytes())
     data[-100] ^= 0xFF  # one payload byte
     victim.write_bytes(bytes(data))
-    engine = KVMemEngine(adapter, cfg, heads=((17, 3),))
-    with pytest.raises(CorruptBlockError):
-        engine.step(chat(second_turn(r1.text)), lambda piece: True)
+    engine = KVMemEngine(adapter, cfg, heads=((17, 3),))  # a restart: the damage is found when the block loads
     r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
-    assert r2.cached_tokens < r1.prompt_tokens  # the damaged block and those after it were computed again
+    assert engine.metrics()["blocks_recomputed"] == 1 and engine.metrics()["store_corrupt"] == 1
+    assert r2.cached_tokens < expected.cached_tokens  # the damaged block and those after it were computed again
+    assert (r2.text, r2.token_ids) == (expected.text, expected.token_ids)
     check_against_plain(engine, plain, r1, r2)
     engine.store.close()

@@ -68,7 +68,7 @@ def test_summary_arrays_round_trip_bit_exact(tmp_path):
         assert back.summary[name].tobytes() == arr.tobytes()
 
 
-def test_corrupt_payload_byte_is_a_counted_miss_and_others_load(tmp_path):
+def test_corrupt_payload_byte_is_a_counted_miss_and_cuts_its_workspace_back(tmp_path):
     store, ws_id, blocks = stored(tmp_path)
     store = cold(store, tmp_path)
     flip_byte(store.nvme.path(blocks[1][0].chain_hash), 5)
@@ -77,9 +77,11 @@ def test_corrupt_payload_byte_is_a_counted_miss_and_others_load(tmp_path):
     assert sorted(got) == sorted([blocks[0][0].chain_hash, blocks[2][0].chain_hash])
     assert store.metrics()["corrupt"] == 1
     assert store.take_events()[0]["event"] == "corrupt_block"
-    assert store.workspace_info(ws_id)["totals"]["missing_blocks"] == 1
+    assert store.workspaces.get(ws_id).hashes == [blocks[0][0].chain_hash]  # the history after it is recomputed
+    assert store.tier(blocks[2][0].chain_hash) is None  # no workspace holds it any more
     ws, match = store.open_workspace("ns", np.arange(48))
-    assert match.matched_blocks == 1 and ws.id != ws_id  # the match stops at the missing block and forks
+    assert match.matched_blocks == 1 and ws.id == ws_id  # the same workspace continues from its first block
+
 
 
 def test_corrupt_header_byte_is_dropped_at_start_and_workspace_truncated(tmp_path):
@@ -96,16 +98,17 @@ def test_corrupt_header_byte_is_dropped_at_start_and_workspace_truncated(tmp_pat
 
 
 def test_truncated_file_is_missing_at_load_and_at_start(tmp_path):
-    store, _, blocks = stored(tmp_path)
-    store = cold(store, tmp_path)
+    store, _, blocks = stored(tmp_path / "load")
+    store = cold(store, tmp_path / "load")
     path = store.nvme.path(blocks[0][0].chain_hash)
     os.truncate(path, path.stat().st_size - 100)
     got, missing = load_all(store, blocks)
     assert missing == (blocks[0][0].chain_hash,) and len(got) == 2
+    store, _, blocks = stored(tmp_path / "start")
     store.close()
     path = store.nvme.path(blocks[1][0].chain_hash)
     os.truncate(path, 20)
-    again = make_store(tmp_path)
+    again = make_store(tmp_path / "start")
     assert again.metrics()["corrupt"] == 1
     assert again.tier(blocks[1][0].chain_hash) is None and again.tier(blocks[2][0].chain_hash) is None  # orphaned after the gap
     short = tmp_path / "short.kvb"

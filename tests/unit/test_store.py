@@ -195,3 +195,17 @@ def test_lru_policy_order_and_eviction_plan_counts_shared_blocks_once():
     assert plan_workspace_eviction(idle, owners.__getitem__, size, 10) == ["w1"]
     assert plan_workspace_eviction(idle, owners.__getitem__, size, 11) == ["w1", "w2"]  # s frees with its last owner
     assert plan_workspace_eviction(idle, owners.__getitem__, size, 121) is None
+
+
+def test_a_block_lost_from_the_host_tier_cuts_every_workspace_holding_it():
+    store = host_store("evict-idle")
+    ws_a, blocks = fill(store, tokens(3))
+    ws_b, _ = fill(store, np.concatenate([tokens(2), tokens(1, offset=500)]))  # shares blocks 0 and 1
+    lost = blocks[1][0].chain_hash
+    store.host.pop(lost)
+    result = store.complete_load(store.prepare_load([m.chain_hash for m, _ in blocks]))
+    assert result.missing == (lost,) and store.metrics()["corrupt"] == 1
+    assert store.workspaces.get(ws_a).hashes == store.workspaces.get(ws_b).hashes == [blocks[0][0].chain_hash]
+    assert store.tier(blocks[2][0].chain_hash) is None and store.metrics()["host_bytes"] == BLOCK  # only block 0 is held
+    ws, match = store.open_workspace("ns", tokens(3))
+    assert match.matched_blocks == 1 and ws.id in (ws_a, ws_b)
