@@ -17,8 +17,10 @@ import numpy as np
 from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_llamacpp import blob
+from kvmem_core.threads import Threads, resolve_threads
 from kvmem_llamacpp.capture import QueryCapture
-from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel
+from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
+from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
 from kvmem_llamacpp.rope import rotate
 
 # ChatML, the common default of instruction-tuned GGUFs that carry no template
@@ -29,20 +31,25 @@ CHATML_TEMPLATE = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' 
 class LlamaCppAdapter:
     """One GGUF model and its view of ``view_tokens`` cells (see kvmem_core.adapter.EngineAdapter)."""
 
-    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int = 1,
-                 n_batch: int = 512, flash_attn: bool = True, f32_cache: bool = False) -> None:
+    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
+                 flash_attn: bool = True, f32_cache: bool = False) -> None:
+        """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says."""
         path = Path(model_path)
-        self.model = LlamaModel(path)
+        init_backend()
+        self.model = LlamaModel(path, n_gpu_layers=resolve_gpu_layers(n_gpu_layers, can_offload()))
         m = self.model
         self.capture = QueryCapture(m.n_layer, m.n_head, m.head_dim)
-        self.ctx = LlamaContext(m, view_tokens, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn,
-                                f32_cache=f32_cache, cb_eval=self.capture.callback)
+        self.ctx = LlamaContext(m, view_tokens, resolve_threads(n_threads, n_threads_batch), n_batch=n_batch,
+                                flash_attn=flash_attn, f32_cache=f32_cache, gate=self.capture.gate)
+        self.placement = describe(m.n_gpu_layers, m.n_layer)
         self.model_path = str(path)
         self.model_id = path.stem
         self.fingerprint = file_fingerprint(self.model_path)
         self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens,
                                   "float32" if f32_cache else "float16")
-        self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train)
+        self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train,
+                                 devices=(offload_runtime(m.n_gpu_layers),))
         self._n_embd_kv = m.n_head_kv * m.head_dim
         self._v_trans = 0 if flash_attn else 1
         self._import = np.empty(0, dtype=np.uint8)
@@ -113,6 +120,10 @@ class LlamaCppAdapter:
 
     def view_free(self) -> int:
         return self.ctx.n_ctx - len(self._view)
+
+    def set_threads(self, threads: Threads) -> None:
+        """Compute with other thread counts from the next forward on (``kvmem bench speed``'s thread sweep)."""
+        self.ctx.set_threads(threads)
 
     # ---- blocks -----------------------------------------------------------------------
 

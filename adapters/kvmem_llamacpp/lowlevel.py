@@ -3,7 +3,9 @@
 The high-level ``Llama`` class hides ``n_seq_max`` and ``kv_unified``, which block
 assembly through a scratch sequence needs, so the context is built here directly.
 Flash attention is set explicitly: a state blob saved with one setting does not restore
-with the other (V is transposed without it).
+with the other (V is transposed without it). With layers offloaded the KV cache lives on
+the device too (``offload_kqv``); state blobs still arrive in host buffers, since
+llama.cpp reads and writes them through ``ggml_backend_tensor_get/set``.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import llama_cpp as L
 import numpy as np
 
 from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
+from kvmem_core.threads import Threads
+from kvmem_llamacpp.gate import EvalGate
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
@@ -22,7 +26,8 @@ _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry ext
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
+    """Quiet llama.cpp's log and initialize its backends once per process."""
     global _backend_ready
     if not _backend_ready:
         L.llama_log_set(_QUIET, None)
@@ -64,14 +69,16 @@ def rope_factors(path: Path, n_rot: int) -> np.ndarray | None:
 class LlamaModel:
     """Loaded weights plus vocabulary and metadata."""
 
-    def __init__(self, path: Path, *, vocab_only: bool = False) -> None:
+    def __init__(self, path: Path, *, vocab_only: bool = False, n_gpu_layers: int = 0) -> None:
+        """``n_gpu_layers``: layers whose weights go to the GPU (-1: all, with the output layer)."""
         check_gguf(path)
-        _init_backend()
+        init_backend()
         if not vocab_only:  # metadata first: refuse unsupported architectures before reading weights
             LlamaModel(path, vocab_only=True).close()
         params = L.llama_model_default_params()
         params.vocab_only = vocab_only
-        self.path = path
+        params.n_gpu_layers = n_gpu_layers
+        self.path, self.n_gpu_layers = path, n_gpu_layers
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise UnsupportedModelError(f"llama.cpp could not load {path.name} (unknown architecture or a damaged file)")
@@ -135,18 +142,19 @@ class LlamaContext:
 
     VIEW, SCRATCH = 0, 1
 
-    def __init__(self, model: LlamaModel, n_ctx: int, *, n_batch: int = 512, n_threads: int = 1,
-                 flash_attn: bool = True, f32_cache: bool = False, cb_eval: object | None = None) -> None:
+    def __init__(self, model: LlamaModel, n_ctx: int, threads: Threads, *, n_batch: int = 512, flash_attn: bool = True,
+                 f32_cache: bool = False, gate: EvalGate | None = None) -> None:
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 2
-        p.n_threads = p.n_threads_batch = n_threads
+        p.n_threads, p.n_threads_batch = threads.decode, threads.batch
         p.kv_unified = True
+        p.offload_kqv = True  # the KV cache sits beside the offloaded layers
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.type_k = p.type_v = GGML_TYPE_F32 if f32_cache else GGML_TYPE_F16
         p.no_perf = True
-        if cb_eval is not None:
-            p.cb_eval = cb_eval
-        self.model, self.n_batch = model, n_batch
+        if gate is not None:
+            p.cb_eval, p.cb_eval_user_data = gate.callback, gate.user_data
+        self.model, self.n_batch, self.threads = model, n_batch, threads
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise UnsupportedModelError("llama.cpp could not create a context for this model")
@@ -171,6 +179,11 @@ class LlamaContext:
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (rc={rc}, view free cells may be exhausted)")
+
+    def set_threads(self, threads: Threads) -> None:
+        """Compute with other thread counts from the next ``decode`` on."""
+        L.llama_set_n_threads(self.ptr, threads.decode, threads.batch)
+        self.threads = threads
 
     def last_logits(self) -> np.ndarray:
         """Copy of the last decoded token's logits, float32 [vocab]."""

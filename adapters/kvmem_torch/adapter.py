@@ -18,6 +18,7 @@ import torch
 from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
+from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.runner import Runner
 from kvmem_torch.scoring import TorchRetrievalHeads
@@ -32,10 +33,13 @@ class TorchAdapter:
 
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
                  device: str | None = None, dtype: torch.dtype | None = None, prefill_chunk: int = 512,
-                 cuda_graphs: bool | None = None, progress: bool = True, n_threads: int = 1) -> None:
+                 cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
+                 n_threads_batch: int | None = None) -> None:
+        """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cpu":
-            torch.set_num_threads(n_threads)  # threads of one process share a vCPU on small machines
+        self.threads = resolve_threads(n_threads, n_threads_batch)
+        self._on_cpu = device == "cpu"
+        self._use_threads(self.threads.batch)
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         path = Path(model_path)
         spec, weights, self.tokenizer, self.fingerprint = _load(path, dtype, device, progress)
@@ -77,6 +81,7 @@ class TorchAdapter:
                 capture_from: int | None = None) -> ForwardOut:
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
+        self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
         self.stager.wait()
         captured, logits = [], None
         for a in range(0, len(tokens), self.prefill_chunk):
@@ -91,6 +96,14 @@ class TorchAdapter:
 
     def view_free(self) -> int:
         return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())
+
+    def set_threads(self, threads: Threads) -> None:
+        """Compute with other thread counts from the next forward on (``kvmem bench speed``'s thread sweep)."""
+        self.threads = threads
+
+    def _use_threads(self, n: int) -> None:
+        if self._on_cpu and torch.get_num_threads() != n:  # resizing torch's pool is not free: only on a change
+            torch.set_num_threads(n)
 
     # ---- blocks -------------------------------------------------------------------------
 

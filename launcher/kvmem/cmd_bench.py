@@ -5,8 +5,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from kvmem.cmd_run import BACKENDS
+from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.models import MODEL_HELP
 
 
@@ -21,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
                        help="folder for speed.json and the PNG plots (default: bench-out/speed)")
     speed.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    add_compute_flags(speed)
     speed.set_defaults(func=run_speed_cmd)
     from kvmem.bench import quality
 
@@ -35,7 +38,8 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
 
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     opts = {"shape": args.shape} if args.backend == "torch" and args.shape else {}
-    result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log, **opts)
+    result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log,
+                       compute=compute_opts(args, args.backend), **opts)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -43,7 +47,16 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     for key in ("ttft_speedup", "decode_flatness", "host_vs_raw", "nvme_vs_raw"):
         value = result.get(key)
         print(f"{key:16s} {'not measured' if value is None else f'{value:.3f}'}")
+    print(thread_table(result["threads"]))
     verdict = {None: "not measured", True: "met", False: "MISSED"}
     print("goals  " + "  ".join(f"{k}: {verdict[v]}" for k, v in result["goals"].items()))
     print("wrote  " + ", ".join(result.get("files", [])))
     return 0
+
+
+def thread_table(threads: dict[str, Any]) -> str:
+    """Prefill and decode tok/s against the thread count, one row per count."""
+    lines = [f"threads on {threads['device']} ({threads['model']}, {threads['usable_cores']} usable cores)",
+             "threads  prefill tok/s  decode tok/s"]
+    lines += [f"{r['threads']:7d}  {r['prefill_tok_s']:13.1f}  {r['decode_tok_s']:12.1f}" for r in threads["rows"]]
+    return "\n".join(lines)

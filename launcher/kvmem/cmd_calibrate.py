@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from kvmem.cmd_run import add_model_flags
+from kvmem.compute import compute_opts
 from kvmem.engines import adapter_factory
 from kvmem.models import resolve_model
 from kvmem.profiles import N_DOCS, cache_dir, run_calibration, save_profile
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
-    adapter = adapter_factory(args.backend)(str(path), KVMemConfig())
+    adapter = adapter_factory(args.backend)(str(path), KVMemConfig(), **compute_opts(args, args.backend))
     try:
         profile = run_calibration(adapter, n_docs=args.docs, progress=sys.stderr.isatty())
     finally:

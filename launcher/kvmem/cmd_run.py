@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kvmem_core.contract import Engine, SamplingParams, StepRequest, StepResult
+from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.flags import add_kvmem_flags, resolve_config
 from kvmem.models import DEFAULT, MODEL_HELP
 
@@ -44,6 +45,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=os.environ.get("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     group.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
+    add_compute_flags(parser)
 
 
 def sampling(args: argparse.Namespace) -> SamplingParams:
@@ -60,7 +62,8 @@ def open_engine(args: argparse.Namespace) -> Engine:
     config, _ = resolve_config(args)
     with tqdm(total=1, desc=f"kvmem: loading {args.model or DEFAULT.name}", file=sys.stderr, leave=False,
               disable=not sys.stderr.isatty()) as bar:
-        engine = load_engine(args.backend, args.model, config, progress=sys.stderr.isatty())
+        engine = load_engine(args.backend, args.model, config, progress=sys.stderr.isatty(),
+                             **compute_opts(args, args.backend))
         bar.update(1)
     return engine
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
+from kvmem.compute import add_compute_flags, compute_opts, describe_compute
 from kvmem.flags import add_kvmem_flags, add_list_flag, resolve_config
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the resolved configuration and exit")
     p.add_argument("--restart", action="store_true", help="replace a server this command started with another configuration")
     p.add_argument("--stop", action="store_true", help="stop the server this command started on --port")
+    add_compute_flags(p)
     add_kvmem_flags(p)
     p.set_defaults(func=run)
 
@@ -98,7 +100,8 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     gpu = placement.gpu.index if placement.gpu else None
     blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
                        _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
-                       args.served_model_name], sort_keys=True, default=str)
+                       args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers], sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -110,6 +113,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"device    {placement.device}",
         f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
         f"model     {args.model or DEFAULT_MODEL}",
+        f"compute   {describe_compute(engine_opts(args, placement, False))}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
         f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
@@ -195,9 +199,10 @@ def print_urls(args: argparse.Namespace) -> None:
     print(f"  API:    {base}/v1", flush=True)
 
 
-def engine_opts(placement: devices.Placement, progress: bool) -> dict[str, object]:
-    """Adapter options for the placement: the torch engine runs on the chosen device (ROCm torch calls it cuda)."""
-    opts: dict[str, object] = {"progress": progress}
+def engine_opts(args: argparse.Namespace, placement: devices.Placement, progress: bool) -> dict[str, object]:
+    """Adapter options for the placement: the torch engine runs on the chosen device (ROCm torch calls it cuda);
+    llama.cpp offloads to it, as a requirement when ``--device`` named it."""
+    opts: dict[str, object] = {"progress": progress, **compute_opts(args, placement.backend, args.device)}
     if placement.backend == "torch":
         opts["device"] = "cpu" if placement.device == "cpu" else "cuda"
     return opts
@@ -214,7 +219,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
     spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
-                        opts=engine_opts(placement, sys.stderr.isatty()))
+                        opts=engine_opts(args, placement, sys.stderr.isatty()))
     engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),

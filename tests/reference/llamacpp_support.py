@@ -27,12 +27,12 @@ def model_path() -> Path:
 class Plain:
     """Plain llama-cpp-python (high-level ``Llama``) decoding greedily, one sequence."""
 
-    def __init__(self, path: Path, n_ctx: int = 4096) -> None:
+    def __init__(self, path: Path, n_ctx: int = 4096, n_gpu_layers: int = 0) -> None:
         import llama_cpp
 
         self.L = llama_cpp
         self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
-                                   flash_attn=True, verbose=False)
+                                   n_gpu_layers=n_gpu_layers, flash_attn=True, verbose=False)
 
     def logits(self) -> np.ndarray:
         ptr = self.L.llama_get_logits_ith(self.llm._ctx.ctx, -1)

@@ -11,10 +11,10 @@ pytestmark = pytest.mark.llamacpp
 
 
 @pytest.fixture(scope="module")
-def adapter():
+def adapter(gpu_layers):
     from kvmem_llamacpp.adapter import LlamaCppAdapter
 
-    a = LlamaCppAdapter(model_path(), view_tokens=1024, block_tokens=64)
+    a = LlamaCppAdapter(model_path(), view_tokens=1024, block_tokens=64, n_gpu_layers=gpu_layers)
     yield a
     a.close()
 

@@ -12,18 +12,19 @@ CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512, block_tokens=64, sink_t
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(gpu_layers):
     from kvmem_core.engine import KVMemEngine
     from kvmem_llamacpp import create_adapter
 
-    eng = KVMemEngine(create_adapter(str(model_path()), CFG, n_batch=N_BATCH), CFG, heads=((17, 3),))
+    adapter = create_adapter(str(model_path()), CFG, n_batch=N_BATCH, n_gpu_layers=gpu_layers)
+    eng = KVMemEngine(adapter, CFG, heads=((17, 3),))
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
-def plain():
-    return Plain(model_path())
+def plain(gpu_layers):
+    return Plain(model_path(), n_gpu_layers=gpu_layers)
 
 
 def test_cold_prompt_over_several_chunks_is_bit_identical(engine, plain):

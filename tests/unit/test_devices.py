@@ -2,6 +2,7 @@
 JSON output; no AMD hardware ran them."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -112,5 +113,17 @@ def test_resolve_refuses_impossible_combinations(kwargs: dict[str, object], matc
 def test_the_engine_runs_on_the_resolved_device(backend, device, expected):
     from kvmem.cmd_serve import engine_opts
 
-    opts = engine_opts(D.Placement(backend, device, None, "test"), progress=False)
+    args = argparse.Namespace(device=device, threads=3, threads_batch=2, n_gpu_layers=None)
+    opts = engine_opts(args, D.Placement(backend, device, None, "test"), progress=False)
     assert opts.get("device") == expected and opts["progress"] is False
+    assert (opts["n_threads"], opts["n_threads_batch"]) == (3, 2)
+
+
+@pytest.mark.parametrize("asked, expected", [("cpu", 0), ("cuda", -1), ("hip", -1), ("auto", None)])
+def test_llamacpp_offloads_to_the_gpu_the_user_named(asked: str, expected: int | None) -> None:
+    """An explicit --device cuda/hip requires every layer on the GPU; an automatic choice lets the adapter decide."""
+    from kvmem.cmd_serve import engine_opts
+
+    args = argparse.Namespace(device=asked, threads=None, threads_batch=None, n_gpu_layers=None)
+    placement = D.Placement("llama.cpp", "cuda" if asked == "auto" else asked, None, "test")
+    assert engine_opts(args, placement, progress=False)["n_gpu_layers"] == expected

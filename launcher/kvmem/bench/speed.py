@@ -1,7 +1,8 @@
 """``kvmem bench speed``: the agent-session speed benchmark of one backend.
 
-``run_speed`` dispatches to the backend's module (``speed_llamacpp`` on the CPU,
-``speed_torch`` for the torch engine), checks the goals, and writes JSON and plots.
+``run_speed`` dispatches to the backend's module (``speed_llamacpp`` on the CPU or a GPU,
+``speed_torch`` for the torch engine), sweeps the thread count (``speed_threads``), checks
+the goals, and writes JSON and plots.
 """
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ from kvmem.bench import speed_common
 
 
 def run_speed(backend: str, model_path: str | None, *, quick: bool, out_dir: Path | None,
-              log: Callable[[str], None] = print, **opts: Any) -> dict[str, Any]:
+              log: Callable[[str], None] = print, compute: dict[str, Any] | None = None, **opts: Any) -> dict[str, Any]:
     """Every speed figure of ``backend`` as a JSON-ready dict: the contract's headline keys first,
-    then ``points`` (one per workspace size), ``transfer`` and ``goals``; JSON + PNGs go to ``out_dir``."""
+    then ``points`` (one per workspace size), ``transfer``, ``threads`` and ``goals``; JSON + PNGs go
+    to ``out_dir``. ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""
+    from kvmem.bench import speed_threads
+
+    compute = compute or {}
     if backend == "llama.cpp":
         from kvmem.bench import speed_llamacpp
         from kvmem.models import resolve_model
 
-        result = speed_llamacpp.run(str(resolve_model(model_path)), quick=quick, log=log, **opts)
+        result = speed_llamacpp.run(str(resolve_model(model_path)), quick=quick, log=log, compute=compute, **opts)
     else:
         from kvmem.bench import speed_torch
 
         result = speed_torch.run(quick=quick, log=log, **opts)
+    result["threads"] = speed_threads.run(backend, model_path, compute, quick=quick, log=log)
     result["goals"] = speed_common.goals(result, quick)
     if out_dir is not None:
         result["files"] = [str(p) for p in speed_common.write_outputs(result, out_dir)]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem.bench.speed_common import headline, ratio, rss_mb
-from kvmem.bench.speed_overhead import decode_overhead
+from kvmem.bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_core.adapter import Placement
 from kvmem_core.bench_prompt import measure as measure_prompt
 from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
@@ -47,14 +47,18 @@ def session_config(plan: dict[str, Any]) -> KVMemConfig:
 
 
 def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn: int = 12,
-        plan: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+        plan: dict[str, Any] | None = None, log: Callable[[str], None] = print,
+        compute: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole llama.cpp speed run; a JSON-ready dict (headline ratios first, then detail).
-    ``plan`` (sizes, budget, recent, gen) replaces the quick / full presets."""
+    ``plan`` (sizes, budget, recent, gen) replaces the quick / full presets; ``compute``: the adapter's
+    thread and GPU-layer options, which the plain llama-cpp-python references copy."""
     from kvmem.engines import load_engine
 
     plan = plan or (QUICK if quick else FULL)
     config = session_config(plan)
-    engine = load_engine("llama.cpp", model_path, config)
+    engine = load_engine("llama.cpp", model_path, config, **(compute or {}))
+    plain, placement = plain_opts(engine.adapter), engine.adapter.placement
+    log(f"llama.cpp on {placement}; {plain['n_threads']} threads ({plain['n_threads_batch']} for prefill)")
     try:
         points, transcripts = session(engine, plan["sizes"], decode_tokens, lines_per_turn, log)
         transfer = transfers(engine)
@@ -63,17 +67,17 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     finally:
         engine.close()
     for point, ids in zip(points, transcripts):
-        point.update(stateless(model_path, ids, decode_tokens))
+        point.update(stateless(model_path, ids, decode_tokens, plain))
         point["ttft_speedup"] = ratio(point["reprefill_ttft_s"], point["reuse_ttft_s"])
         point["decode_vs_full"] = ratio(point["kvmem_tok_s"], point["full_tok_s"])
         log(f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, "
             f"full decode {point['full_tok_s']:.1f} tok/s")
-    overhead = decode_overhead(model_path, rounds=3 if quick else 5)
+    overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
     out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead, prompt_building=prompt_row)
     log(f"prompt building at {prompt_row['messages']} messages: {prompt_row['ratio']:.2f}x one render + tokenize")
-    out.update(quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
+    out.update(placement=placement, compute=plain, quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
                                     "recent_tokens": config.recent_tokens, "block_tokens": config.block_tokens},
                points=points, transfer=transfer)
     return out
@@ -167,12 +171,13 @@ class ForwardClock:
         return sum(sec for n, sec in self.calls if n == 1)
 
 
-def stateless(model_path: str, ids: list[int], decode_tokens: int) -> dict[str, float]:
-    """Plain llama-cpp-python: prefill ``ids`` from empty (time to first token), then greedy decode."""
+def stateless(model_path: str, ids: list[int], decode_tokens: int, opts: dict[str, int]) -> dict[str, float]:
+    """Plain llama-cpp-python (``opts``: threads, GPU layers): prefill ``ids`` from empty (time to first token),
+    then greedy decode."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, n_threads=1, n_threads_batch=1,
-                          flash_attn=True, verbose=False)
+    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True, verbose=False,
+                          **opts)
     try:
         t0 = time.perf_counter()
         llm.eval(ids)

@@ -1,8 +1,9 @@
 """KVMem's overhead where everything fits: decode tok/s of the engine against plain llama-cpp-python.
 
 With the whole prompt inside the budget the step selects and replays nothing, so this is
-the cost of KVMem's own bookkeeping (archiving blocks, the query-capture callback). The
-machine is shared: rounds interleave the two sides and the best of each is kept.
+the cost of KVMem's own bookkeeping (archiving blocks, the query-capture callback). Both
+sides compute with the same threads and GPU layers (``plain_opts``). The machine may be
+shared: rounds interleave the two sides and the best of each is kept.
 """
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ FILLER = "The survey team logged soil samples, wind speed and the colour of the 
 CONFIG = KVMemConfig(ctx=8192, budget=4096, gen_budget=512, positions="original")
 
 
-def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5) -> dict[str, Any]:
-    """Best-of-``rounds`` decode tok/s of KVMem and of plain llama-cpp-python on one prompt, and their ratio."""
+def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5,
+                    compute: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Best-of-``rounds`` decode tok/s of KVMem and of plain llama-cpp-python on one prompt, and their ratio.
+    ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""
     from kvmem.engines import load_engine
 
-    engine = load_engine("llama.cpp", model_path, CONFIG)
+    engine = load_engine("llama.cpp", model_path, CONFIG, **(compute or {}))
     messages = ({"role": "user", "content": FILLER * 8 + "Describe the camps in detail."},)
     request = StepRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=decode_tokens))
-    plain = PlainDecoder(model_path, engine.tokenize(engine.adapter.render_chat(messages)))
+    plain = PlainDecoder(model_path, engine.tokenize(engine.adapter.render_chat(messages)), plain_opts(engine.adapter))
     ours, theirs = [], []
     try:
         for _ in range(rounds):
@@ -36,17 +39,24 @@ def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5
         engine.close()
         plain.close()
     return {"kvmem_tok_s": round(max(ours), 2), "plain_tok_s": round(max(theirs), 2),
-            "decode_vs_plain": round(max(ours) / max(theirs), 3), "tokens": len(result.token_ids), "rounds": rounds}
+            "decode_vs_plain": round(max(ours) / max(theirs), 3), "tokens": len(result.token_ids), "rounds": rounds,
+            "compute": plain.opts}
+
+
+def plain_opts(adapter: Any) -> dict[str, int]:
+    """``llama_cpp.Llama`` options that compute like ``adapter`` (a ``LlamaCppAdapter``): threads and GPU layers."""
+    threads = adapter.ctx.threads
+    return {"n_threads": threads.decode, "n_threads_batch": threads.batch, "n_gpu_layers": adapter.model.n_gpu_layers}
 
 
 class PlainDecoder:
     """Plain llama-cpp-python greedy decoding after a fixed prompt, repeatable."""
 
-    def __init__(self, model_path: str, ids: list[int]) -> None:
+    def __init__(self, model_path: str, ids: list[int], opts: dict[str, int]) -> None:
         import llama_cpp
 
-        self.L, self.ids = llama_cpp, ids
-        self.llm = llama_cpp.Llama(model_path, n_ctx=4608, n_batch=512, n_threads=1, flash_attn=True, verbose=False)
+        self.L, self.ids, self.opts = llama_cpp, ids, opts
+        self.llm = llama_cpp.Llama(model_path, n_ctx=4608, n_batch=512, flash_attn=True, verbose=False, **opts)
         self.llm.eval(ids)
 
     def decode(self, n: int) -> float:

@@ -1,0 +1,65 @@
+"""Prefill and decode speed against the CPU thread count (``kvmem bench speed``'s ``threads`` section).
+
+One adapter is loaded once; for each count, its threads are switched (``set_threads``), a
+prompt is prefilled into an empty view and single tokens are decoded after it. The best of
+a few rounds is kept (the machine may be shared). With every layer on a GPU the CPU threads
+mostly feed the device, so the rows there show how little they matter.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from kvmem_core.config import KVMemConfig
+from kvmem_core.threads import Threads, usable_cores
+
+TEXT = "The relay station logged every packet, its source, its size and the time it took to arrive. "
+CONFIG = KVMemConfig(ctx=4096, budget=1536, gen_budget=512)
+TORCH_MODEL = "smollm2-135m"  # the torch engine runs Llama and qwen35 models, not the default qwen2 one
+
+
+def thread_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... below ``cores``, then ``cores`` itself."""
+    counts, n = [], 1
+    while n < cores:
+        counts.append(n)
+        n *= 2
+    return counts + [cores]
+
+
+def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Rows of ``{threads, prefill_tok_s, decode_tok_s}`` for every count up to the usable cores."""
+    from kvmem.engines import adapter_factory
+    from kvmem.models import resolve_model
+
+    path = resolve_model(model or (TORCH_MODEL if backend == "torch" else None))
+    adapter = adapter_factory(backend)(str(path), CONFIG, **opts)
+    try:
+        rows = [measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
+                for n in thread_counts(usable_cores())]
+        device = adapter.caps.devices[0]
+    finally:
+        adapter.close()
+    for row in rows:
+        log(f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, decode {row['decode_tok_s']:.1f} tok/s")
+    return {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows}
+
+
+def measure(adapter: Any, n: int, *, prompt: int, decode: int, rounds: int) -> dict[str, Any]:
+    """Best-of-``rounds`` prefill and decode tok/s of ``adapter`` with ``n`` threads for both."""
+    adapter.set_threads(Threads(n, n))
+    ids = (adapter.tokenize(TEXT * (prompt // 16 + 1)))[:prompt]
+    prefill, steps = [], []
+    for _ in range(rounds):
+        adapter.clear_view()
+        t0 = time.perf_counter()
+        adapter.forward(ids, list(range(len(ids))))
+        prefill.append(len(ids) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for i in range(decode):
+            adapter.forward([ids[i]], [len(ids) + i])
+        steps.append(decode / (time.perf_counter() - t0))
+    adapter.clear_view()
+    return {"threads": n, "prefill_tok_s": round(max(prefill), 1), "decode_tok_s": round(max(steps), 1),
+            "prompt_tokens": len(ids), "decode_tokens": decode}

@@ -1,0 +1,68 @@
+"""The native eval gate in front of query capture, and thread counts on a live llama.cpp context."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from kvmem_core.threads import Threads  # noqa: E402
+from kvmem_llamacpp import gate as G  # noqa: E402
+from kvmem_llamacpp.ggml import GgmlTensor  # noqa: E402
+from llamacpp_support import PARAGRAPH, model_path  # noqa: E402
+
+pytestmark = pytest.mark.llamacpp
+
+
+def test_the_native_gate_lets_only_armed_query_nodes_into_python() -> None:
+    if G.native_library() is None:
+        pytest.skip("no C compiler: the Python callback is used directly")
+    seen: list[bytes] = []
+
+    def inner(t_ptr: int, ask: bool, user_data: int) -> bool:
+        seen.append(GgmlTensor.from_address(t_ptr).name)
+        return True
+
+    gate = G.EvalGate(inner)
+    assert gate.native
+    nodes = [GgmlTensor(name=name) for name in (b"Qcur-3", b"Kcur-3", b"ffn_out-3")]
+    ask = [gate.callback(ctypes.addressof(t), True, gate.user_data) for t in nodes]
+    assert ask == [False, False, False] and seen == []  # disarmed: "not needed", Python never entered
+    gate.armed = True
+    ask = [gate.callback(ctypes.addressof(t), True, gate.user_data) for t in nodes]
+    assert ask == [True, False, False] and seen == [b"Qcur-3"]
+
+
+def test_native_gate_and_python_fallback_capture_the_same_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    def captured() -> tuple[np.ndarray, bool]:
+        a = LlamaCppAdapter(model_path(), view_tokens=256, block_tokens=64, n_gpu_layers=0)
+        try:
+            ids = a.tokenize(PARAGRAPH * 2)[:48]
+            return a.forward(ids, list(range(len(ids))), capture_from=40).queries, a.capture.gate.native
+        finally:
+            a.close()
+
+    native, was_native = captured()
+    assert was_native == (G.native_library() is not None)
+    monkeypatch.setattr(G, "native_library", lambda: None)
+    fallback, was_fallback_native = captured()
+    assert not was_fallback_native and fallback.shape == (30, 8, 9, 64)
+    assert np.array_equal(native, fallback)
+
+
+def test_thread_counts_reach_the_context() -> None:
+    import llama_cpp as L
+
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    a = LlamaCppAdapter(model_path(), view_tokens=128, n_threads=2, n_threads_batch=3, n_gpu_layers=0)
+    try:
+        assert (L.llama_n_threads(a.ctx.ptr), L.llama_n_threads_batch(a.ctx.ptr)) == (2, 3)
+        a.set_threads(Threads(1, 1))
+        assert (L.llama_n_threads(a.ctx.ptr), L.llama_n_threads_batch(a.ctx.ptr)) == (1, 1)
+    finally:
+        a.close()
