@@ -25,7 +25,8 @@ FIELD_HELP = {
     "ctx": "logical workspace tokens per conversation (may exceed the model's trained context in compact mode)",
     "budget": "history tokens materialized in the view for one step",
     "gen_budget": "generation reserve in the view (reused, so an answer may be longer)",
-    "block_tokens": "tokens per stored block",
+    "block_tokens": "tokens per stored block (64: a small view then holds several selected blocks besides the sink "
+                    "and recent ones, and a fact that straddles two blocks costs 128 tokens, not 256)",
     "method": "view selection: " + "|".join(METHODS),
     "scorer": "retrieval scorer: " + "|".join(SCORERS),
     "sink_tokens": "first tokens always kept in the view",
@@ -48,7 +49,7 @@ class KVMemConfig:
     ctx: int = 32768
     budget: int = 2048
     gen_budget: int = 512
-    block_tokens: int = 128
+    block_tokens: int = 64
     method: str = "retrieval"
     scorer: str = "retrieval-heads"
     sink_tokens: int = 128

@@ -2,9 +2,10 @@
 
 It scores exactly as ``kvmem_core.retrieval.RetrievalHeadsScorer``: per query row (a query
 token of a retrieval head), the softmax of q·k/√d over every indexed token (int8 keys times
-their per-token scale, content frame); a block's score is its share of that mass summed
-over rows and heads, its peak the token offset of its largest normalised logit. Two passes
-over chunks of keys: the rows' log-sum-exp, then block mass and peaks.
+their per-token scale, content frame); a block's score is, per head, the largest share of
+that mass one query token gives it, summed over heads; its peak the token offset of its
+largest normalised logit. Two passes over chunks of keys: the rows' log-sum-exp, then block
+mass and peaks.
 
 ``DeviceIndex`` mirrors a ``BlockIndex``'s head keys in device memory (or pinned host
 memory, copied per chunk); it appends the blocks stored since the last score and rebuilds
@@ -93,7 +94,8 @@ class TorchRetrievalHeads:
                 lse = self._lse(rows, mirror, slot, n)
                 for b0, b1, logits in self._chunks(rows, mirror, slot, n):
                     rel = logits.double() - lse[:, None, None]  # [rows, blocks, tokens]
-                    total[b0:b1] += rel.exp().sum(dim=(0, 2))
+                    mass = rel.exp().sum(dim=2).view(-1, query.n_query_tokens, b1 - b0)  # [heads, query tokens, blocks]
+                    total[b0:b1] += mass.amax(dim=1).sum(dim=0)
                     token_max, token_arg = rel.max(dim=2)
                     row_max, row_arg = token_max.max(dim=0)
                     better = row_max > best[b0:b1]

@@ -7,7 +7,7 @@ the scores into a chronological ``Selection`` with ``Selector.select``.
 from __future__ import annotations
 
 from kvmem_core.retrieval.base import BlockScores, KeySource, QueryFeatures, Scorer
-from kvmem_core.retrieval.calibration import CalibrationDoc, calibrate, head_fact_stats
+from kvmem_core.retrieval.calibration import CalibrationDoc, block_scores, calibrate
 from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
 from kvmem_core.retrieval.profile import RetrievalProfile, model_fingerprint
 from kvmem_core.retrieval.scorers import (
@@ -41,7 +41,7 @@ __all__ = [
     "SubBlockMeanKScorer",
     "SummaryOptions",
     "calibrate",
-    "head_fact_stats",
+    "block_scores",
     "index_pairs",
     "make_scorer",
     "model_fingerprint",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kvmem_core.layout import BlockLayout
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 lacks the block size and hit rates of the chosen set
 
 
 def model_fingerprint(model_id: str, layout: BlockLayout) -> str:
@@ -21,8 +22,11 @@ def model_fingerprint(model_id: str, layout: BlockLayout) -> str:
 class RetrievalProfile:
     """Chosen retrieval heads of one model, plus every scored head's calibration numbers.
 
-    ``scores`` maps ``"layer:head"`` to the mean attention mass the head put on the planted
-    fact; ``hit_rate`` to the fraction of documents where its strongest token lay in the fact.
+    ``scores`` maps ``"layer:head"`` to the head's mean log margin of the fact's block over
+    the best other block, ``hit_rate`` to the fraction of fitting documents where the fact's
+    block came first (at ``block_tokens`` per block); ``fit_hit_rate`` and
+    ``holdout_hit_rate`` are the chosen set's, on the ``n_docs`` fitting documents and on
+    ``n_holdout`` held-out ones.
     """
 
     fingerprint: str
@@ -30,6 +34,10 @@ class RetrievalProfile:
     scores: dict[str, float] = field(default_factory=dict)
     hit_rate: dict[str, float] = field(default_factory=dict)
     n_docs: int = 0
+    block_tokens: int = 0
+    fit_hit_rate: float = float("nan")
+    holdout_hit_rate: float = float("nan")
+    n_holdout: int = 0
 
     def to_json(self) -> str:
         """JSON text that ``from_json`` reads back to an equal profile."""
@@ -41,6 +49,10 @@ class RetrievalProfile:
                 "scores": self.scores,
                 "hit_rate": self.hit_rate,
                 "n_docs": self.n_docs,
+                "block_tokens": self.block_tokens,
+                "fit_hit_rate": self.fit_hit_rate,
+                "holdout_hit_rate": self.holdout_hit_rate,
+                "n_holdout": self.n_holdout,
             },
             indent=1,
             sort_keys=True,
@@ -48,16 +60,20 @@ class RetrievalProfile:
 
     @classmethod
     def from_json(cls, text: str) -> RetrievalProfile:
-        """Parse ``to_json`` output; ValueError on another version."""
+        """Parse ``to_json`` output (or a version-1 profile); ValueError on another version."""
         data = json.loads(text)
-        if data.get("version") != PROFILE_VERSION:
-            raise ValueError(f"retrieval profile version {data.get('version')} != {PROFILE_VERSION}")
+        if data.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"retrieval profile version {data.get('version')} is not one of {READABLE_VERSIONS}")
         return cls(
             fingerprint=data["fingerprint"],
             heads=tuple((int(a), int(b)) for a, b in data["heads"]),
             scores={k: float(v) for k, v in data["scores"].items()},
             hit_rate={k: float(v) for k, v in data["hit_rate"].items()},
             n_docs=int(data["n_docs"]),
+            block_tokens=int(data.get("block_tokens", 0)),
+            fit_hit_rate=float(data.get("fit_hit_rate", "nan")),
+            holdout_hit_rate=float(data.get("holdout_hit_rate", "nan")),
+            n_holdout=int(data.get("n_holdout", 0)),
         )
 
     def save(self, path: Path) -> None:

@@ -1,9 +1,15 @@
 """Per-token attention-mass scorers: ``retrieval-heads`` (default) and ``per-token``.
 
 Both compute, for a query row (one query token of one query head), the softmax of
-q·k/√d over every stored token of the workspace in the content frame (pre-RoPE), and add
+q·k/√d over every stored token of the workspace in the content frame (pre-RoPE), and take
 each block's share of that mass. Keys stream through in chunks of blocks with a running
 log-sum-exp, so memory stays at one chunk of logits whatever the workspace size.
+
+``retrieval-heads`` keeps, per head, the largest share any one query token gives a block
+(then sums over heads); ``per-token`` sums over query tokens. The difference matters on
+agent transcripts: what tells the asked fact from its same-form look-alikes is usually
+one token of the question (a name), while the question's other words match every
+look-alike alike; summed over tokens they outvote it (docs/retrieval.md has the numbers).
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ class _StreamingMass:
         self._chunk_sum.append(sums.sum(axis=1))
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Mass per block summed over rows [N], and each block's peak (log mass [N], offset [N])."""
+        """Mass per (row, block) [rows, N], and each block's peak (log mass [N], offset [N])."""
         cmax = np.stack(self._chunk_max, axis=1).astype(np.float64)
         top = cmax.max(axis=1, keepdims=True)
         weight = np.exp(cmax - top)
@@ -58,7 +64,7 @@ class _StreamingMass:
         rel = self._block_max - (top + np.log(z))
         best = rel.argmax(axis=0)
         cols = np.arange(rel.shape[1])
-        return mass.sum(axis=0), rel[best, cols], self._block_arg[best, cols]
+        return mass, rel[best, cols], self._block_arg[best, cols]
 
 
 class _PeakMerge:
@@ -69,8 +75,8 @@ class _PeakMerge:
         self.best = np.full(n_blocks, -np.inf)
         self.peaks = np.full(n_blocks, -1, dtype=np.int32)
 
-    def add(self, acc: _StreamingMass) -> None:
-        mass, rel, arg = acc.finish()
+    def add(self, mass: np.ndarray, rel: np.ndarray, arg: np.ndarray) -> None:
+        """Add block scores ``mass`` [N]; keep the peaks (log mass ``rel``, offset ``arg``) that beat the best."""
         self.total += mass
         better = rel > self.best
         self.best[better] = rel[better]
@@ -97,6 +103,12 @@ def _logits(rows: np.ndarray, keys: np.ndarray, n_tokens: np.ndarray, scales: np
     return logits
 
 
+def head_peak_mass(mass: np.ndarray, n_query_tokens: int) -> np.ndarray:
+    """Block scores from per-row mass [heads * query tokens, N] (rows head-major): per head the
+    largest mass one query token gives each block, summed over heads -> [N]."""
+    return mass.reshape(-1, n_query_tokens, mass.shape[-1]).max(axis=1).sum(axis=0)
+
+
 def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures, index: BlockIndex) -> list[tuple[int, int]]:
     """The (layer, kv head) pairs ``heads`` read; MissingSummaryError unless ``index`` holds their keys."""
     pairs = index_pairs(heads, query.group_size)
@@ -111,7 +123,8 @@ def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures, inde
 class RetrievalHeadsScorer:
     """Per-token mass over a few calibrated (layer, query head) pairs, read from the index.
 
-    Score = attention mass on the block, summed over the chosen heads and query tokens.
+    Score = per head, the largest attention mass one query token puts on the block; summed
+    over the chosen heads.
     """
 
     heads: tuple[tuple[int, int], ...]
@@ -130,7 +143,8 @@ class RetrievalHeadsScorer:
             for b0, b1 in _chunks(index.n_blocks, index.block_tokens):
                 chunk = keys[slot, b0:b1].astype(np.float32)
                 acc.add(_logits(rows, chunk, index.n_tokens[b0:b1], scales[slot, b0:b1]), b0)
-            merge.add(acc)
+            mass, rel, arg = acc.finish()
+            merge.add(head_peak_mass(mass, query.n_query_tokens), rel, arg)
         return BlockScores(merge.total, merge.peaks)
 
     def _rows(self, query: QueryFeatures, layer: int, kv: int) -> np.ndarray:
@@ -164,7 +178,8 @@ class PerTokenScorer:
                     accs[layer][kv].add(_logits(rows[layer][kv], chunk, index.n_tokens[b0:b1]), b0)
         merge = _PeakMerge(index.n_blocks)
         for acc in (a for per_layer in accs for a in per_layer):
-            merge.add(acc)
+            mass, rel, arg = acc.finish()
+            merge.add(mass.sum(axis=0), rel, arg)
         return BlockScores(merge.total / (n_layers * query.n_heads), merge.peaks)
 
     def _load(self, index: BlockIndex, b0: int, b1: int) -> np.ndarray:

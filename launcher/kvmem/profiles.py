@@ -3,8 +3,9 @@
 A profile is looked up by the model file's fingerprint: first in the user cache
 (``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``profiles/``), then among the profiles
 shipped next to the adapter package, then next to every other installed adapter package;
-missing all, the calibration runs (about a minute for the embedded model on one CPU
-thread) and its result is cached. A profile holds (attention layer, query head) pairs of
+missing all, the calibration runs (a few minutes for a 0.5B model on one CPU thread) and
+its result is cached. Documents are sized to the model's tokenizer and view: each is grown
+or shrunk (in filler lines) until it measures about ``DOC_TOKENS`` tokens and fits. A profile holds (attention layer, query head) pairs of
 the weights, so it serves every backend that loads the same file: both engines number
 attention layers and heads alike, and a permutation inside a head (llama.cpp's rotary row
 order) changes no q·k product.
@@ -21,13 +22,13 @@ from typing import Any
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.errors import ConfigError
 from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, calibrate
-from kvmem_core.synthetic import SyntheticDoc, make_docs
+from kvmem_core.synthetic import ENTITIES, SyntheticDoc, make_doc
 
-N_DOCS = 8
-N_HEADS = 3
-FILLER_LINES = 40  # lines of surrounding text per document when the view allows
-TOKENS_PER_LINE = 42  # the longest surrounding's lines, measured on SmolLM2's tokenizer
-DOC_OVERHEAD = 160  # template, fact line and question
+N_DOCS = 16  # a quarter of them held out to measure how the chosen heads transfer
+N_HEADS = 4
+DOC_TOKENS = 1536  # per document, when the view allows: about 24 blocks of 64 tokens
+MIN_DOC_TOKENS = 384
+LINES_PER_DISTRACTOR = 5
 
 
 def cache_dir() -> Path:
@@ -75,12 +76,12 @@ def save_profile(profile: RetrievalProfile, folder: Path) -> Path:
 
 
 def run_calibration(adapter: EngineAdapter, *, n_docs: int = N_DOCS, progress: bool = False) -> RetrievalProfile:
-    """Capture per-head queries and keys on synthetic documents and rank the heads (view is cleared)."""
-    lines = min(FILLER_LINES, (adapter.caps.max_view_tokens - DOC_OVERHEAD) // TOKENS_PER_LINE)
-    if lines < 4:
-        raise ConfigError(f"calibrating retrieval heads needs a view of at least {DOC_OVERHEAD + 4 * TOKENS_PER_LINE} "
-                          "tokens; raise --kvmem-budget for the first run or pass --kvmem-retrieval-heads")
-    docs = make_docs(n_docs, filler_lines=lines)
+    """Capture per-head queries and keys on synthetic documents and choose the heads (view is cleared)."""
+    target = min(DOC_TOKENS, adapter.caps.max_view_tokens - 64)
+    if target < MIN_DOC_TOKENS:
+        raise ConfigError(f"calibrating retrieval heads needs a view of at least {MIN_DOC_TOKENS + 64} tokens; "
+                          "raise --kvmem-budget for the first run or pass --kvmem-retrieval-heads")
+    docs = [sized_doc(adapter, seed, target) for seed in range(n_docs)]
     bar = _bar(n_docs, progress)
     captured = []
     try:
@@ -90,7 +91,27 @@ def run_calibration(adapter: EngineAdapter, *, n_docs: int = N_DOCS, progress: b
     finally:
         bar.close()
         adapter.clear_view()
-    return calibrate(captured, adapter.fingerprint, n_heads=N_HEADS)
+    return calibrate(captured, adapter.fingerprint, n_heads=N_HEADS, block_tokens=adapter.layout.block_tokens)
+
+
+def sized_doc(adapter: EngineAdapter, seed: int, target: int) -> SyntheticDoc:
+    """Document ``seed`` with as many filler lines (and a distractor per ``LINES_PER_DISTRACTOR``) as keep
+    its rendering at or under ``target`` tokens, measured with the model's tokenizer; at least 8 lines."""
+    per_line = doc_tokens(adapter, _doc(seed, 16)) / 16  # an overestimate: it carries the fixed overhead
+    lines = max(8, int(target / per_line))
+    doc = _doc(seed, lines)
+    while lines > 8 and doc_tokens(adapter, doc) > target:
+        lines = max(8, int(lines * 0.9))
+        doc = _doc(seed, lines)
+    return doc
+
+
+def _doc(seed: int, lines: int) -> SyntheticDoc:
+    return make_doc(seed, filler_lines=lines, n_distractors=min(len(ENTITIES) - 1, max(3, lines // LINES_PER_DISTRACTOR)))
+
+
+def doc_tokens(adapter: EngineAdapter, doc: SyntheticDoc) -> int:
+    return len(adapter.tokenize(adapter.render_chat([{"role": "user", "content": f"{doc.text}\n\n{doc.question}"}])))
 
 
 def capture_doc(adapter: EngineAdapter, doc: SyntheticDoc) -> CalibrationDoc:

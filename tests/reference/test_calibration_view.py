@@ -28,13 +28,25 @@ def test_a_view_too_small_to_calibrate_is_a_clear_error():
         adapter.close()
 
 
+@pytest.mark.parametrize("target", [600, 1536])
+def test_documents_are_sized_by_the_models_tokenizer(target):
+    from kvmem.profiles import doc_tokens, sized_doc
+
+    adapter = adapter_with_view(2048, 512)
+    try:
+        sizes = [doc_tokens(adapter, sized_doc(adapter, seed, target)) for seed in range(5)]  # every surrounding
+    finally:
+        adapter.close()
+    assert all(0.75 * target <= n <= target for n in sizes), sizes
+
+
 @pytest.mark.slow
 def test_a_small_view_calibrates_on_shorter_documents():
-    from kvmem.profiles import N_HEADS, run_calibration
+    from kvmem.profiles import N_DOCS, N_HEADS, run_calibration
 
     adapter = adapter_with_view(512, 192)
     try:
-        profile = run_calibration(adapter)
+        profile = run_calibration(adapter, n_docs=8)
     finally:
         adapter.close()
-    assert len(profile.heads) == N_HEADS and profile.n_docs == 8
+    assert len(profile.heads) == N_HEADS and 6 <= profile.n_docs + profile.n_holdout <= 8 and N_DOCS > 8
