@@ -1,8 +1,8 @@
-"""GGUF files to the internal layout: one fast header pass, tensors dequantized lazily.
+"""GGUF files (``llama``, ``qwen2``, ``qwen35``) to the internal layout: one fast header pass, tensors dequantized lazily.
 
 The header (key/values, vocabulary included, and tensor infos) is parsed once with
 ``struct`` over a memory map; tensor bytes are read only when a tensor is loaded and
-dequantized with the ``gguf`` package (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K ...).
+dequantized with the ``gguf`` package (F32, F16, BF16, Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K ...).
 llama.cpp's converter quirks are undone here: Llama Q/K rows are un-permuted, qwen35
 DeltaNet V heads go from tiled back to grouped order. Its ``+1`` on norms and
 ``ssm_a = -exp(A_log)`` already match the internal layout. MTP layers are skipped.
@@ -26,6 +26,7 @@ _LAYER = {
     "ssm_beta": "b", "ssm_alpha": "a", "ssm_out": "out", "ssm_conv1d": "conv", "ssm_dt": "dt_bias",
     "ssm_a": "ssm_a", "ssm_norm": "ssm_norm",
 }
+_BIAS = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # qwen2; ssm_dt.bias is dt_bias above
 
 
 def internal_name(gguf_name: str, n_layers: int) -> str | None:
@@ -35,7 +36,8 @@ def internal_name(gguf_name: str, n_layers: int) -> str | None:
     parts = gguf_name.split(".")
     if parts[0] != "blk" or int(parts[1]) >= n_layers or parts[2] not in _LAYER:
         return None
-    return f"layers.{parts[1]}.{_LAYER[parts[2]]}"
+    leaf = _BIAS[parts[2]] if parts[-1] == "bias" and parts[2] in _BIAS else _LAYER[parts[2]]
+    return f"layers.{parts[1]}.{leaf}"
 
 
 def convert_tensor(spec: ModelSpec, name: str, t: torch.Tensor) -> torch.Tensor:

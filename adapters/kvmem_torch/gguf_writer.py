@@ -1,7 +1,8 @@
-"""Write an HF ``llama`` / ``qwen3_5_text`` state dict as GGUF the way llama.cpp's converter does.
+"""Write an HF ``llama`` / ``qwen2`` / ``qwen3_5_text`` state dict as GGUF the way llama.cpp's converter does.
 
 Used to build test models (tiny random weights, tokenizer model ``no_vocab``) that both
-this engine and llama.cpp load: Llama Q/K rows permuted for interleaved RoPE; qwen35 V
+this engine and llama.cpp load: Llama Q/K rows permuted for interleaved RoPE (qwen2 keeps
+them: llama.cpp runs it with NeoX RoPE); qwen35 V
 heads tiled, ``ssm_a = -exp(A_log)``, ``+1`` on the norms that compute ``1 + w``.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
     "linear_attn.in_proj_qkv.weight": "attn_qkv.weight", "linear_attn.in_proj_z.weight": "attn_gate.weight",

@@ -1,4 +1,4 @@
-"""HF checkpoints (``llama``, ``qwen3_5_text``, the ``qwen3_5`` wrapper's language part) to the internal layout."""
+"""HF checkpoints (``llama``, ``qwen2``, ``qwen3_5_text``, the ``qwen3_5`` wrapper's language part) to the internal layout."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,9 @@ _LAYER_NAMES = {
     "self_attn.k_proj.weight": "k",
     "self_attn.v_proj.weight": "v",
     "self_attn.o_proj.weight": "o",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
     "self_attn.q_norm.weight": "q_norm",
     "self_attn.k_norm.weight": "k_norm",
     "mlp.gate_proj.weight": "gate",

@@ -93,18 +93,20 @@ def fuse(w: dict[str, torch.Tensor], names: tuple[str, ...], fused: str) -> list
 
 
 class Attention:
-    """GQA attention over the paged cache; qwen35 adds q/k norms and a sigmoid output gate."""
+    """GQA attention over the paged cache; qwen2 adds q/k/v biases, qwen35 q/k norms and a sigmoid output gate."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor], cache_layer: int, layer: int) -> None:
         self.w, self.cache_layer, self.layer = w, cache_layer, layer
         self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.gated, self.eps = spec.gated_attention, spec.rms_eps
         self.sizes = fuse(w, ("q", "k", "v"), "qkv_fused")
+        if "q_bias" in w:
+            fuse(w, ("q_bias", "k_bias", "v_bias"), "qkv_bias")
         self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         T, w = x.shape[0], self.w
-        q, k, v = F.linear(x, w["qkv_fused"]).split(self.sizes, dim=-1)
+        q, k, v = F.linear(x, w["qkv_fused"], w.get("qkv_bias")).split(self.sizes, dim=-1)
         gate = None
         if self.gated:
             q, gate = q.view(T, self.n_heads, 2 * self.hd).split(self.hd, dim=-1)

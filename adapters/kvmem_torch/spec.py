@@ -1,6 +1,6 @@
 """Model shape shared by every architecture, read from an HF config or GGUF metadata.
 
-One internal weight layout serves ``llama`` and ``qwen35``: tensors are named per layer
+One internal weight layout serves ``llama``, ``qwen2`` and ``qwen35``: tensors are named per layer
 (``layers.{i}.q`` ...) in HF orientation ([out, in]), RMSNorm weights are stored as the
 effective multiplier (Qwen's ``1 + w`` already applied), DeltaNet V heads are grouped by
 key head (HF order) and ``ssm_a`` holds ``-exp(A_log)``.
@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from kvmem_core.errors import UnsupportedModelError
 
-ARCHS = ("llama", "qwen35")
+ARCHS = ("llama", "qwen2", "qwen35")
 ATTENTION, DELTANET = "attention", "deltanet"
 
 
@@ -76,16 +76,18 @@ def qwen35_kinds(n_layers: int, interval: int) -> tuple[str, ...]:
 
 
 def spec_from_hf(config: Mapping[str, Any]) -> ModelSpec:
-    """Build a spec from an HF ``config.json`` dict (``llama``, ``qwen3_5_text`` or the ``qwen3_5`` wrapper)."""
+    """Build a spec from an HF ``config.json`` dict (``llama``, ``qwen2``, ``qwen3_5_text`` or the ``qwen3_5``
+    wrapper)."""
     model_type = config.get("model_type")
     if model_type == "qwen3_5":
         config = dict(config["text_config"], tie_word_embeddings=config.get("tie_word_embeddings", False))
         model_type = "qwen3_5_text"
-    if model_type == "llama":
-        return _llama_from_hf(config)
+    if model_type in ("llama", "qwen2"):
+        return _llama_from_hf(config, model_type)
     if model_type == "qwen3_5_text":
         return _qwen35_from_hf(config)
-    raise UnsupportedModelError(f"HF model_type {model_type!r} is not supported (have: llama, qwen3_5_text, qwen3_5)")
+    raise UnsupportedModelError(
+        f"HF model_type {model_type!r} is not supported (have: llama, qwen2, qwen3_5_text, qwen3_5)")
 
 
 def _rope(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -130,12 +132,15 @@ def gguf_rope_factors(meta: Mapping[str, Any], arch: str, rotary_dim: int,
     return tuple(float(f) * scale for f in (freqs or [1.0] * (rotary_dim // 2)))
 
 
-def _llama_from_hf(c: Mapping[str, Any]) -> ModelSpec:
+def _llama_from_hf(c: Mapping[str, Any], arch: str) -> ModelSpec:
+    """``llama`` and ``qwen2``: full attention in every layer, rotate-half RoPE (qwen2 adds q/k/v biases)."""
+    if c.get("use_sliding_window"):
+        raise UnsupportedModelError("sliding-window attention (use_sliding_window) is not supported")
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     rope = _rope(c)
     theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
     return ModelSpec(
-        arch="llama", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        arch=arch, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
         intermediate_size=c["intermediate_size"], n_heads=c["num_attention_heads"],
         n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"], head_dim=head_dim,
         rotary_dim=head_dim, rope_theta=theta, rope_factors=hf_rope_factors(rope, head_dim, theta),
@@ -188,7 +193,7 @@ def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool,
         rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), max_context=key("context_length", 8192),
         tie_embeddings=not has_output,
     )
-    if arch == "llama":
+    if arch in ("llama", "qwen2"):
         return ModelSpec(layer_kinds=(ATTENTION,) * n_layers, **common)
     n_v_heads = key("ssm.time_step_rank")
     return ModelSpec(

@@ -17,6 +17,11 @@ TINY = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
         max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
     ),
+    "qwen2": dict(
+        model_type="qwen2", vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+    ),
     "qwen35": dict(
         model_type="qwen3_5_text", vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
@@ -34,14 +39,16 @@ def tiny_hf_config(arch: str) -> dict[str, Any]:
 
 def tiny_hf_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32,
                   config: dict[str, Any] | None = None) -> Any:
-    """A randomly initialised HF ``LlamaForCausalLM`` / ``Qwen3_5ForCausalLM`` with non-trivial norms,
-    dt_bias and A_log, in eval mode; ``config`` replaces the tiny config of ``arch``."""
+    """A randomly initialised HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3_5ForCausalLM`` with
+    non-trivial norms, biases, dt_bias and A_log, in eval mode; ``config`` replaces the tiny config of ``arch``."""
     import transformers
 
     cfg = dict(config or tiny_hf_config(arch))
     model_type = cfg.pop("model_type")
     if model_type == "llama":
         config, cls = transformers.LlamaConfig(**cfg), transformers.LlamaForCausalLM
+    elif model_type == "qwen2":
+        config, cls = transformers.Qwen2Config(**cfg), transformers.Qwen2ForCausalLM
     else:
         config, cls = transformers.Qwen3_5TextConfig(**cfg), transformers.Qwen3_5ForCausalLM
     config._attn_implementation = "eager"

@@ -17,7 +17,7 @@ from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
 from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
-ARCHS = ("llama", "qwen35")
+ARCHS = ("llama", "qwen2", "qwen35")
 
 
 def run_ours(model: Model, ids: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,19 @@
 """The torch engine against HF transformers on tiny random models (fp32): logits and states."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
+from kvmem_torch.hf_loader import load_hf_dir  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
 from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
-ARCHS = ("llama", "qwen35")
+ARCHS = ("llama", "qwen2", "qwen35")
 TOL = 1e-4
 B = 16
 
@@ -58,6 +61,18 @@ def test_one_shot_matches_hf(pair) -> None:
     cache, view, state = scrambled_cache(model), View(), model.new_state()
     ours = model.run(ids, torch.arange(150), cache, view, state, last_only=False)
     assert view.length == 150 and len(view.table) == 10
+    assert (ours - hf_logits(hf, ids)).abs().max().item() <= TOL
+
+
+def test_hf_directory_loads_to_the_same_model(pair, tmp_path: Path) -> None:
+    """``save_pretrained`` safetensors (tied embeddings left out of the file for qwen2) load back exactly."""
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)
+    spec, weights = load_hf_dir(tmp_path, torch.float32, progress=False)
+    assert spec.arch == {"llama": "llama", "qwen2": "qwen2", "qwen3_5_text": "qwen35"}[hf.config.model_type]
+    assert ("lm_head" in weights) != spec.tie_embeddings
+    ids, model = tokens(60, seed=10), Model(spec, weights)
+    ours = model.run(ids, torch.arange(60), scrambled_cache(model), View(), model.new_state(), last_only=False)
     assert (ours - hf_logits(hf, ids)).abs().max().item() <= TOL
 
 
