@@ -149,6 +149,7 @@ class LlamaContext:
         p.n_threads, p.n_threads_batch = threads.decode, threads.batch
         p.kv_unified = True
         p.offload_kqv = True  # the KV cache sits beside the offloaded layers
+        p.op_offload = model.n_gpu_layers != 0  # else a GPU build still sends large CPU batches to the GPU
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.type_k = p.type_v = GGML_TYPE_F32 if f32_cache else GGML_TYPE_F16
         p.no_perf = True

@@ -32,7 +32,7 @@ class Plain:
 
         self.L = llama_cpp
         self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
-                                   n_gpu_layers=n_gpu_layers, flash_attn=True, verbose=False)
+                                   n_gpu_layers=n_gpu_layers, op_offload=n_gpu_layers != 0, flash_attn=True, verbose=False)
 
     def logits(self) -> np.ndarray:
         ptr = self.L.llama_get_logits_ith(self.llm._ctx.ctx, -1)

@@ -171,7 +171,7 @@ class ForwardClock:
         return sum(sec for n, sec in self.calls if n == 1)
 
 
-def stateless(model_path: str, ids: list[int], decode_tokens: int, opts: dict[str, int]) -> dict[str, float]:
+def stateless(model_path: str, ids: list[int], decode_tokens: int, opts: dict[str, Any]) -> dict[str, float]:
     """Plain llama-cpp-python (``opts``: threads, GPU layers): prefill ``ids`` from empty (time to first token),
     then greedy decode."""
     import llama_cpp

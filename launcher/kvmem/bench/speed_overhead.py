@@ -43,16 +43,18 @@ def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5
             "compute": plain.opts}
 
 
-def plain_opts(adapter: Any) -> dict[str, int]:
-    """``llama_cpp.Llama`` options that compute like ``adapter`` (a ``LlamaCppAdapter``): threads and GPU layers."""
-    threads = adapter.ctx.threads
-    return {"n_threads": threads.decode, "n_threads_batch": threads.batch, "n_gpu_layers": adapter.model.n_gpu_layers}
+def plain_opts(adapter: Any) -> dict[str, Any]:
+    """``llama_cpp.Llama`` options that compute like ``adapter`` (a ``LlamaCppAdapter``): threads, GPU layers and
+    whether CPU batches may borrow the GPU."""
+    threads, layers = adapter.ctx.threads, adapter.model.n_gpu_layers
+    return {"n_threads": threads.decode, "n_threads_batch": threads.batch, "n_gpu_layers": layers,
+            "op_offload": layers != 0}
 
 
 class PlainDecoder:
     """Plain llama-cpp-python greedy decoding after a fixed prompt, repeatable."""
 
-    def __init__(self, model_path: str, ids: list[int], opts: dict[str, int]) -> None:
+    def __init__(self, model_path: str, ids: list[int], opts: dict[str, Any]) -> None:
         import llama_cpp
 
         self.L, self.ids, self.opts = llama_cpp, ids, opts
