@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suites = parser.add_subparsers(dest="suite", required=True)
     speed = suites.add_parser("speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers")
     speed.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
-    speed.add_argument("--model", default=None, help=f"llama.cpp: {MODEL_HELP}")
+    speed.add_argument("--model", default=None, help=f"{MODEL_HELP}: the llama.cpp session and either backend's thread sweep")
     speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
     speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),

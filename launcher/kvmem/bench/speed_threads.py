@@ -15,7 +15,6 @@ from kvmem_core.threads import Threads, usable_cores
 
 TEXT = "The relay station logged every packet, its source, its size and the time it took to arrive. "
 CONFIG = KVMemConfig(ctx=4096, budget=1536, gen_budget=512)
-TORCH_MODEL = "smollm2-135m"  # the torch engine runs Llama and qwen35 models, not the default qwen2 one
 
 
 def thread_counts(cores: int) -> list[int]:
@@ -29,11 +28,12 @@ def thread_counts(cores: int) -> list[int]:
 
 def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
         log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Rows of ``{threads, prefill_tok_s, decode_tok_s}`` for every count up to the usable cores."""
+    """Rows of ``{threads, prefill_tok_s, decode_tok_s}`` for every count up to the usable cores, on ``model``
+    (a known model's name or a path; None: the default model)."""
     from kvmem.engines import adapter_factory
     from kvmem.models import resolve_model
 
-    path = resolve_model(model or (TORCH_MODEL if backend == "torch" else None))
+    path = resolve_model(model)
     adapter = adapter_factory(backend)(str(path), CONFIG, **opts)
     try:
         rows = [measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
