@@ -70,7 +70,7 @@ class Engine(Protocol):
     """A loaded model plus KVMem memory; requests are serialized by the caller."""
 
     model_id: str
-    supports_tools: bool  # the chat template renders ``tools`` itself
+    chat_template: str  # the model's chat template source (what its answers look like follows from it)
 
     def tokenize(self, text: str) -> list[int]: ...
 

@@ -138,9 +138,8 @@ class KVMemEngine:
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
     @property
-    def supports_tools(self) -> bool:
-        """True when the model's chat template renders ``tools`` itself."""
-        return "tools" in self.adapter.chat_template
+    def chat_template(self) -> str:
+        return self.adapter.chat_template
 
     def list_workspaces(self) -> list[dict[str, Any]]:
         return self.store.list_workspaces()

@@ -21,6 +21,7 @@ import msgspec
 import zmq
 
 from kvmem import protocol as P
+from kvmem.output_parser import ChatFormat
 from kvmem_core.contract import Engine
 from kvmem_core.errors import KVMemError
 
@@ -158,8 +159,8 @@ def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:
     except Exception as exc:
         outbox.send(P.encode(P.Dead(message=f"engine failed to load: {type(exc).__name__}: {exc}")))
         return 1
-    supports_tools = engine.supports_tools
-    outbox.send(P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), supports_tools=supports_tools,
+    chat_format = P.to_wire_format(ChatFormat.detect(engine.chat_template))
+    outbox.send(P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), chat_format=chat_format,
                                  metrics=engine.metrics())))
     try:
         EngineLoop(engine, inbox, outbox).run()

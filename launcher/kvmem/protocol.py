@@ -13,10 +13,12 @@ from typing import Any, Union
 
 import msgspec
 
+from kvmem.output_parser import ChatFormat
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult
+from kvmem_core.reasoning import ThinkTags
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 CALL_OPS = ("tokenize", "count_tokens", "list_workspaces", "workspace_info", "delete_workspace", "metrics")
 
 
@@ -44,6 +46,13 @@ class WireStepRequest(msgspec.Struct):
     template_kwargs: dict[str, Any]
     sampling: WireSampling
     overrides: dict[str, Any]
+
+
+class WireChatFormat(msgspec.Struct):
+    """``kvmem.output_parser.ChatFormat``: the tool syntax and think tags of the model's template."""
+
+    tools: str | None = None
+    think: tuple[str, str] | None = None
 
 
 class WireStepResult(msgspec.Struct):
@@ -93,7 +102,7 @@ class Shutdown(_Msg):
 class Ready(_Msg):
     model_id: str
     pid: int
-    supports_tools: bool
+    chat_format: WireChatFormat
     metrics: dict[str, float]
 
 
@@ -201,6 +210,14 @@ def from_wire_result(w: WireStepResult) -> StepResult:
         w.text, tuple(w.token_ids), w.finish_reason, w.prompt_tokens, w.cached_tokens,
         w.workspace_id, w.selection, w.timings,
     )
+
+
+def to_wire_format(fmt: ChatFormat) -> WireChatFormat:
+    return WireChatFormat(fmt.tools, (fmt.think.open, fmt.think.close) if fmt.think else None)
+
+
+def from_wire_format(w: WireChatFormat) -> ChatFormat:
+    return ChatFormat(w.tools, ThinkTags(*w.think) if w.think else None)
 
 
 def config_to_wire(config: KVMemConfig) -> dict[str, Any]:

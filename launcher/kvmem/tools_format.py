@@ -10,18 +10,18 @@ docs/server.md):
 - an assistant call: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
 - a tool result: a ``user`` turn ``<tool_response>\\n...\\n</tool_response>``.
 
-``parse_tool_calls`` reads calls back out of generated text; ``ToolCallFilter`` does the
-same for a stream, holding back text once a call may have begun.
+Templates that render tools themselves get the transcript as it is, in the shape
+Hugging Face templates expect (``native_messages``). Generated calls are read back by
+``kvmem.output_parser`` in the syntax the template taught (``kvmem.tool_syntax``).
 """
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any
 
+from kvmem.tool_syntax import mistral_safe_id
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 TOOLS_PREAMBLE = (
     "You may call functions to help answer. The functions are listed in <tools></tools>, "
     "one JSON schema per line:\n<tools>\n{schemas}\n</tools>\n"
@@ -67,70 +67,27 @@ def _plain_turn(msg: dict[str, Any]) -> dict[str, Any]:
     return {"role": msg["role"], "content": content}
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split generated ``text`` into its plain content and OpenAI ``tool_calls`` dicts.
-
-    A block whose body is not a JSON object with a string ``name`` stays in the content.
-    """
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for match in _CALL.finditer(text):
-        call = _parse_call(match.group(1))
-        if call is None:
-            continue
-        kept.append(text[pos:match.start()])
-        pos = match.end()
-        calls.append(call)
-    kept.append(text[pos:])
-    return "".join(kept).strip() if calls else text, calls
+def native_messages(messages: list[dict[str, Any]], syntax: str | None) -> list[dict[str, Any]]:
+    """``messages`` for a template that renders tools itself: each call's ``arguments`` as the object its
+    JSON string holds (templates write it with ``tojson``, as the model wrote it), and for ``mistral``
+    templates, which refuse other ids, every call id as 9 letters or digits (the same id each time)."""
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_native_call(c, syntax) for c in msg["tool_calls"]]
+        if syntax == "mistral" and msg.get("tool_call_id") is not None:
+            msg["tool_call_id"] = mistral_safe_id(msg["tool_call_id"])
+        out.append(msg)
+    return out
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
+def _native_call(call: dict[str, Any], syntax: str | None) -> dict[str, Any]:
+    fn = call["function"]
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    arguments = args if isinstance(args, str) else json.dumps(args)
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": obj["name"], "arguments": arguments}}
+        args: Any = json.loads(fn.get("arguments") or "{}")
+    except (ValueError, RecursionError):  # not JSON: the template gets the string as sent
+        args = fn["arguments"]
+    call_id = mistral_safe_id(call["id"]) if syntax == "mistral" else call["id"]
+    return {**call, "id": call_id, "function": {**fn, "arguments": args}}
 
-
-class ToolCallFilter:
-    """Streams text through, holding it back from the first possible ``<tool_call>`` on."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.sent = 0
-        self.holding = False
-
-    def feed(self, piece: str) -> str:
-        """Add a piece; return the text that is safe to stream as content now."""
-        self.text += piece
-        if self.holding:
-            return ""
-        start = self.text.find(OPEN, self.sent)
-        if start >= 0:
-            self.holding = True
-            return self._emit(start)
-        return self._emit(len(self.text) - _partial_open(self.text))
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """At the end: (content not yet streamed, parsed tool calls)."""
-        return parse_tool_calls(self.text[self.sent:])
-
-    def _emit(self, end: int) -> str:
-        out = self.text[self.sent:end]
-        self.sent = max(self.sent, end)
-        return out
-
-
-def _partial_open(text: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
-            return n
-    return 0

@@ -9,6 +9,8 @@ import openai
 import pytest
 from serving import LiveServer, exercise, get_json
 
+from kvmem_core.config import KVMemConfig
+
 pytestmark = pytest.mark.llamacpp
 SHORT = {"max_tokens": 8, "temperature": 0}
 
@@ -136,12 +138,13 @@ def test_workspace_info_shows_block_text_view_and_budget(server: LiveServer, cli
     story = "Marigold the lighthouse keeper counted ships every night. " * 30
     done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": story}], **SHORT)
     info = get_json(f"{server.url}/v1/kvmem/workspaces/{done.model_extra['kvmem']['workspace_id']}")[1]
-    assert (info["budget"], info["block_tokens"]) == (1024, 128) and info["gen_budget"] > 0
+    bt = KVMemConfig().block_tokens
+    assert (info["budget"], info["block_tokens"]) == (1024, bt) and info["gen_budget"] > 0
     blocks = info["blocks"]
     assert len(blocks) >= 2 and "Marigold" in "".join(b["text"] for b in blocks[:2])
-    assert [b["start"] for b in blocks] == [128 * i for i in range(len(blocks))]
+    assert [b["start"] for b in blocks] == [bt * i for i in range(len(blocks))]
     assert all(b["tiers"][0] == "gpu" for b in blocks)  # the prompt fit the budget: every block is in the view
-    assert info["totals"]["tokens_in_view"] == 128 * len(blocks)
+    assert info["totals"]["tokens_in_view"] == bt * len(blocks)
 
 
 @pytest.mark.parametrize("call, status, code", [

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from kvmem import protocol as P
 from kvmem.engine_proc import EngineLoop
+from kvmem.output_parser import ChatFormat
 from kvmem.server import schemas as S
 from kvmem.server.convert import chat_step
 from kvmem.server.engine_client import wire_frame
@@ -239,11 +240,11 @@ def loops() -> Iterator[dict[str, tuple[EngineLoop, Outbox]]]:
     engines["smollm2"].close()
 
 
-def engine_reply(loop: EngineLoop, box: Outbox, body: dict[str, Any], supports_tools: bool) -> Any:
+def engine_reply(loop: EngineLoop, box: Outbox, body: dict[str, Any], tools: str | None) -> Any:
     """The engine's reply to ``count_tokens`` for ``body``, or None when the server refuses it first (a 400).
     A fatal error would propagate out of the loop, which is what makes the engine process restart."""
     try:
-        step = chat_step(msgspec.json.decode(json.dumps(body), type=S.ChatRequest), FUZZ_CONFIG, supports_tools)
+        step = chat_step(msgspec.json.decode(json.dumps(body), type=S.ChatRequest), FUZZ_CONFIG, ChatFormat(tools))
         frame = wire_frame(P.Call(id="c", op="count_tokens", request=P.to_wire_request(step)))
     except (msgspec.DecodeError, APIError):  # the server answers 400 (a ValidationError is a DecodeError)
         return None
@@ -262,26 +263,26 @@ def check_engine_reply(reply: Any) -> None:
 
 
 def fuzz_engine_path(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str,
-                     supports_tools: bool) -> None:
+                     tools: str | None) -> None:
     loop, box = loops[template]
-    check_engine_reply(engine_reply(loop, box, body, supports_tools))
+    check_engine_reply(engine_reply(loop, box, body, tools))
 
 
 @pytest.mark.llamacpp
-@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), supports_tools=st.booleans())
+@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), tools=st.sampled_from([None, "hermes", "llama3", "mistral"]))
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_any_chat_request_fails_alone_or_renders(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any],
-                                                  template: str, supports_tools: bool) -> None:
-    fuzz_engine_path(loops, body, template, supports_tools)
+                                                  template: str, tools: str | None) -> None:
+    fuzz_engine_path(loops, body, template, tools)
 
 
 @pytest.mark.slow
 @pytest.mark.llamacpp
-@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), supports_tools=st.booleans())
+@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), tools=st.sampled_from([None, "hermes", "llama3", "mistral"]))
 @settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_ten_thousand_chat_requests_fail_alone_or_render(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any],
-                                                         template: str, supports_tools: bool) -> None:
-    fuzz_engine_path(loops, body, template, supports_tools)
+                                                         template: str, tools: str | None) -> None:
+    fuzz_engine_path(loops, body, template, tools)
 
 
 @pytest.mark.llamacpp
@@ -292,7 +293,7 @@ def test_fuzzed_chat_steps_run_or_fail_alone(loops: dict[str, tuple[EngineLoop, 
     loop, box = loops["kwargs template"]
     try:
         step = chat_step(msgspec.json.decode(json.dumps({**body, "stop": stops}), type=S.ChatRequest),
-                         FUZZ_CONFIG, False)
+                         FUZZ_CONFIG, ChatFormat())
         frame = wire_frame(P.Step(id="s", request=P.to_wire_request(step)))
     except (msgspec.DecodeError, APIError):  # the server answers 400 (a ValidationError is a DecodeError)
         return

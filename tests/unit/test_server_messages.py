@@ -6,6 +6,7 @@ import json
 import msgspec
 import pytest
 
+from kvmem.output_parser import Parsed
 from kvmem.server import messages as M
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, to_api_error
@@ -59,8 +60,10 @@ def test_usage_splits_cache_reads_from_input_tokens() -> None:
 
 def test_tool_calls_become_tool_use_blocks() -> None:
     calls = [{"id": "call_ab", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
-    assert M.content_blocks("", calls) == [{"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"a": 1}}]
-    assert M.content_blocks("", []) == [{"type": "text", "text": ""}]
+    assert M.content_blocks(Parsed(calls=calls)) == [{"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"a": 1}}]
+    assert M.content_blocks(Parsed()) == [{"type": "text", "text": ""}]
+    assert M.content_blocks(Parsed("hm", "hi")) == [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                                    {"type": "text", "text": "hi"}]
 
 
 def test_errors_take_the_anthropic_shape() -> None:

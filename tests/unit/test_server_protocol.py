@@ -28,7 +28,7 @@ def test_step_result_round_trips_through_a_frame() -> None:
 
 @pytest.mark.parametrize("msg", [
     P.Call(id="c", op="tokenize", arg="hello"), P.Abort(id="x"), P.Shutdown(),
-    P.Ready(model_id="m", pid=1, supports_tools=True, metrics={}), P.Started(id="x", workspace_id="ws-1"),
+    P.Ready(model_id="m", pid=1, chat_format=P.WireChatFormat("hermes", ("<think>", "</think>")), metrics={}), P.Started(id="x", workspace_id="ws-1"),
     P.Text(id="x", text="piece"),
     P.Reply(id="x", value=[1, 2]), P.Failed(id="x", status=413, code="budget_exceeded", message="too big"),
     P.Dead(message="boom"),

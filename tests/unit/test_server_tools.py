@@ -1,11 +1,10 @@
-"""The plain-text tool-call format: rendering transcripts, parsing calls, streaming around them."""
+"""Transcripts for templates: tools as plain text where the template has none, argument objects where it has."""
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from kvmem import tools_format as T
+from kvmem.output_parser import ChatFormat, parse_output
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -34,41 +33,31 @@ def test_render_plain_adds_a_system_turn_for_tools_when_there_is_none() -> None:
 
 def test_parse_reads_back_what_render_writes() -> None:
     text = "Let me check.\n" + T.call_text("get_weather", '{"city": "Oslo"}') + "\n" + T.call_text("get_time", "{}")
-    content, calls = T.parse_tool_calls(text)
-    assert content == "Let me check."
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+    out = parse_output(text, ChatFormat().parser(with_tools=True))
+    assert out.content == "Let me check."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in out.calls] == [
         ("get_weather", {"city": "Oslo"}), ("get_time", {})]
-    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in out.calls)
 
 
-@pytest.mark.parametrize("text", ["no calls here", "<tool_call>not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
-                                  "<tool_call>[1, 2]</tool_call>"])
-def test_text_without_a_valid_call_stays_content(text: str) -> None:
-    assert T.parse_tool_calls(text) == (text, [])
+def test_native_messages_give_templates_argument_objects() -> None:
+    messages = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    out = T.native_messages(messages, "hermes")
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1} and out[1]["tool_call_id"] == "call_1"
+    assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the caller's list is left alone
+    odd = T.native_messages([{**messages[0], "tool_calls": [{"id": "call_2", "type": "function",
+                                                             "function": {"name": "f", "arguments": "{oops"}}]}], "hermes")
+    assert odd[0]["tool_calls"][0]["function"]["arguments"] == "{oops"
 
 
-def test_unclosed_call_at_the_end_still_parses() -> None:
-    _, calls = T.parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"a": 1}}')
-    assert calls[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
-
-
-def test_stream_filter_holds_back_a_call_split_across_pieces() -> None:
-    f = T.ToolCallFilter()
-    pieces = ["Sure", ". <tool", "_ca", 'll>{"name": "f", ', '"arguments": {}}</tool_call>']
-    streamed = "".join(f.feed(p) for p in pieces)
-    rest, calls = f.finish()
-    assert streamed == "Sure. "
-    assert rest == "" and calls[0]["function"]["name"] == "f"
-
-
-def test_stream_filter_releases_a_false_alarm() -> None:
-    f = T.ToolCallFilter()
-    assert f.feed("a <to") == "a "
-    assert f.feed("p> b") == "<top> b"
-    assert f.finish() == ("", [])
-
-
-def test_stream_filter_returns_held_text_that_was_no_call() -> None:
-    f = T.ToolCallFilter()
-    assert f.feed("x <tool_call> oops") == "x "
-    assert f.finish() == ("<tool_call> oops", [])
+def test_mistral_templates_get_nine_character_ids_that_repeat() -> None:
+    messages = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    first, again = T.native_messages(messages, "mistral"), T.native_messages(messages, "mistral")
+    call_id = first[0]["tool_calls"][0]["id"]
+    assert len(call_id) == 9 and call_id.isalnum() and first[1]["tool_call_id"] == call_id
+    assert again == first
+    assert T.native_messages([{"role": "tool", "tool_call_id": "abcDEF123", "content": "x"}], "mistral")[0]["tool_call_id"] == "abcDEF123"

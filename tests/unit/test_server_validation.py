@@ -7,6 +7,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from kvmem.output_parser import ChatFormat
 from kvmem.server import convert
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, to_api_error
@@ -29,7 +30,7 @@ def error_of(fn: object, *args: object, **kwargs: object) -> APIError:
 
 def test_chat_step_carries_sampling_and_template_kwargs() -> None:
     step = convert.chat_step(chat(temperature=0, top_p=0.5, top_k=3, seed=7, stop="END", max_tokens=9,
-                                  reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}), CONFIG, False)
+                                  reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}), CONFIG, ChatFormat())
     s = step.sampling
     assert (s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, s.stop) == (0, 0.5, 3, 7, 9, ("END",))
     assert step.template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
@@ -38,19 +39,19 @@ def test_chat_step_carries_sampling_and_template_kwargs() -> None:
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
-    assert convert.chat_step(chat(max_tokens=5, max_completion_tokens=11), CONFIG, False).sampling.max_tokens == 11
+    assert convert.chat_step(chat(max_tokens=5, max_completion_tokens=11), CONFIG, ChatFormat()).sampling.max_tokens == 11
 
 
 def test_content_parts_join_and_developer_becomes_system() -> None:
     body = chat(messages=[{"role": "developer", "content": "be brief"},
                           {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
-    assert convert.chat_step(body, CONFIG, False).messages == (
+    assert convert.chat_step(body, CONFIG, ChatFormat()).messages == (
         {"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
 
 
 def test_kvmem_object_becomes_config_overrides() -> None:
     body = chat(kvmem={"method": "recency", "retrieval_method": "mean-k", "budget": 1024, "retrieval_heads": "3:1,4:2"})
-    assert convert.chat_step(body, CONFIG, False).overrides == {
+    assert convert.chat_step(body, CONFIG, ChatFormat()).overrides == {
         "method": "recency", "scorer": "mean-k", "budget": 1024, "retrieval_heads": ((3, 1), (4, 2))}
 
 
@@ -59,7 +60,7 @@ def test_kvmem_object_becomes_config_overrides() -> None:
     ({"budget": 100_000}, "kvmem"), ({"gen_budget": 4096}, "kvmem"),
 ])
 def test_bad_kvmem_values_are_400(kvmem: dict[str, object], param: str) -> None:
-    err = error_of(convert.chat_step, chat(kvmem=kvmem), CONFIG, False)
+    err = error_of(convert.chat_step, chat(kvmem=kvmem), CONFIG, ChatFormat())
     assert (err.status, err.param, err.code) == (400, param, "invalid_kvmem_options")
 
 
@@ -90,7 +91,7 @@ def test_schema_violations_are_400_with_the_param(body: dict[str, object], param
     ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0]"),
 ])
 def test_semantic_violations_are_400(messages: list[dict[str, object]], param: str) -> None:
-    err = error_of(convert.chat_step, chat(messages=messages), CONFIG, False)
+    err = error_of(convert.chat_step, chat(messages=messages), CONFIG, ChatFormat())
     assert (err.status, err.param) == (400, param)
 
 
@@ -123,9 +124,9 @@ def test_completion_step_takes_the_prompt() -> None:
 
 def test_tools_become_plain_text_when_the_template_lacks_them() -> None:
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    plain = convert.chat_step(chat(tools=tools), CONFIG, supports_tools=False)
+    plain = convert.chat_step(chat(tools=tools), CONFIG, ChatFormat())
     assert plain.tools is None and "<tools>" in plain.messages[0]["content"]
-    native = convert.chat_step(chat(tools=tools), CONFIG, supports_tools=True)
+    native = convert.chat_step(chat(tools=tools), CONFIG, ChatFormat("hermes"))
     assert native.tools == tuple(msgspec.to_builtins(msgspec.convert(tools, list[S.ChatTool])))
     assert native.messages == ({"role": "user", "content": "hi"},)
-    assert convert.chat_step(chat(tools=tools, tool_choice="none"), CONFIG, False).messages == native.messages
+    assert convert.chat_step(chat(tools=tools, tool_choice="none"), CONFIG, ChatFormat()).messages == native.messages

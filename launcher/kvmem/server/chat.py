@@ -8,11 +8,12 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from kvmem import tools_format
+from kvmem.output_parser import OutputParser, parse_output
 from kvmem.server import convert, sse
 from kvmem.server import schemas as S
 from kvmem.server.errors import to_api_error
 from kvmem.server.state import STATE, ServerState
+from kvmem.tool_syntax import Item
 from kvmem_core.contract import StepResult
 
 
@@ -42,27 +43,37 @@ async def read_body(request: web.Request, schema: type[Any]) -> Any:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body: S.ChatRequest = await read_body(request, S.ChatRequest)
-    step = convert.chat_step(body, state.config, state.engine.supports_tools)
+    fmt = state.engine.chat_format
+    step = convert.chat_step(body, state.config, fmt)
     model = state.served_model(body.model)
-    has_tools = bool(body.tools) and body.tool_choice != "none"
+    parser = fmt.parser(with_tools=bool(body.tools) and body.tool_choice != "none")
     base = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model,
             "system_fingerprint": state.fingerprint}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _stream_chat(request, state, step, base, has_tools, include_usage)
+        return await _stream_chat(request, state, step, base, parser, include_usage)
     result = await state.run(step)
-    content, calls = tools_format.parse_tool_calls(result.text) if has_tools else (result.text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = calls
+    out = parse_output(result.text, parser)
+    message: dict[str, Any] = {"role": "assistant", "content": out.content or (None if out.calls else "")}
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    if out.calls:
+        message["tool_calls"] = out.calls
     choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": "tool_calls" if calls else result.finish_reason}
+              "finish_reason": "tool_calls" if out.calls else result.finish_reason}
     return web.json_response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(result),
                               "kvmem": kvmem_info(result)})
 
 
+def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
+    """A complete tool call as the two deltas OpenAI streams: id and name first, then the arguments."""
+    fn = call["function"]
+    head = {"index": index, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+    return [{"tool_calls": [head]}, {"tool_calls": [{"index": index, "function": {"arguments": fn["arguments"]}}]}]
+
+
 async def _stream_chat(request: web.Request, state: ServerState, step: Any, base: dict[str, Any],
-                       has_tools: bool, include_usage: bool) -> web.StreamResponse:
+                       parser: OutputParser, include_usage: bool) -> web.StreamResponse:
     chunk = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
 
@@ -76,12 +87,19 @@ async def _stream_chat(request: web.Request, state: ServerState, step: Any, base
     resp = await sse.open_stream(request)
     # the workspace id rides on the first chunk too, so a client that stops the answer early still has it
     await resp.write(delta({"role": "assistant", "content": ""}, kvmem=started))
-    tool_filter = tools_format.ToolCallFilter() if has_tools else None
+    calls: list[dict[str, Any]] = []
+
+    async def emit(item: Item) -> None:
+        kind, value = item
+        if kind != "call":
+            await resp.write(delta({"reasoning_content" if kind == "reasoning" else "content": value}))
+            return
+        calls.append(value)
+        for d in call_deltas(len(calls) - 1, value):
+            await resp.write(delta(d))
 
     async def chunks() -> None:
-        result, calls = await sse.relay(gen, first, lambda text: resp.write(delta({"content": text})), tool_filter)
-        if calls:
-            await resp.write(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+        result = await sse.relay(gen, first, emit, parser)
         await resp.write(delta({}, "tool_calls" if calls else result.finish_reason))
         if include_usage:
             await resp.write(sse.frame({**chunk, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))
@@ -130,7 +148,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return sse.frame({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
 
     async def chunks() -> None:
-        result, _ = await sse.relay(gen, first, lambda text: resp.write(piece(text)))
+        result = await sse.relay(gen, first, lambda item: resp.write(piece(item[1])))
         await resp.write(piece("", result.finish_reason))
         if include_usage:
             await resp.write(sse.frame({**base, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))

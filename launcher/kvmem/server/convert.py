@@ -6,6 +6,7 @@ from typing import Any
 import msgspec
 
 from kvmem import tools_format
+from kvmem.output_parser import ChatFormat
 from kvmem.server import schemas as S
 from kvmem.server.errors import invalid
 from kvmem_core.config import KVMemConfig, parse_retrieval_heads
@@ -87,17 +88,17 @@ def chat_messages(messages: list[S.ChatMessage]) -> list[dict[str, Any]]:
 
 
 def engine_transcript(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      supports_tools: bool) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
+                      fmt: ChatFormat) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
     """Messages and tools as the engine gets them: native when its template knows tools, else plain text."""
-    if supports_tools:
-        return tuple(messages), tuple(tools) if tools else None
+    if fmt.tools is not None:
+        return tuple(tools_format.native_messages(messages, fmt.tools)), tuple(tools) if tools else None
     return tuple(tools_format.render_plain(messages, tools)), None
 
 
-def chat_step(body: S.ChatRequest, config: KVMemConfig, supports_tools: bool) -> StepRequest:
+def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat) -> StepRequest:
     """The engine step for a chat completion request."""
     tools = msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
-    messages, engine_tools = engine_transcript(chat_messages(body.messages), tools, supports_tools)
+    messages, engine_tools = engine_transcript(chat_messages(body.messages), tools, fmt)
     kwargs = dict(body.chat_template_kwargs or {})
     if body.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)

@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 
 from kvmem import protocol as P
+from kvmem.output_parser import ChatFormat
 from kvmem.server.errors import APIError, engine_unavailable, invalid
 from kvmem_core.contract import StepRequest, StepResult
 
@@ -38,7 +39,7 @@ class EngineClient:
         self.env = {**os.environ, **(env or {})}
         self.state = "stopped"
         self.model_id = ""
-        self.supports_tools = False
+        self.chat_format = ChatFormat()
         self.metrics: dict[str, float] = {}
         self.restarts = 0
         self.waiting = 0
@@ -192,7 +193,7 @@ class EngineClient:
 
     def _dispatch(self, msg: P.Message) -> None:
         if isinstance(msg, P.Ready):
-            self.model_id, self.supports_tools, self.metrics = msg.model_id, msg.supports_tools, msg.metrics
+            self.model_id, self.chat_format, self.metrics = msg.model_id, P.from_wire_format(msg.chat_format), msg.metrics
             self.state = "ready"
             self._last_dead = ""
             self._ready.set()

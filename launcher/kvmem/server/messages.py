@@ -12,12 +12,13 @@ from typing import Any
 
 from aiohttp import web
 
-from kvmem import tools_format
+from kvmem.output_parser import OutputParser, Parsed, parse_output
 from kvmem.server import convert, sse
 from kvmem.server import schemas as S
 from kvmem.server.chat import first_item, kvmem_info, read_body
 from kvmem.server.errors import APIError, invalid, to_api_error
 from kvmem.server.state import STATE, ServerState
+from kvmem.tool_syntax import Item
 from kvmem_core.contract import StepRequest, StepResult
 
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "abort": "end_turn"}
@@ -66,7 +67,7 @@ def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
 
 def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     """The engine step for a Messages body (``count_tokens`` bodies carry no sampling)."""
-    messages, tools = convert.engine_transcript(chat_messages(body), chat_tools(body), state.engine.supports_tools)
+    messages, tools = convert.engine_transcript(chat_messages(body), chat_tools(body), state.engine.chat_format)
     if isinstance(body, S.MessagesRequest):
         return StepRequest(messages=messages, tools=tools, sampling=convert.sampling(body, body.max_tokens),
                            overrides=convert.overrides(body.kvmem, state.config))
@@ -78,18 +79,19 @@ def usage(result: StepResult) -> dict[str, Any]:
             "cache_read_input_tokens": result.cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def tool_blocks(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Parsed tool calls as ``tool_use`` blocks."""
-    blocks = []
-    for call in calls:
-        fn = call["function"]
-        args = json.loads(fn["arguments"]) if fn["arguments"].strip().startswith("{") else {}
-        blocks.append({"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": fn["name"], "input": args})
-    return blocks
+def tool_block(call: dict[str, Any]) -> dict[str, Any]:
+    """A parsed tool call as a ``tool_use`` block."""
+    fn = call["function"]
+    args = json.loads(fn["arguments"]) if fn["arguments"].strip().startswith("{") else {}
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": fn["name"], "input": args}
 
 
-def content_blocks(text: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return ([{"type": "text", "text": text}] if text or not calls else []) + tool_blocks(calls)
+def content_blocks(out: Parsed) -> list[dict[str, Any]]:
+    """A whole answer's blocks: its thinking, its text (also an empty one, unless it only calls tools), its tool uses."""
+    blocks = [{"type": "thinking", "thinking": out.reasoning, "signature": ""}] if out.reasoning else []
+    if out.content or not out.calls:
+        blocks.append({"type": "text", "text": out.content})
+    return blocks + [tool_block(c) for c in out.calls]
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
@@ -97,14 +99,14 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     body: S.MessagesRequest = await read_body(request, S.MessagesRequest)
     step = step_of(body, state)
     model = state.served_model(body.model)
-    has_tools = chat_tools(body) is not None
+    parser = state.engine.chat_format.parser(with_tools=chat_tools(body) is not None)
     head = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": model}
     if body.stream:
-        return await _stream(request, state, step, head, has_tools)
+        return await _stream(request, state, step, head, parser)
     result = await state.run(step)
-    text, calls = tools_format.parse_tool_calls(result.text) if has_tools else (result.text, [])
-    return web.json_response({**head, "content": content_blocks(text, calls), "stop_sequence": None,
-                              "stop_reason": "tool_use" if calls else STOP_REASONS[result.finish_reason],
+    out = parse_output(result.text, parser)
+    return web.json_response({**head, "content": content_blocks(out), "stop_sequence": None,
+                              "stop_reason": "tool_use" if out.calls else STOP_REASONS[result.finish_reason],
                               "usage": usage(result), "kvmem": kvmem_info(result)})
 
 
@@ -116,8 +118,51 @@ async def count_tokens(request: web.Request) -> web.Response:
     return web.json_response({"input_tokens": await state.engine.call("count_tokens", request=step)})
 
 
+class Blocks:
+    """Streams content blocks as the parser's items arrive: a thinking or text block opens with its first
+    piece and stops when another kind begins; a tool use is sent whole once its call is complete."""
+
+    DELTAS = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.count = 0
+        self.open: str | None = None
+        self.calls = 0
+
+    async def write(self, item: Item) -> None:
+        kind, value = item
+        if kind == "call":
+            await self._stop()
+            block = tool_block(value)
+            await self.send("content_block_start", index=self.count, content_block={**block, "input": {}})
+            await self.send("content_block_delta", index=self.count,
+                            delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+            await self.send("content_block_stop", index=self.count)
+            self.count, self.calls = self.count + 1, self.calls + 1
+            return
+        kind = "thinking" if kind == "reasoning" else "text"
+        if self.open != kind:
+            await self._stop()
+            start = {"type": kind, kind: "", **({"signature": ""} if kind == "thinking" else {})}
+            await self.send("content_block_start", index=self.count, content_block=start)
+            self.open = kind
+        delta_type, field = self.DELTAS[kind]
+        await self.send("content_block_delta", index=self.count, delta={"type": delta_type, field: value})
+
+    async def close(self) -> None:
+        if self.count == 0 and self.open is None:  # an answer without calls has a text block, be it empty
+            await self.write(("content", ""))
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self.open is not None:
+            await self.send("content_block_stop", index=self.count)
+            self.open, self.count = None, self.count + 1
+
+
 async def _stream(request: web.Request, state: ServerState, step: StepRequest, head: dict[str, Any],
-                  has_tools: bool) -> web.StreamResponse:
+                  parser: OutputParser) -> web.StreamResponse:
     gen = state.stream(step)
     first = await first_item(gen)
     resp = await sse.open_stream(request)
@@ -127,17 +172,11 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
 
     start_usage = {"input_tokens": 0, "output_tokens": 0}
     await send("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage})
-    await send("content_block_start", index=0, content_block={"type": "text", "text": ""})
-    tool_filter = tools_format.ToolCallFilter() if has_tools else None
+    blocks = Blocks(send)
     try:
-        item, calls = await sse.relay(
-            gen, first, lambda text: send("content_block_delta", index=0, delta={"type": "text_delta", "text": text}), tool_filter)
-        await send("content_block_stop", index=0)
-        for index, block in enumerate(tool_blocks(calls), start=1):
-            await send("content_block_start", index=index, content_block={**block, "input": {}})
-            await send("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
-            await send("content_block_stop", index=index)
-        stop = "tool_use" if calls else STOP_REASONS[item.finish_reason]
+        item = await sse.relay(gen, first, blocks.write, parser)
+        await blocks.close()
+        stop = "tool_use" if blocks.calls else STOP_REASONS[item.finish_reason]
         await send("message_delta", delta={"stop_reason": stop, "stop_sequence": None}, usage=usage(item))
         await send("message_stop")
     except (ConnectionResetError, ConnectionError):

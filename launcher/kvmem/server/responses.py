@@ -13,11 +13,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from kvmem import tools_format
+from kvmem.output_parser import Parsed, parse_output
 from kvmem.server import convert, sse
 from kvmem.server import schemas as S
 from kvmem.server.chat import first_item, kvmem_info, read_body
 from kvmem.server.errors import APIError, invalid, to_api_error
+from kvmem.server.response_items import Events, OutputWriter, output_items
 from kvmem.server.state import STATE, ServerState
 from kvmem_core.contract import StepRequest, StepResult
 
@@ -82,19 +83,15 @@ class Turn:
         self.history = (previous["transcript"] if previous else []) + new
         self.tools = chat_tools(body.tools) if body.tool_choice != "none" else None
         head = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.supports_tools)
+        messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.chat_format)
         effort = body.reasoning.effort if body.reasoning else None
         self.step = StepRequest(
             messages=messages, tools=engine_tools, template_kwargs={"reasoning_effort": effort} if effort else {},
             sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config))
         self.model = state.served_model(body.model)
+        self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None)
         self.id = "resp_" + uuid.uuid4().hex
-        self.msg_id = "msg_" + uuid.uuid4().hex
         self.created = time.time()
-
-    def message_item(self, text: str, status: str) -> dict[str, Any]:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
-        return {"id": self.msg_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
     def response(self, status: str, output: list[dict[str, Any]], result: StepResult | None) -> dict[str, Any]:
         b = self.body
@@ -116,17 +113,16 @@ class Turn:
             out["kvmem"] = kvmem_info(result)
         return out
 
-    def finish(self, state: ServerState, result: StepResult, content: str, calls: list[dict[str, Any]],
-               always_message: bool) -> dict[str, Any]:
+    def finish(self, state: ServerState, result: StepResult, out: Parsed, output: list[dict[str, Any]]) -> dict[str, Any]:
         """The final response object; stores it (with the grown transcript) when ``store`` is set."""
         status = "incomplete" if result.finish_reason == "length" else "completed"
-        output = [self.message_item(content, "completed")] if content or always_message or not calls else []
-        output += [_call_item(c) for c in calls]
         response = self.response(status, output, result)
         if self.body.store:
-            reply: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                reply["tool_calls"] = calls
+            reply: dict[str, Any] = {"role": "assistant", "content": out.content}
+            if out.reasoning:
+                reply["reasoning_content"] = out.reasoning
+            if out.calls:
+                reply["tool_calls"] = out.calls
             state.responses.put(self.id, response, self.history + [reply])
         return response
 
@@ -135,20 +131,14 @@ def _builtins(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]]:
     return msgspec.to_builtins(tools or [])
 
 
-def _call_item(call: dict[str, Any]) -> dict[str, Any]:
-    fn = call["function"]
-    return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "call_id": call["id"],
-            "name": fn["name"], "arguments": fn["arguments"], "status": "completed"}
-
-
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     turn = Turn(await read_body(request, S.ResponsesRequest), state)
     if turn.body.stream:
-        return await _stream(request, state, turn)
+        return await stream_response(request, state, turn)
     result = await state.run(turn.step)
-    content, calls = tools_format.parse_tool_calls(result.text) if turn.tools else (result.text, [])
-    return web.json_response(turn.finish(state, result, content, calls, always_message=False))
+    out = parse_output(result.text, turn.parser)
+    return web.json_response(turn.finish(state, result, out, output_items(out)))
 
 
 async def get_response(request: web.Request) -> web.Response:
@@ -169,58 +159,21 @@ def _not_found(response_id: str) -> APIError:
     return APIError(404, f"response {response_id!r} not found", "response_not_found")
 
 
-class _Events:
-    """Writes Responses stream events with increasing ``sequence_number``."""
-
-    def __init__(self, resp: web.StreamResponse) -> None:
-        self.resp = resp
-        self.seq = 0
-
-    async def send(self, kind: str, **fields: Any) -> None:
-        await self.resp.write(sse.frame({"type": kind, "sequence_number": self.seq, **fields}, event=kind))
-        self.seq += 1
-
-
-async def _stream(request: web.Request, state: ServerState, turn: Turn) -> web.StreamResponse:
+async def stream_response(request: web.Request, state: ServerState, turn: Turn) -> web.StreamResponse:
+    """The SSE stream of one response: lifecycle events around its output items as they form."""
     gen = state.stream(turn.step)
     first = await first_item(gen)
-    ev = _Events(await sse.open_stream(request))
+    ev = Events(await sse.open_stream(request))
     await ev.send("response.created", response=turn.response("in_progress", [], None))
     await ev.send("response.in_progress", response=turn.response("in_progress", [], None))
-    where = {"item_id": turn.msg_id, "output_index": 0}
-    await ev.send("response.output_item.added", output_index=0, item=turn.message_item("", "in_progress"))
-    await ev.send("response.content_part.added", **where, content_index=0,
-                  part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-    tool_filter = tools_format.ToolCallFilter() if turn.tools else None
-    parts: list[str] = []
-
-    async def emit(piece: str) -> None:
-        parts.append(piece)
-        await ev.send("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[])
-
+    writer = OutputWriter(ev)
     try:
-        item, calls = await sse.relay(gen, first, emit, tool_filter)
-        text = "".join(parts)
-        final = turn.finish(state, item, text, calls, always_message=True)
-        await _close_items(ev, turn, final, text)
-        await ev.send("response.completed", response=final)
+        result = await sse.relay(gen, first, writer.write, turn.parser)
+        output = await writer.close()
+        await ev.send("response.completed", response=turn.finish(state, result, writer.parsed, output))
     except (ConnectionResetError, ConnectionError):
         return ev.resp
     except Exception as exc:
         err = to_api_error(exc)
         await ev.send("error", message=err.message, code=err.code, param=err.param, **err.body())
     return ev.resp
-
-
-async def _close_items(ev: _Events, turn: Turn, final: dict[str, Any], text: str) -> None:
-    where = {"item_id": turn.msg_id, "output_index": 0}
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    await ev.send("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
-    await ev.send("response.content_part.done", **where, content_index=0, part=part)
-    await ev.send("response.output_item.done", output_index=0, item=final["output"][0])
-    for index, item in enumerate(final["output"][1:], start=1):
-        await ev.send("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-        await ev.send("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
-        await ev.send("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                      arguments=item["arguments"], name=item["name"])
-        await ev.send("response.output_item.done", output_index=index, item=item)

@@ -7,7 +7,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from kvmem.tools_format import ToolCallFilter
+from kvmem.output_parser import OutputParser
+from kvmem.tool_syntax import Item
 from kvmem_core.contract import StepResult
 
 DONE = b"data: [DONE]\n\n"
@@ -43,21 +44,20 @@ def parse(body: bytes) -> list[tuple[str | None, str]]:
 
 
 
-async def relay(gen: AsyncIterator[Any], first: Any, emit: Callable[[str], Awaitable[Any]],
-                tool_filter: ToolCallFilter | None = None) -> tuple[StepResult, list[dict[str, Any]]]:
-    """Pass a step stream's text pieces to ``emit`` until its ``StepResult``; return it and the tool calls.
+async def relay(gen: AsyncIterator[Any], first: Any, emit: Callable[[Item], Awaitable[Any]],
+                parser: OutputParser | None = None) -> StepResult:
+    """Pass a step stream's text to ``emit`` until its ``StepResult``, and return that.
 
-    ``first`` is the stream's first item (already awaited). With ``tool_filter``, text that
-    forms a tool call is held back and parsed; the filter's trailing text is emitted last.
+    ``first`` is the stream's first item (already awaited). With ``parser`` the text is
+    split into reasoning, content and tool-call items as soon as each is certain; without
+    it every piece is a content item.
     """
     async with contextlib.aclosing(gen):
         item = first
         while not isinstance(item, StepResult):
-            piece = tool_filter.feed(item) if tool_filter else item
-            if piece:
-                await emit(piece)
+            for out in parser.feed(item) if parser else [("content", item)]:
+                await emit(out)
             item = await gen.__anext__()
-    rest, calls = tool_filter.finish() if tool_filter else ("", [])
-    if rest:
-        await emit(rest)
-    return item, calls
+    for out in parser.finish() if parser else []:
+        await emit(out)
+    return item
