@@ -1,20 +1,21 @@
-"""Grouping quality outcomes into contract rows, the early-needle summary, and the table."""
+"""Grouping quality outcomes into contract rows, the early-needle summary, the goals and the tables."""
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from kvmem.bench import report
-from kvmem.bench.quality import METHODS, ORACLE, Layout, Method, Plan, select_methods
-
-from kvmem_core.errors import ConfigError
 
 
-def outcome(method: str, scorer: str | None, correct: bool, *, size: int = 2300, depth: float = 0.2,
-            prompt_tokens: int = 2300, gold: bool | None = True, error: str | None = None) -> dict[str, Any]:
-    return {"session": "s", "kind": "kv", "size": size, "depth": depth, "prompt_tokens": prompt_tokens,
-            "method": method, "scorer": scorer, "budget": 512, "expected": "1", "answer": "", "correct": correct,
+def outcome(method: str, scorer: str | None, correct: bool, *, session: str = "s", size: int = 2300,
+            depth: float = 0.2, prompt_tokens: int = 2300, budget: int = 512, gold: bool | None = True,
+            error: str | None = None) -> dict[str, Any]:
+    return {"session": session, "kind": "kv", "size": size, "depth": depth, "prompt_tokens": prompt_tokens,
+            "method": method, "scorer": scorer, "budget": budget, "expected": "1", "answer": "", "correct": correct,
             "gold_blocks": [3], "selected_blocks": [0, 3], "gold_selected": gold, "seconds": 0.1, "error": error}
+
+
+def heads(correct: bool, **kw: Any) -> dict[str, Any]:
+    return outcome("retrieval", "retrieval-heads", correct, **kw)
 
 
 def test_rows_group_by_method_size_and_depth_and_skip_errors() -> None:
@@ -30,65 +31,98 @@ def test_rows_group_by_method_size_and_depth_and_skip_errors() -> None:
 
 
 def test_summary_counts_only_early_needles_in_long_workspaces() -> None:
-    outs = [outcome("retrieval", "retrieval-heads", True), outcome("recent", None, False),
-            outcome("retrieval", "retrieval-heads", False, depth=0.7), outcome("recent", None, True, depth=0.7),
-            outcome("recent", None, True, prompt_tokens=1500)]
-    s = report.summary(outs, budget=512)
+    outs = [heads(True, session="a"), outcome("recent", None, False, session="a"),
+            heads(False, session="b", depth=0.7), outcome("recent", None, True, session="b", depth=0.7),
+            outcome("recent", None, True, session="c", prompt_tokens=1500)]
+    s = report.summary(outs)
     assert s["early_long_accuracy"] == {"recent": 0.0, "retrieval/retrieval-heads": 1.0}
     assert s["retrieval_minus_recent"] == 1.0 and s["early_long_sessions"] == 1
     assert s["early_long_accuracy_by_kind"] == {"kv": s["early_long_accuracy"]}
 
 
-def test_table_has_a_row_per_method_and_a_column_per_size() -> None:
-    outs = [outcome("retrieval", "per-token", True, size=400, prompt_tokens=380), outcome("full", None, False, gold=None)]
-    lines = report.table(outs, 512).splitlines()
-    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["method", "400 tok", "2300 tok", "early, >=4x", "gold recall"]
+def test_long_is_measured_against_each_sessions_own_view_budget() -> None:
+    outs = [heads(True, session="small", size=4096, prompt_tokens=4000, budget=512),
+            outcome("full", None, True, session="small", size=4096, prompt_tokens=4000, budget=20480),
+            heads(True, session="big", size=16384, prompt_tokens=7000, budget=2048)]  # 7000 < 4 x 2048
+    assert report.view_budgets(outs) == {"small": 512, "big": 2048}
+    assert report.size_budgets(outs) == {4096: 512, 16384: 2048}
+    assert [(o["session"], o["method"]) for o in report.early_long(outs)] == [("small", "retrieval"), ("small", "full")]
+
+
+def test_table_has_a_row_per_method_and_a_column_per_size_with_its_view() -> None:
+    outs = [outcome("retrieval", "per-token", True, session="a", size=4096, prompt_tokens=4000),
+            outcome("full", None, False, session="b", gold=None, budget=20480, size=8192, prompt_tokens=8000),
+            outcome("recent", None, False, session="b", size=8192, prompt_tokens=8000, budget=1024)]
+    lines = report.table(outs).splitlines()
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
+        "method", "4096 tok, view 512", "8192 tok, view 1024", "early, >=4x", "gold recall"]
     assert lines[2].startswith("| retrieval/per-token | 100%") and lines[3].startswith("| full ")
 
 
-def test_methods_are_chosen_by_label() -> None:
-    assert select_methods(None) == METHODS
-    assert [m.label for m in select_methods("recent, retrieval/mean-k")] == ["recent", "retrieval/mean-k"]
-    with pytest.raises(ConfigError, match="unknown retrieval/bm25"):
-        select_methods("retrieval/bm25")
-
-
-def test_sizes_pick_cells_of_the_plan() -> None:
-    from kvmem.bench.quality import FULL
-
-    plan = FULL.only_sizes("4096, 7168")
-    assert {size for size, _, _ in plan.grid} == {4096, 7168} and len(plan.sessions(0)) == 40
-    with pytest.raises(ConfigError, match="choose from 400, 1024, 2048, 4096, 7168"):
-        FULL.only_sizes("5000")
-    with pytest.raises(ConfigError, match="not a list"):
-        FULL.only_sizes("big")
-
-
-def test_oracle_alone_is_refused_and_runs_last_in_the_table() -> None:
-    with pytest.raises(ConfigError, match="oracle needs another method"):
-        select_methods("oracle")
+def test_oracle_runs_last_in_the_table() -> None:
     outs = [outcome("oracle", None, True), outcome("recent", None, False), outcome("retrieval", "mean-k", False)]
-    names = [line.split("|")[1].strip() for line in report.table(outs, 512).splitlines()[2:]]
+    names = [line.split("|")[1].strip() for line in report.table(outs).split("\n\n")[0].splitlines()[2:]]
     assert names == ["retrieval/mean-k", "recent", "oracle"]
 
 
 def test_diagnosis_splits_retrieval_errors_from_model_errors() -> None:
-    def item(session: str, method: str, scorer: str | None, correct: bool, gold: bool | None) -> dict[str, Any]:
-        return {**outcome(method, scorer, correct, gold=gold), "session": session}
-
-    outs = [item("a", "retrieval", "mean-k", False, False), item("a", "oracle", None, True, True),
-            item("b", "retrieval", "mean-k", False, True), item("b", "oracle", None, False, True),
-            item("c", "retrieval", "mean-k", False, False), item("c", "oracle", None, False, True),
-            item("d", "retrieval", "mean-k", True, True), item("d", "recent", None, False, False)]
+    outs = [outcome("retrieval", "mean-k", False, session="a", gold=False), outcome("oracle", None, True, session="a"),
+            outcome("retrieval", "mean-k", False, session="b"), outcome("oracle", None, False, session="b"),
+            outcome("retrieval", "mean-k", False, session="c", gold=False), outcome("oracle", None, False, session="c"),
+            outcome("retrieval", "mean-k", True, session="d"), outcome("recent", None, False, session="d", gold=False)]
     assert report.diagnosis(outs) == {"retrieval/mean-k": {
         "selected_right": 1, "selected_wrong": 1, "missed_right": 0, "missed_wrong": 2, "missed_wrong_oracle_right": 1}}
-    assert report.summary(outs, 512)["diagnosis"] == report.diagnosis(outs)
+    assert report.summary(outs)["diagnosis"] == report.diagnosis(outs)
 
 
-def test_the_oracle_forces_only_stored_gold_blocks_into_a_retrieval_view() -> None:
-    plan = Plan(grid=())
-    layout = Layout(prompt_tokens=700, block_tokens=64, gold=(3, 10))  # block 10 is the partial tail (640-700)
-    assert layout.oracle == (3,)
-    assert plan.overrides(ORACLE, 8064, layout.oracle) == {"method": "retrieval", "budget": 512, "sink_tokens": 64,
-                                                          "recent_tokens": 64, "blocks": [3]}
-    assert plan.overrides(Method("full"), 8064) == {"method": "full", "budget": 8064}
+def _cell(size: int, budget: int, answers: list[tuple[bool, bool, bool | None, float]]) -> list[dict[str, Any]]:
+    """Per session (heads right, recent right, full right or None: not run, depth) at ``size``."""
+    out = []
+    for i, (mine, recent, full, depth) in enumerate(answers):
+        kw: dict[str, Any] = {"session": f"s{size}-{i}", "size": size, "depth": depth, "prompt_tokens": size}
+        out += [heads(mine, budget=budget, gold=mine, **kw), outcome("recent", None, recent, budget=budget, **kw),
+                outcome("retrieval", "mean-k", False, budget=budget, gold=False, **kw)]
+        out += [] if full is None else [outcome("full", None, full, budget=20480, gold=None, **kw)]
+    return out
+
+
+def test_goals_per_size_against_full_and_recent_and_beyond_the_trained_context() -> None:
+    outs = (_cell(4096, 512, [(True, False, True, 0.1), (True, False, True, 0.3), (False, False, True, 0.7),
+                              (True, True, False, 0.9)])
+            + _cell(16384, 2048, [(True, False, True, 0.1), (False, True, True, 0.3)])
+            + _cell(49152, 6144, [(True, False, None, 0.1), (True, False, None, 0.5), (False, False, None, 0.9)]))
+    g = report.summary(outs, trained_ctx=32768)["goals"]
+    assert g["method"] == "retrieval/retrieval-heads" and list(g["sizes"]) == [4096, 16384, 49152]
+    small, mid, big = g["sizes"].values()
+    assert small["budget"] == 512 and big["budget"] == 6144
+    assert small["vs_full"] == {"value": 1.0, "accuracy": 0.75, "full_accuracy": 0.75, "sessions": 4, "goal": 0.9,
+                                "pass": True}
+    assert small["early_vs_recent"] == {"value": 1.0, "accuracy": 1.0, "recent_accuracy": 0.0, "sessions": 2,
+                                        "goal": 0.4, "pass": True}
+    assert mid["vs_full"]["value"] == 0.5 and not mid["vs_full"]["pass"]
+    assert mid["early_vs_recent"]["value"] == 0.0 and not mid["early_vs_recent"]["pass"]
+    assert big["vs_full"] is None and big["early_vs_recent"]["sessions"] == 1
+    assert small["gold_recall"] == {"retrieval/mean-k": 0.0, "retrieval/retrieval-heads": 0.75}
+    assert g["beyond_trained_context"] == {"value": 2 / 3, "trained_ctx": 32768, "sizes": [49152], "sessions": 3,
+                                           "goal": 0.7, "pass": False}
+
+
+def test_goals_edge_cases_full_never_right_and_no_trained_context() -> None:
+    outs = _cell(4096, 512, [(False, False, False, 0.1), (True, False, False, 0.2)])
+    g = report.goals(outs, None)
+    assert g["sizes"][4096]["vs_full"]["value"] is None and g["sizes"][4096]["vs_full"]["pass"]
+    assert g["beyond_trained_context"] is None
+    assert report.goals(outs, 32768)["beyond_trained_context"] is None  # nothing longer than the context
+
+
+def test_the_goals_table_shows_each_check_per_size() -> None:
+    outs = (_cell(4096, 512, [(True, False, True, 0.1), (True, False, True, 0.3)])
+            + _cell(49152, 6144, [(True, False, None, 0.1), (False, False, None, 0.3)]))
+    goals = report.table(outs, trained_ctx=32768).split("\n\n")[1].splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in goals[:-1]]
+    assert cells[0] == ["goals of retrieval/retrieval-heads", "4096 tok", "49152 tok"]
+    assert cells[2] == ["accuracy / full's (>= 0.90)", "1.00 pass", "-"]
+    assert cells[3] == ["early: minus recent (>= +40 pts)", "+100 pts pass", "+50 pts pass"]
+    assert cells[4] == ["gold recall, retrieval/mean-k", "0%", "0%"]
+    assert cells[5] == ["gold recall, retrieval/retrieval-heads", "100%", "50%"]
+    assert goals[-1] == "beyond the trained context (32768 tokens): 50% of 2 sessions (goal >= 70%): FAIL"

@@ -8,24 +8,32 @@ from typing import Any
 from kvmem.bench import report
 
 
-def plot_quality(outcomes: Sequence[dict[str, Any]], budget: int, out_dir: Path) -> list[Path]:
-    """Accuracy vs workspace/budget ratio per method, and vs needle depth on long workspaces."""
+def plot_quality(outcomes: Sequence[dict[str, Any]], out_dir: Path, trained_ctx: int | None = None) -> list[Path]:
+    """Accuracy and gold-block recall vs workspace size per method (each size at its own view budget,
+    the trained context marked), and accuracy vs needle depth on long workspaces."""
     import matplotlib
 
     matplotlib.use("Agg")
-    by_size = report.by(outcomes, "size")
-    ratio = {m: {size / budget: acc for size, acc in g.items()} for m, g in by_size.items()}
-    long = [o for o in outcomes if o["size"] >= report.LONG_RATIO * budget]
-    paths = [_lines(ratio, "workspace tokens / budget", f"Accuracy vs workspace size (budget {budget})",
-                    out_dir / "accuracy_vs_ratio.png")]
+    ticks = {size: f"{size}\nview {budget}" for size, budget in report.size_budgets(outcomes).items()}
+    paths = [_lines(report.by(outcomes, "size"), "exact-match accuracy (%)", "Accuracy vs workspace size",
+                    out_dir / "accuracy_vs_size.png", ticks, trained_ctx)]
+    retrieval = [o for o in outcomes if o["method"] in ("retrieval", "oracle")]
+    recall = report.by(retrieval, "size", "gold_selected")
+    if recall:
+        paths.append(_lines(recall, "gold-block recall (%)", "Gold blocks selected vs workspace size",
+                            out_dir / "gold_recall_vs_size.png", ticks, trained_ctx))
+    budgets = report.view_budgets(outcomes)
+    long = [o for o in outcomes if o["prompt_tokens"] >= report.LONG_RATIO * budgets[o["session"]]]
     if long:
-        paths.append(_lines(report.by(long, "depth"), "needle depth (0 = start of the workspace)",
-                            f"Accuracy vs needle depth (workspaces >= {report.LONG_RATIO}x budget)",
+        paths.append(_lines(report.by(long, "depth"), "exact-match accuracy (%)",
+                            f"Accuracy vs needle depth (workspaces >= {report.LONG_RATIO}x the view)",
                             out_dir / "accuracy_vs_depth.png"))
     return paths
 
 
-def _lines(series: dict[str, dict[float, float]], xlabel: str, title: str, path: Path) -> Path:
+def _lines(series: dict[str, dict[float, float]], ylabel: str, title: str, path: Path,
+           ticks: dict[int, str] | None = None, trained_ctx: int | None = None) -> Path:
+    """One line per method; ``ticks`` puts a log-scale size axis under them with the trained context marked."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -33,7 +41,14 @@ def _lines(series: dict[str, dict[float, float]], xlabel: str, title: str, path:
         xs = sorted(series[name])
         style = "-" if name.startswith("retrieval") else ":" if name == "oracle" else "--"
         ax.plot(xs, [100 * series[name][x] for x in xs], style, marker="o", label=name)
-    ax.set(xlabel=xlabel, ylabel="exact-match accuracy (%)", title=title, ylim=(-5, 105))
+    if ticks:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(ticks), list(ticks.values()), fontsize=8)
+        ax.minorticks_off()
+        if trained_ctx:
+            ax.axvline(trained_ctx, color="grey", linestyle="-.", label=f"trained context ({trained_ctx})")
+    xlabel = "workspace tokens" if ticks else "needle depth (0 = start of the workspace)"
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, ylim=(-5, 105))
     return save_figure(fig, ax, path)
 
 

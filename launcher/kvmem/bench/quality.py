@@ -23,75 +23,24 @@ from typing import Any
 
 from kvmem.bench import plots, report
 from kvmem.bench.api import Api, ApiError
-from kvmem.bench.sessions import Session, is_correct, make_sessions
+from kvmem.bench.quality_plan import (
+    FULL,
+    GEN_RESERVE,
+    METHODS,
+    ORACLE,
+    QUICK,
+    QUICK_METHODS,
+    Method,
+    Phase,
+    Plan,
+    full_budget,
+    phases,
+)
+from kvmem.bench.sessions import Session, fit_chars_per_token, is_correct
 from kvmem.serve_process import ServeProcess
-from kvmem_core.config import SCORERS
 from kvmem_core.errors import ConfigError
 
-FULL_VIEW_CAP = 8064  # method full's view on the server this command starts: 8192 (SmolLM2) - 128 reserve
-
-
-@dataclass(frozen=True)
-class Method:
-    """One selection method as a ``kvmem`` override (``scorer`` only for retrieval)."""
-
-    method: str
-    scorer: str | None = None
-
-    @property
-    def label(self) -> str:
-        return report.label(self.method, self.scorer)
-
-
-ORACLE = Method("oracle")
-"""The gold blocks forced into a retrieval-sized view: what the model answers when retrieval is perfect."""
-METHODS = (*(Method("retrieval", s) for s in SCORERS), Method("recent"), Method("sink-recent"), Method("full"), ORACLE)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to run: (workspace tokens, needle depths, fact kinds) cells, and the view knobs."""
-
-    grid: tuple[tuple[int, tuple[float, ...], tuple[str, ...]], ...]
-    budget: int = 512
-    sink_tokens: int = 64
-    recent_tokens: int = 64
-    max_tokens: int = 24  # SmolLM2 spells digits one token each: 'The value of X_API_KEY is 12345' is 17
-    block_tokens: int = 128  # for the server this command starts (the default); --block-tokens 64 compares
-
-    def sessions(self, seed: int) -> list[Session]:
-        """The plan's sessions, deterministic for ``seed``."""
-        out: list[Session] = []
-        for i, (size, depths, kinds) in enumerate(self.grid):
-            out += make_sessions([size], list(depths), list(kinds), seed * 1000 + i)
-        return out
-
-    def only_sizes(self, spec: str) -> Plan:
-        """The plan's cells whose workspace size is listed in ``spec`` ("4096,7168")."""
-        try:
-            sizes = {int(s) for s in spec.split(",") if s.strip()}
-        except ValueError:
-            raise ConfigError(f"--sizes: {spec!r} is not a list of token counts") from None
-        have = sorted({size for size, _, _ in self.grid})
-        if not sizes or not sizes <= set(have):
-            raise ConfigError(f"--sizes: choose from {', '.join(map(str, have))}")
-        return replace(self, grid=tuple(cell for cell in self.grid if cell[0] in sizes))
-
-    def overrides(self, m: Method, full_budget: int, oracle: tuple[int, ...] = ()) -> dict[str, Any]:
-        """The request's ``kvmem`` object for ``m`` (``oracle``: the blocks the oracle forces)."""
-        if m.method == "full":
-            return {"method": "full", "budget": full_budget}
-        out = {"method": m.method, "budget": self.budget, "sink_tokens": self.sink_tokens, "recent_tokens": self.recent_tokens}
-        if m == ORACLE:
-            return {**out, "method": "retrieval", "blocks": list(oracle)}
-        return {**out, "retrieval_method": m.scorer} if m.scorer else out
-
-
-KINDS = ("passkey", "kv", "chain", "update")
-QUICK = Plan(grid=((400, (0.5,), KINDS[:2]), (1100, (0.25, 0.75), KINDS[:2]),
-                   (2300, (0.05, 0.15, 0.25, 0.35, 0.45, 0.6, 0.75, 0.9), KINDS[:2]),
-                   (400, (0.5,), KINDS[2:]), (2300, (0.15, 0.35, 0.6, 0.85), KINDS[2:])))
-FULL = Plan(grid=tuple((size, (0.1, 0.3, 0.5, 0.7, 0.9), KINDS) for size in (400, 1024, 2048, 4096, 7168)))
+REQUEST_TIMEOUT_S = 3600  # a 48K-token prefill on 2 CPU cores takes minutes
 
 
 @dataclass(frozen=True)
@@ -149,7 +98,7 @@ def run_session(api: Api, session: Session, plan: Plan, methods: tuple[Method, .
                 continue
             if m == ORACLE and not (layout and layout.oracle):
                 continue
-            kvmem = plan.overrides(m, full_budget, layout.oracle if layout else ())
+            kvmem = plan.overrides(m, session.target_tokens, full_budget, layout.oracle if layout else ())
             resp, seconds, error = _ask(api, session, kvmem, plan.max_tokens)
             if resp is not None:
                 seen.add(resp["kvmem"]["workspace_id"])
@@ -244,50 +193,76 @@ def run_all(api: Api, sessions: list[Session], plan: Plan, methods: tuple[Method
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``kvmem bench quality``."""
+    from kvmem.models import MODEL_HELP
+
+    quick = (f"{len(QUICK.session_sizes())} sessions of {'/'.join(map(str, QUICK.sizes))} tokens, view budget "
+             f"{'/'.join(str(QUICK.budget(s)) for s in QUICK.sizes)}, methods {','.join(m.label for m in QUICK_METHODS)}"
+             f"; about {QUICK.minutes(len(QUICK_METHODS))} minutes on 2 CPU cores with the default model (one "
+             f"{QUICK.sizes[0]}-token prefill per session at ~150 tok/s, then a few seconds per method); without it: "
+             f"{len(FULL.session_sizes())} sessions of {FULL.sizes[0]}-{FULL.sizes[-1]} tokens, every method, hours")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
-    p.add_argument("--quick", action="store_true", help="the small run (32 sessions, about 15 minutes on 2 CPU cores)")
+    p.add_argument("--quick", action="store_true", help=f"the small run: {quick}")
     p.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
     p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
-    p.add_argument("--model", help="GGUF file for the server this command starts (default: the embedded SmolLM2)")
+    p.add_argument("--model", help=f"model of the servers this command starts: {MODEL_HELP}")
     p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
-    p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all)")
+    p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all; "
+                   f"with --quick: {','.join(m.label for m in QUICK_METHODS)})")
     p.add_argument("--limit", type=int, help="run only the first N sessions")
-    p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run, e.g. 4096,7168 (default: all)")
-    p.add_argument("--block-tokens", type=int, help="tokens per KV block on the server this command starts "
-                   "(default 128, as kvmem serve)")
-    p.add_argument("--full-budget", type=int, help=f"view budget of method full (default {FULL_VIEW_CAP} on the "
-                   "server this command starts; with --url, full runs only when this is given)")
+    p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run, e.g. 4096,49152 (default: all)")
+    p.add_argument("--block-tokens", type=int, help="tokens per KV block on the servers this command starts "
+                   "(default: kvmem serve's --kvmem-block-tokens)")
+    p.add_argument("--full-budget", type=int, help="view budget of method full (default on the servers this command "
+                   "starts: the largest plan size within the model's trained context plus 25%%; with --url, full "
+                   "runs only when this is given)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark as the flags ask; write JSON and plots; print the table (and the JSON line)."""
+    """Run the benchmark as the flags ask; write JSON and plots; print the tables (and the JSON line)."""
     plan = QUICK if args.quick else FULL
     if args.block_tokens:
         plan = replace(plan, block_tokens=args.block_tokens)
     if args.sizes:
         plan = plan.only_sizes(args.sizes)
-    methods = select_methods(args.methods)
-    sessions = plan.sessions(args.seed)[:args.limit]
+    methods = select_methods(args.methods, QUICK_METHODS if args.quick else METHODS)
+    trained = None if args.url else trained_context(args.model or os.environ.get("KVMEM_MODEL"))
+    budget = args.full_budget or (0 if trained is None else full_budget(plan.sizes, trained))
     args.out.mkdir(parents=True, exist_ok=True)
-    with _server(args, plan) as (api, full_budget):
-        model = api.model()
-        outcomes = [o.to_dict() for o in run_all(api, sessions, plan, methods, full_budget, _log)]
-    result = {"model": model, "results": report.rows(outcomes), "summary": report.summary(outcomes, plan.budget)}
-    detail = {**result, "plan": asdict(plan), "seed": args.seed, "machine": machine(), "outcomes": outcomes}
+    model, chars_per_token, outcomes = measure_all(args, plan, methods, trained, budget)
+    result = {"model": model, "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
+    detail = {**result, "plan": asdict(plan), "seed": args.seed, "trained_ctx": trained, "full_budget": budget,
+              "chars_per_token": chars_per_token, "machine": machine(), "outcomes": outcomes}
     (args.out / "quality.json").write_text(json.dumps(detail, indent=1))
-    plots.plot_quality(outcomes, plan.budget, args.out)
-    print(report.table(outcomes, plan.budget))
+    plots.plot_quality(outcomes, args.out, trained)
+    print(report.table(outcomes, trained))
     print(f"wrote {args.out}/quality.json and plots")
     if args.json:
         print(json.dumps(result))
     return 0
 
 
-def select_methods(spec: str | None) -> tuple[Method, ...]:
-    """Methods named by label (``retrieval/mean-k``, ``recent``...), or all."""
+def measure_all(args: argparse.Namespace, plan: Plan, methods: tuple[Method, ...], trained: int | None,
+                budget: int) -> tuple[str, float, list[dict[str, Any]]]:
+    """Every session of the plan (the first ``--limit``), each on the server of its phase: the served
+    model's name, the tokenizer's fitted ``chars_per_token`` the sessions were sized with, the outcomes."""
+    model, chars_per_token, outcomes = "", 0.0, []
+    sessions: list[Session] = []
+    for phase in phases(plan.session_sizes()[:args.limit], trained):
+        with _server(args, plan, phase, budget) as api:
+            model = api.model()
+            if not sessions:
+                chars_per_token = fit_chars_per_token(api.count_tokens)
+                sessions = plan.sessions(args.seed, chars_per_token)[:args.limit]
+            mine = [s for s in sessions if s.target_tokens in phase.sizes]
+            outcomes += [o.to_dict() for o in run_all(api, mine, plan, methods, budget, _log)]
+    return model, chars_per_token, outcomes
+
+
+def select_methods(spec: str | None, default: tuple[Method, ...] = METHODS) -> tuple[Method, ...]:
+    """Methods named by label (``retrieval/mean-k``, ``recent``...), or ``default``."""
     if not spec:
-        return METHODS
+        return default
     known = {m.label: m for m in METHODS}
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in known]
@@ -299,18 +274,38 @@ def select_methods(spec: str | None) -> tuple[Method, ...]:
 
 
 @contextlib.contextmanager
-def _server(args: argparse.Namespace, plan: Plan) -> Iterator[tuple[Api, int]]:
-    if args.url:
-        yield Api(args.url, args.api_key), args.full_budget or 0
+def _server(args: argparse.Namespace, plan: Plan, phase: Phase, full_budget: int) -> Iterator[Api]:
+    if phase.ctx is None:
+        yield Api(args.url, args.api_key, REQUEST_TIMEOUT_S)
         return
-    full_budget = args.full_budget or FULL_VIEW_CAP
-    flags = ["--ctx", str(FULL_VIEW_CAP + 128), "--kvmem-budget", str(full_budget), "--kvmem-gen-budget", "128",
-             "--kvmem-block-tokens", str(plan.block_tokens),
+    view = max(full_budget, *(plan.budget(size) for size in phase.sizes))
+    flags = ["--ctx", str(phase.ctx), "--kvmem-positions", "auto", "--kvmem-budget", str(view),
+             "--kvmem-gen-budget", str(GEN_RESERVE), "--kvmem-sink-tokens", str(plan.sink_tokens),
+             "--kvmem-recent-tokens", str(plan.recent_tokens),
              "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
+    flags += ["--kvmem-block-tokens", str(plan.block_tokens)] if plan.block_tokens else []
     server = ServeProcess(args.out, ["--no-ui", *flags, *(["--model", args.model] if args.model else [])])
-    _log(f"starting kvmem serve (log: {server.log})")
+    _log(f"starting kvmem serve --ctx {phase.ctx} for sizes {sorted(phase.sizes)} (log: {server.log})")
     with server:
-        yield Api(server.url), full_budget
+        yield Api(server.url, timeout=REQUEST_TIMEOUT_S)
+
+
+def trained_context(model: str | None) -> int:
+    """The context ``model`` (a name, file or folder; None: the default) was trained on: GGUF
+    ``{arch}.context_length`` or config.json's ``max_position_embeddings``, as the engines read it."""
+    from kvmem.models import resolve_model
+
+    path = resolve_model(model)
+    if path.is_dir():
+        config = json.loads((path / "config.json").read_text())
+        return int(config.get("text_config", config)["max_position_embeddings"])
+    from kvmem_torch.gguf_file import GGUFFile
+
+    gguf = GGUFFile(path)
+    try:
+        return int(gguf.meta[f"{gguf.meta['general.architecture']}.context_length"])
+    finally:
+        gguf.close()
 
 
 def machine() -> str:

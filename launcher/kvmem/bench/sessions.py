@@ -3,9 +3,10 @@
 A session is the transcript an agent harness sends: a system prompt, then rounds of
 user task → assistant tool call → tool result → assistant note, with one fact planted in
 a tool result at a chosen depth, same-form distractor facts elsewhere, and the question
-as the last user turn. Everything comes from a seeded RNG, so a seed fixes the sessions.
-The forms (file reads, command output, search results) differ from the calibration
-documents on purpose: the benchmark measures transfer, not memorization.
+as the last user turn. Everything comes from a seeded RNG, so a seed (and the tokenizer's
+``chars_per_token``) fixes the sessions. The forms (file reads, command output, search
+results) differ from the calibration documents on purpose: the benchmark measures
+transfer, not memorization; ``port`` and ``owner`` are forms no calibration template has.
 """
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import bisect
 import itertools
 import json
 import random
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
-CHARS_PER_TOKEN = 2.6  # SmolLM2's tokenizer on the non-digit text of these rounds; each digit is a token
+from kvmem.tools_format import render_plain
+
+CHARS_PER_TOKEN = 3.8  # Qwen2.5's tokenizer on the non-digit text of these rounds (fit_chars_per_token)
 WRAPPER_TOKENS = 5  # a ChatML message's role header and end marker
 FRAME_TOKENS = 60  # system prompt and question, rendered
 DISTRACTOR_RATE = 0.5  # share of rounds holding a same-form distractor
@@ -23,6 +28,7 @@ DISTRACTOR_SPAN = 0.8  # distractors start in the first 80% of a session: the ne
 # method keeps in view, hold none, so they confuse the reading only through what a selection chose
 SYSTEM = "You are a careful software agent. You read files and run commands with tools, then answer briefly."
 NAMES = ("orion", "vega", "lyra", "draco", "atlas", "nova", "cygnus", "hydra", "pavo", "tucana", "carina", "fornax")
+PEOPLE = ("Alice", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ingrid", "Jonas", "Keiko", "Luis")
 FILES = ("src/app/server.py", "src/app/models.py", "deploy/config.yaml", "scripts/build.sh", "docs/notes.md",
          "src/lib/cache.py", "tests/test_api.py", "Makefile", "src/app/routes.py", "infra/main.tf")
 COMMANDS = ("make test", "git log --oneline -n 12", "docker ps", "df -h", "pytest -q tests/", "kubectl get pods",
@@ -61,36 +67,75 @@ class Session:
     target_tokens: int
 
 
-def make_fact(kind: str, rng: random.Random, avoid: str = "") -> Fact:
-    """A fact of ``kind`` (passkey, kv, chain, update) about a random name other than ``avoid``."""
-    name = rng.choice([n for n in NAMES if n != avoid])
-    if kind == "passkey":
-        key = str(rng.randint(10000, 99999))
-        return Fact(kind, key, f"What is the {name} deployment passkey?",
-                    (f"NOTE: the {name} deployment passkey is {key}. Keep it safe.",), subject=name)
-    if kind == "kv":
-        value = str(rng.randint(10000, 99999))
-        return Fact(kind, value, f"What is the value of {name.upper()}_API_KEY?",
-                    (f"export {name.upper()}_API_KEY={value}",), subject=name)
-    if kind == "chain":
-        build = str(rng.randint(1000, 9999))
-        return Fact(kind, build, f"What is the numeric value of {name.upper()}_ARTIFACT?",
-                    (f"{name.upper()}_BUILD={build}", f"{name.upper()}_ARTIFACT=${{{name.upper()}_BUILD}}"), (0, 1), name)
-    assert kind == "update", kind
+def _passkey(name: str, rng: random.Random) -> Fact:
+    key = str(rng.randint(10000, 99999))
+    return Fact("passkey", key, f"What is the {name} deployment passkey?",
+                (f"NOTE: the {name} deployment passkey is {key}. Keep it safe.",), subject=name)
+
+
+def _kv(name: str, rng: random.Random) -> Fact:
+    value = str(rng.randint(10000, 99999))
+    return Fact("kv", value, f"What is the value of {name.upper()}_API_KEY?",
+                (f"export {name.upper()}_API_KEY={value}",), subject=name)
+
+
+def _chain(name: str, rng: random.Random) -> Fact:
+    build, var = str(rng.randint(1000, 9999)), name.upper()
+    return Fact("chain", build, f"What is the numeric value of {var}_ARTIFACT?",
+                (f"{var}_BUILD={build}", f"{var}_ARTIFACT=${{{var}_BUILD}}"), (0, 1), name)
+
+
+def _update(name: str, rng: random.Random) -> Fact:
     old, new = rng.sample(range(1000, 9999), 2)
-    return Fact(kind, str(new), f"What is the current {name} pager code?",
+    return Fact("update", str(new), f"What is the current {name} pager code?",
                 (f"the {name} pager code is {old}", f"UPDATE: the {name} pager code changed to {new}"), (1,), name)
 
 
+def _port(name: str, rng: random.Random) -> Fact:
+    port = str(rng.randint(10000, 65535))
+    return Fact("port", port, f"Which port does the {name}-svc service listen on?",
+                (f"{name}-svc listening on 0.0.0.0 port {port}",), subject=name)
+
+
+def _owner(name: str, rng: random.Random) -> Fact:
+    ticket, person = f"{name.upper()}-{rng.randint(100, 999)}", rng.choice(PEOPLE)
+    return Fact("owner", person, f"Who is ticket {ticket} assigned to?", (f"ticket {ticket} assigned to {person}",),
+                subject=name)
+
+
+FACTS: dict[str, Callable[[str, random.Random], Fact]] = {
+    "passkey": _passkey, "kv": _kv, "chain": _chain, "update": _update, "port": _port, "owner": _owner}
+KINDS = tuple(FACTS)
+"""Every fact kind: ``update`` (the newest value wins) and ``chain`` (two lines) need two statements."""
+
+
+def make_fact(kind: str, rng: random.Random, avoid: str = "") -> Fact:
+    """A fact of ``kind`` (one of ``KINDS``) about a random name other than ``avoid``."""
+    return FACTS[kind](rng.choice([n for n in NAMES if n != avoid]), rng)
+
+
 def distractor(fact: Fact, rng: random.Random) -> str:
-    """A line of the same form as ``fact``'s statements, about another name with another value."""
-    return rng.choice(make_fact(fact.kind, rng, avoid=fact.subject).statements)
+    """A line of the same form as ``fact``'s statements, about another name with another answer."""
+    while True:
+        other = make_fact(fact.kind, rng, avoid=fact.subject)
+        if other.answer != fact.answer:
+            return rng.choice(other.statements)
 
 
-def estimate_tokens(text: str) -> int:
-    """Tokens of ``text`` for a digit-splitting tokenizer such as SmolLM2's (about ±5%)."""
+def estimate_tokens(text: str, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    """Tokens of ``text`` for a digit-splitting tokenizer (Qwen2.5's, SmolLM2's): one per digit,
+    ``chars_per_token`` characters per token elsewhere."""
     digits = sum(c.isdigit() for c in text)
-    return round(digits + (len(text) - digits) / CHARS_PER_TOKEN)
+    return round(digits + (len(text) - digits) / chars_per_token)
+
+
+def fit_chars_per_token(count_tokens: Callable[[str], int]) -> float:
+    """``chars_per_token`` that makes ``estimate_tokens`` match ``count_tokens`` (a model's tokenizer)
+    on a probe session's rendered turns, so sessions come out at their size in that model's tokens."""
+    probe = make_session("probe", "kv", 12000, 0.5, random.Random(1))  # long enough to average the rounds' mix
+    text = "\n".join(t["content"] for t in render_plain(list(probe.messages), None))
+    digits = sum(c.isdigit() for c in text)
+    return (len(text) - digits) / max(1, count_tokens(text) - digits)
 
 
 def _code_lines(rng: random.Random, n: int) -> list[str]:
@@ -139,13 +184,10 @@ class _Round:
             {"role": "assistant", "content": f"Checked {next(iter(self.args.values()))}; nothing blocking there."},
         ]
 
-    def tokens(self) -> int:
-        """Estimated tokens once rendered (text plus each message's template wrapper)."""
-        msgs = self.messages()
-        return sum(estimate_tokens(m["content"]) for m in msgs) + estimate_tokens(self.call_text()) + WRAPPER_TOKENS * len(msgs)
-
-    def call_text(self) -> str:
-        return json.dumps({"name": self.tool, "arguments": self.args})
+    def tokens(self, chars_per_token: float) -> int:
+        """Estimated tokens once rendered: each turn as a template without tools shows it, plus its wrapper."""
+        turns = render_plain(self.messages(), None)
+        return sum(estimate_tokens(t["content"], chars_per_token) + WRAPPER_TOKENS for t in turns)
 
 
 def _tool_round(rng: random.Random, index: int) -> _Round:
@@ -159,8 +201,10 @@ def _tool_round(rng: random.Random, index: int) -> _Round:
     return _Round(index, tool, args, body, rng.choice(TASKS) if index % 3 == 0 else None)
 
 
-def make_session(sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random) -> Session:
-    """A transcript of about ``target_tokens`` with the fact's first statement at ``depth`` (0–1) of it.
+def make_session(sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random,
+                 chars_per_token: float = CHARS_PER_TOKEN) -> Session:
+    """A transcript of about ``target_tokens`` (for a tokenizer of ``chars_per_token``) with the fact's
+    first statement at ``depth`` (0–1) of it.
 
     A chain's second statement or an update's new value goes halfway between the first and the end.
     Same-form distractors (other names, other values) sit in about half the rounds that start in
@@ -168,16 +212,19 @@ def make_session(sid: str, kind: str, target_tokens: int, depth: float, rng: ran
     """
     fact = make_fact(kind, rng)
     rounds: list[_Round] = []
+    sizes: list[int] = []
     total = FRAME_TOKENS
     while not rounds or total < target_tokens:
         r = _tool_round(rng, len(rounds))
         if total < DISTRACTOR_SPAN * target_tokens and rng.random() < DISTRACTOR_RATE:
             r.plant(distractor(fact, rng), rng)
-        if rounds and total + r.tokens() / 2 > target_tokens:
+        size = r.tokens(chars_per_token)
+        if rounds and total + size / 2 > target_tokens:
             break  # the round would overshoot more than it fills
         rounds.append(r)
-        total += r.tokens()
-    ends = list(itertools.accumulate((r.tokens() for r in rounds), initial=FRAME_TOKENS))[1:]
+        sizes.append(size)
+        total += size
+    ends = list(itertools.accumulate(sizes, initial=FRAME_TOKENS))[1:]
     first = _round_at(ends, depth * total)
     second = _round_at(ends, (ends[first] + total) / 2)
     rounds[first].plant(fact.statements[0], rng)
@@ -195,15 +242,16 @@ def _round_at(ends: list[int], token: float) -> int:
     return min(bisect.bisect_right(ends, token), len(ends) - 1)
 
 
-def make_sessions(sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0) -> list[Session]:
-    """Every (size, depth, kind) combination once, deterministic for a seed."""
+def make_sessions(sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0,
+                  chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
+    """Every (size, depth, kind) combination once, deterministic for a seed and ``chars_per_token``."""
     rng = random.Random(seed)
-    return [make_session(f"s{size}-d{depth:.2f}-{kind}", kind, size, depth, rng)
+    return [make_session(f"s{size}-d{depth:.2f}-{kind}", kind, size, depth, rng, chars_per_token)
             for size in sizes for depth in depths for kind in kinds]
 
 
 def is_correct(answer: str, fact: Fact) -> bool:
-    """Exact match: the expected value appears as a whole word in the answer's first line."""
+    """Exact match, ignoring case: the expected value is a whole word (letters and digits) of the
+    answer's first line."""
     first = (answer.strip().splitlines() or [""])[0]
-    words = first.replace(",", " ").replace(".", " ").replace("`", " ").replace('"', " ").split()
-    return fact.answer in words
+    return fact.answer.lower() in re.split(r"[^0-9a-z]+", first.lower())
