@@ -29,7 +29,9 @@ class StepRequest:
     """One generation. Exactly one of ``messages`` (chat) or ``prompt`` (raw text) is set.
 
     ``overrides`` carries a request's own KVMem knobs (method, scorer, budget, ...), already
-    validated against ``KVMemConfig``; they apply to this step only.
+    validated against ``KVMemConfig``; they apply to this step only. ``reasoning_budget``:
+    at most this many tokens inside a think block before its closing tag is forced (None:
+    no limit; see ``kvmem_core.reasoning``).
     """
 
     messages: tuple[dict[str, Any], ...] | None = None
@@ -38,6 +40,7 @@ class StepRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: SamplingParams = SamplingParams()
     overrides: dict[str, Any] = field(default_factory=dict)
+    reasoning_budget: int | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
+from kvmem_core.reasoning import Thinking, thinking_for
 from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode
@@ -125,14 +126,16 @@ class KVMemEngine:
         if not fits:
             logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle)
         t2 = time.perf_counter()
-        text, ids, finish = self._decode(cfg, ws, request, logits, on_text)
+        steer = thinking_for(self.adapter, request, prompt.ids)
+        text, ids, finish = self._decode(cfg, ws, request, logits, on_text, steer)
         t3 = time.perf_counter()
         if self.checkpoints is not None:
             self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
         self._take_store_events()
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
-                   "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids))}
+                   "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids)),
+                   "reasoning_tokens": float(steer.spent if steer else 0)}
         self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
                             prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"])
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
@@ -380,8 +383,9 @@ class KVMemEngine:
         return index
 
     def _decode(self, cfg: KVMemConfig, ws: Workspace, request: StepRequest, logits: np.ndarray,
-                on_text: OnText) -> tuple[str, list[int], str]:
-        """Sample into the generation reserve; every decoded token joins the workspace (commit)."""
+                on_text: OnText, steer: Thinking | None) -> tuple[str, list[int], str]:
+        """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
+        the workspace (commit)."""
         self.last_logits = logits
         mode, adapter, no_spans = self._mode(cfg), self.adapter, Prompt([], 0)
 
@@ -392,7 +396,7 @@ class KVMemEngine:
             self._archive(ws, no_spans, append_computed(self.view, [token]))
             return out.logits
 
-        return decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text)
+        return decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text, steer)
 
 
 def _query_start(prompt: Prompt) -> int:

@@ -4,8 +4,9 @@ A chat template "has thinking" when it writes a known pair of think tags (``<thi
 ``</think>``, Mistral's ``[THINK]`` / ``[/THINK]``). Some templates open the block in the
 prompt (the generation prompt ends with ``<think>\\n``), others let the model open it. The
 decode loop drives a ``Thinking`` steer: it watches the generated text, counts the tokens
-inside think blocks (``spent``) and, once ``budget`` of them are spent in an open block,
-forces the tokens of ``"\\n" + close + "\\n\\n"`` so the model goes on with its answer.
+inside think blocks, their closing tags included (``spent``), and once ``budget`` of them
+are spent in an open block, forces the tokens of ``"\\n" + close + "\\n\\n"`` so the
+model goes on with its answer.
 
 When the prompt leaves the model inside a block, the step's text starts with the open tag
 (``lead``), so the text alone says where thinking ends, whoever parses it.

@@ -9,7 +9,7 @@ the tokens split the stop. ``decode`` runs the loop of one step over both.
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -17,6 +17,20 @@ from kvmem_core.contract import OnText, SamplingParams
 
 Advance = Callable[[int], np.ndarray]
 """Runs one sampled token through the model (committing it) and returns the next logits."""
+
+
+class Steer(Protocol):
+    """Takes over some tokens of a decode loop (``kvmem_core.reasoning.Thinking`` ends think blocks)."""
+
+    lead: str  # text the step's text starts with, ahead of the first token's
+
+    def forced(self) -> int | None:
+        """The next token to take instead of sampling, or None."""
+        ...
+
+    def observe(self, data: bytes) -> None:
+        """The bytes of each token taken, forced or sampled."""
+        ...
 
 
 class Sampler:
@@ -125,26 +139,36 @@ def _partial(text: str, stop: str) -> int:
 
 
 def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[int], bytes],
-           is_eog: Callable[[int], bool], advance: Advance, on_text: OnText) -> tuple[str, list[int], str]:
+           is_eog: Callable[[int], bool], advance: Advance, on_text: OnText,
+           steer: Steer | None = None) -> tuple[str, list[int], str]:
     """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
 
     Every sampled token but an end-of-generation one is in the ids (the one that completed a
     stop string too); ``advance`` runs each token but the last through the model. The finish
-    reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``.
+    reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``. A
+    ``steer`` may force tokens in place of sampled ones; its ``lead`` starts the text (and
+    is streamed first), outside the ids.
     """
     sample, stream = Sampler(params), TextStream(params.stop, on_text)
+    lead = steer.lead if steer is not None else ""
+    if lead:
+        on_text(lead)
     ids: list[int] = []
     finish = "length"
     for i in range(params.max_tokens):
-        token = sample(logits)
+        forced = steer.forced() if steer is not None else None
+        token = sample(logits) if forced is None else forced
         if is_eog(token):
             finish = "stop"
             break
         ids.append(token)
-        ended = stream.push(token_bytes(token))
+        data = token_bytes(token)
+        if steer is not None:
+            steer.observe(data)
+        ended = stream.push(data)
         if ended is not None:
             finish = ended
             break
         if i + 1 < params.max_tokens:
             logits = advance(token)
-    return stream.close(), ids, finish
+    return lead + stream.close(), ids, finish

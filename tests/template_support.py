@@ -5,6 +5,27 @@ from typing import Any, Sequence
 
 import jinja2.sandbox
 
+# A tiny template that thinks, in Qwen3's shape: ChatML turns; the generation prompt opens a think block, or
+# writes it closed when ``enable_thinking`` is false; an earlier answer's ``reasoning_content`` is rendered back.
+THINK_TEMPLATE = """{%- for m in messages %}
+<|im_start|>{{ m.role }}
+{% if m.role == "assistant" and m.reasoning_content %}<think>
+{{ m.reasoning_content }}
+</think>
+
+{% endif %}{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}
+<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}
+{%- endif %}
+"""
+
 
 class Templated:
     """``adapter`` (delegated to) with ``render_chat`` from ``template``, compiled as the llama.cpp adapter does."""

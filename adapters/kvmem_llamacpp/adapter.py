@@ -33,8 +33,9 @@ class LlamaCppAdapter:
 
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
-                 flash_attn: bool = True, f32_cache: bool = False) -> None:
-        """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says."""
+                 flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None) -> None:
+        """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says;
+        ``chat_template`` replaces the model's own."""
         path = Path(model_path)
         init_backend()
         self.model = LlamaModel(path, n_gpu_layers=resolve_gpu_layers(n_gpu_layers, can_offload()))
@@ -54,7 +55,7 @@ class LlamaCppAdapter:
         self._v_trans = 0 if flash_attn else 1
         self._import = np.empty(0, dtype=np.uint8)
         self._view: set[int] = set()
-        self.chat_template = self.model.meta("tokenizer.chat_template") or CHATML_TEMPLATE
+        self.chat_template = chat_template or self.model.meta("tokenizer.chat_template") or CHATML_TEMPLATE
         self._template = self._compile_template()
 
     # ---- text -------------------------------------------------------------------------

@@ -9,11 +9,16 @@ from typing import Any
 from kvmem_core.config import KVMemConfig
 
 
-def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> "TorchAdapter":  # noqa: F821
-    """Load ``model_path`` (GGUF file or HF directory) with a view of ``config.view_tokens`` cells."""
+def create_adapter(model_path: str, config: KVMemConfig, *, chat_template: str | None = None,
+                   **opts: Any) -> "TorchAdapter":  # noqa: F821
+    """Load ``model_path`` (GGUF file or HF directory) with a view of ``config.view_tokens`` cells; ``chat_template``
+    replaces the model's own."""
     from kvmem_torch.adapter import TorchAdapter
 
-    return TorchAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens, **opts)
+    adapter = TorchAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens, **opts)
+    if chat_template:
+        adapter.chat_template = adapter.tokenizer.chat_template = chat_template
+    return adapter
 
 
 __all__ = ["create_adapter"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvmem_core.contract import Engine, SamplingParams, StepRequest, StepResult
 from kvmem.compute import add_compute_flags, compute_opts
-from kvmem.flags import add_kvmem_flags, resolve_config
+from kvmem.flags import add_chat_template_flag, add_kvmem_flags, chat_template_opts, resolve_config
 from kvmem.models import DEFAULT, MODEL_HELP
 
 BACKENDS = ("llama.cpp", "torch")
@@ -29,6 +29,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Sampling, model and KVMem flags: what a command that loads an engine and generates takes."""
     add_sampling_flags(parser)
     add_model_flags(parser)
+    add_chat_template_flag(parser)
     add_kvmem_flags(parser)
 
 
@@ -63,7 +64,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
     with tqdm(total=1, desc=f"kvmem: loading {args.model or DEFAULT.name}", file=sys.stderr, leave=False,
               disable=not sys.stderr.isatty()) as bar:
         engine = load_engine(args.backend, args.model, config, progress=sys.stderr.isatty(),
-                             **compute_opts(args, args.backend))
+                             **compute_opts(args, args.backend), **chat_template_opts(args))
         bar.update(1)
     return engine
 

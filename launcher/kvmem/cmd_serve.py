@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
 from kvmem.compute import add_compute_flags, compute_opts, describe_compute
-from kvmem.flags import add_kvmem_flags, add_list_flag, resolve_config
+from kvmem.flags import add_chat_template_flag, add_kvmem_flags, add_list_flag, chat_template_opts, resolve_config
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (default: auto; env KVMEM_DEVICE)")
     p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)")
     p.add_argument("--model", default=env("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
+    add_chat_template_flag(p)
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for the engine before 429 (default 16)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")
@@ -100,7 +101,8 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     gpu = placement.gpu.index if placement.gpu else None
     blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
                        _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
-                       args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers], sort_keys=True,
+                       args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers, args.chat_template],
+                      sort_keys=True,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -113,6 +115,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"device    {placement.device}",
         f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
         f"model     {args.model or DEFAULT_MODEL}",
+        f"template  {args.chat_template or 'from the model'}",
         f"compute   {describe_compute(engine_opts(args, placement, False))}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
         f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
@@ -202,7 +205,8 @@ def print_urls(args: argparse.Namespace) -> None:
 def engine_opts(args: argparse.Namespace, placement: devices.Placement, progress: bool) -> dict[str, object]:
     """Adapter options for the placement: the torch engine runs on the chosen device (ROCm torch calls it cuda);
     llama.cpp offloads to it, as a requirement when ``--device`` named it."""
-    opts: dict[str, object] = {"progress": progress, **compute_opts(args, placement.backend, args.device)}
+    opts: dict[str, object] = {"progress": progress, **compute_opts(args, placement.backend, args.device),
+                               **chat_template_opts(args)}
     if placement.backend == "torch":
         opts["device"] = "cpu" if placement.device == "cpu" else "cuda"
     return opts

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from kvmem_core.config import (FIELD_HELP, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
@@ -113,6 +114,24 @@ def add_list_flag(parser: argparse.ArgumentParser, flag: str, env: str, help_tex
     """A flag taking names, comma-separated or repeated, whose default is ``env``'s comma-separated list."""
     parser.add_argument(flag, action=_ListFlag, default=split_list(os.environ.get(env, "")), metavar="NAMES",
                         help=f"{help_text} (comma-separated or repeated; default: none; env {env})")
+
+
+def add_chat_template_flag(parser: argparse.ArgumentParser) -> None:
+    """``--chat-template FILE``: a jinja2 chat template to use instead of the model's own."""
+    parser.add_argument("--chat-template", default=os.environ.get("KVMEM_CHAT_TEMPLATE"), metavar="FILE",
+                        help="a jinja2 chat template used instead of the model's own (default: the model's; "
+                             "env KVMEM_CHAT_TEMPLATE)")
+
+
+def chat_template_opts(args: argparse.Namespace) -> dict[str, str]:
+    """The adapter option ``--chat-template`` asks for: ``{"chat_template": its text}``, or nothing."""
+    path = getattr(args, "chat_template", None)
+    if not path:
+        return {}
+    try:
+        return {"chat_template": Path(path).expanduser().read_text()}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--chat-template {path}: {exc}") from None
 
 
 def _show(value: Any) -> str:

@@ -46,6 +46,7 @@ class WireStepRequest(msgspec.Struct):
     template_kwargs: dict[str, Any]
     sampling: WireSampling
     overrides: dict[str, Any]
+    reasoning_budget: int | None = None
 
 
 class WireChatFormat(msgspec.Struct):
@@ -183,6 +184,7 @@ def to_wire_request(req: StepRequest) -> WireStepRequest:
         template_kwargs=dict(req.template_kwargs),
         sampling=WireSampling(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop)),
         overrides=dict(req.overrides),
+        reasoning_budget=req.reasoning_budget,
     )
 
 
@@ -195,6 +197,7 @@ def from_wire_request(w: WireStepRequest) -> StepRequest:
         template_kwargs=w.template_kwargs,
         sampling=SamplingParams(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop)),
         overrides=w.overrides,
+        reasoning_budget=w.reasoning_budget,
     )
 
 

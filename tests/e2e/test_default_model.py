@@ -1,5 +1,6 @@
 """The default model (Qwen2.5-Coder-0.5B-Instruct) through a live server and the official SDK: its own tool-call
-format read back into ``tool_calls`` (whole and streamed), tool results round-tripped, thinking controls."""
+format read back into ``tool_calls`` (whole and streamed), tool results round-tripped; thinking controls on its
+template (which has no thinking) and under a template that thinks."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 from serving import LiveServer
+from template_support import THINK_TEMPLATE
 
 from kvmem_core.errors import ModelNotFoundError
 
@@ -85,3 +87,29 @@ def test_responses_function_call_then_its_output(client: openai.OpenAI) -> None:
     assert not [item for item in second.output if item.type == "function_call"]
     assert "-3" in second.output_text or "snow" in second.output_text.lower()
     assert second.usage.input_tokens_details.cached_tokens > 0
+
+
+@pytest.mark.parametrize("extra", [{"reasoning_effort": "low"}, {"reasoning_effort": "none"},
+                                   {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_budget_tokens": 4}])
+def test_thinking_controls_leave_a_template_without_thinking_alone(client: openai.OpenAI, extra: dict[str, Any]) -> None:
+    plain = client.chat.completions.create(model="", messages=[{"role": "user", "content": "What is 2 + 2?"}], **GREEDY)
+    asked = client.chat.completions.create(model="", messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                           extra_body=extra, **GREEDY)
+    assert asked.choices[0].message.content == plain.choices[0].message.content and "4" in plain.choices[0].message.content
+    assert "reasoning_content" not in asked.choices[0].message.model_extra
+    assert asked.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_under_a_thinking_template_the_budget_ends_its_thoughts(tmp_path: Path) -> None:
+    template = tmp_path / "think.jinja"
+    template.write_text(THINK_TEMPLATE)
+    live = start(tmp_path, "--chat-template", str(template))
+    try:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0)
+        done = client.chat.completions.create(model="", messages=[{"role": "user", "content": "What is 17 * 3?"}],
+                                              extra_body={"reasoning_budget_tokens": 4}, temperature=0, max_tokens=64)
+        message = done.choices[0].message
+        assert message.model_extra["reasoning_content"] and "51" in message.content
+        assert 4 < done.usage.completion_tokens_details.reasoning_tokens <= 4 + 8  # its closing tag counts too
+    finally:
+        live.stop()

@@ -121,6 +121,20 @@ def test_split_think_handles_open_closed_and_template_opened_blocks(probe) -> No
     ]
 
 
+def test_thinking_settings_and_history_reach_the_request(probe) -> None:
+    body = probe.evaluate(
+        """async () => { const { requestBody } = await import('/js/settings.js');
+                         const { historyOf } = await import('/js/chat.js');
+                         const { DEFAULT_SETTINGS } = await import('/js/store.js');
+                         const history = historyOf([{role: 'user', content: 'q'},
+                                                    {role: 'assistant', content: 'a', reasoning: 'r'}]);
+                         return [requestBody(history, {...DEFAULT_SETTINGS, thinking: 'off', thinkingBudget: 64}),
+                                 requestBody(history, DEFAULT_SETTINGS)]; }"""
+    )
+    assert body[0]["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "r"}
+    assert body[0]["reasoning_budget_tokens"] == 64 and body[0]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "reasoning_budget_tokens" not in body[1] and "chat_template_kwargs" not in body[1]
+
 WORKSPACE = {
     "id": "ws_test", "block_tokens": 32, "budget": 128, "gen_budget": 64,
     "blocks": [

@@ -1,10 +1,13 @@
 // One answer: stream a chat completion into an assistant message and measure it.
 
-/** The turns sent to the server: failed or empty answers are left out of the history. */
+/** The turns sent to the server: failed or empty answers are left out of the history; an answer's
+ * thinking goes along as `reasoning_content` (templates that render it repeat the model's tokens). */
 export function historyOf(messages) {
   return messages
     .filter((m) => !(m.role === "assistant" && !m.content))
-    .map((m) => ({ role: m.role, content: m.content }));
+    .map((m) => (m.role === "assistant" && m.reasoning
+      ? { role: m.role, content: m.content, reasoning_content: m.reasoning }
+      : { role: m.role, content: m.content }));
 }
 
 /**

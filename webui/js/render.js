@@ -91,22 +91,27 @@ function formatStats(stats) {
   return parts.join(" · ");
 }
 
-/** Fills `el` (an .msg element) with one message; keeps a thinking block's open state. */
+/** Fills `el` (an .msg element) with one message. A thinking block is open while the model thinks and
+ * folds when the answer begins, unless the user opened or closed it (that choice is kept). */
 export function renderMessage(el, message, streaming = false) {
   const body = el.querySelector(".msg-body");
   if (message.role === "user") {
     body.textContent = message.content;
   } else {
-    const wasOpen = body.querySelector("details.think")?.open;
+    const before = body.querySelector("details.think");
     const split = splitThink(message.content);
     const thinking = [message.reasoning || "", split.thinking].filter(Boolean).join("\n");
+    const stillThinking = streaming && (split.open || !split.answer);
     body.replaceChildren();
     if (thinking) {
       const details = document.createElement("details");
       details.className = "think";
-      details.open = wasOpen ?? (streaming && (split.open || !split.answer));
+      const chosen = before?.dataset.user === "1";
+      details.open = chosen ? before.open : stillThinking;
+      if (chosen) details.dataset.user = "1";
       const summary = document.createElement("summary");
-      summary.textContent = streaming && (split.open || !split.answer) ? "Thinking…" : "Thoughts";
+      summary.addEventListener("click", () => { details.dataset.user = "1"; });
+      summary.textContent = stillThinking ? "Thinking…" : "Thoughts";
       const inner = document.createElement("div");
       inner.className = "markdown";
       inner.innerHTML = markdownToHtml(thinking);

@@ -3,10 +3,14 @@
 
 import { saveSettings } from "./store.js";
 
-const NUMBER_FIELDS = { temperature: [0, 2], topP: [0.01, 1], topK: [0, 1000], maxTokens: [1, 1 << 20] };
+const NUMBER_FIELDS = {
+  temperature: [0, 2], topP: [0.01, 1], topK: [0, 1000], maxTokens: [1, 1 << 20], thinkingBudget: [0, 1 << 20],
+};
+const OPTIONAL_FIELDS = new Set(["thinkingBudget"]); // may be left empty: no value is sent
 
 function readField(input) {
   const key = input.name;
+  if (OPTIONAL_FIELDS.has(key) && input.value.trim() === "") return "";
   if (!(key in NUMBER_FIELDS)) return input.value;
   const [lo, hi] = NUMBER_FIELDS[key];
   const value = Number(input.value);
@@ -62,5 +66,6 @@ export function requestBody(messages, settings) {
   if (settings.model) body.model = settings.model;
   if (settings.reasoningEffort) body.reasoning_effort = settings.reasoningEffort;
   if (settings.thinking !== "default") body.chat_template_kwargs = { enable_thinking: settings.thinking === "on" };
+  if (settings.thinkingBudget !== "") body.reasoning_budget_tokens = Math.round(settings.thinkingBudget);
   return body;
 }

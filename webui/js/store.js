@@ -16,6 +16,7 @@ export const DEFAULT_SETTINGS = Object.freeze({
   maxTokens: 512,
   reasoningEffort: "", // "" = the model's default; else low | medium | high
   thinking: "default", // default | on | off (chat_template_kwargs.enable_thinking)
+  thinkingBudget: "", // "" = no limit; else reasoning_budget_tokens
   apiKey: "",
 });
 

@@ -24,10 +24,15 @@ def usage(result: StepResult) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
         "prompt_cache_hit_tokens": result.cached_tokens,
         "prompt_cache_miss_tokens": result.prompt_tokens - result.cached_tokens,
     }
+
+
+def reasoning_tokens(result: StepResult) -> int:
+    """Generated tokens inside think blocks, their closing tags included (the engine counts them)."""
+    return int(result.timings.get("reasoning_tokens", 0))
 
 
 def kvmem_info(result: StepResult) -> dict[str, Any]:

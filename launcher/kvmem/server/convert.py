@@ -14,6 +14,7 @@ from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.errors import ConfigError
 
 _DEFAULT = SamplingParams()
+EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096}  # think tokens; high and above: no limit
 _OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
                     "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads"}
 
@@ -81,6 +82,8 @@ def chat_messages(messages: list[S.ChatMessage]) -> list[dict[str, Any]]:
             d["tool_call_id"] = msg.tool_call_id
         if msg.name is not None:
             d["name"] = msg.name
+        if msg.reasoning_content and msg.role == "assistant":
+            d["reasoning_content"] = msg.reasoning_content
         out.append(d)
     if all(m["role"] == "system" for m in out):
         raise invalid("messages need at least one user, assistant or tool turn", "messages")
@@ -95,15 +98,31 @@ def engine_transcript(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return tuple(tools_format.render_plain(messages, tools)), None
 
 
+def thinking(effort: str | None, kwargs: dict[str, Any] | None, budget: int | None) -> tuple[dict[str, Any], int | None]:
+    """A request's thinking controls as template kwargs and a think-token budget.
+
+    ``effort`` reaches the template as ``reasoning_effort`` (templates without it ignore
+    it); ``none`` also sets ``enable_thinking: false`` unless the request set it. Without an
+    explicit ``budget``, thinking switched off gets 0 (a block the template opens anyway is
+    closed at once) and an effort its ``EFFORT_BUDGETS`` entry.
+    """
+    kwargs = dict(kwargs or {})
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+        if effort == "none":
+            kwargs.setdefault("enable_thinking", False)
+    if budget is None:
+        budget = 0 if kwargs.get("enable_thinking") is False else EFFORT_BUDGETS.get(effort or "")
+    return kwargs, budget
+
+
 def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat) -> StepRequest:
     """The engine step for a chat completion request."""
     tools = msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
     messages, engine_tools = engine_transcript(chat_messages(body.messages), tools, fmt)
-    kwargs = dict(body.chat_template_kwargs or {})
-    if body.reasoning_effort is not None:
-        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    kwargs, budget = thinking(body.reasoning_effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs,
+    return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
                        sampling=sampling(body, max_tokens), overrides=overrides(body.kvmem, config))
 
 

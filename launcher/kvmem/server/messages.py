@@ -38,11 +38,13 @@ def chat_messages(body: S.CountTokensRequest) -> list[dict[str, Any]]:
 
 
 def _turn(role: str, blocks: list[S.AnthropicBlock], where: str) -> list[dict[str, Any]]:
-    texts, calls, results = [], [], []
+    texts, thoughts, calls, results = [], [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         if block.type == "text" and block.text is not None:
             texts.append(block.text)
+        elif block.type == "thinking" and role == "assistant" and block.thinking is not None:
+            thoughts.append(block.thinking)
         elif block.type == "tool_use" and role == "assistant" and block.id and block.name:
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": json.dumps(block.input or {})}})
@@ -53,7 +55,8 @@ def _turn(role: str, blocks: list[S.AnthropicBlock], where: str) -> list[dict[st
             raise invalid(f"{at}: a {block.type!r} block is not supported in a {role} turn", at)
     turn: list[dict[str, Any]] = []
     if texts or calls:
-        turn.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
+        turn.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {}),
+                     **({"reasoning_content": "".join(thoughts)} if thoughts else {})})
     return results + turn
 
 
@@ -68,10 +71,16 @@ def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
 def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     """The engine step for a Messages body (``count_tokens`` bodies carry no sampling)."""
     messages, tools = convert.engine_transcript(chat_messages(body), chat_tools(body), state.engine.chat_format)
+    kwargs, budget = convert.thinking(None, thinking_kwargs(body.thinking), body.thinking and body.thinking.budget_tokens)
     if isinstance(body, S.MessagesRequest):
-        return StepRequest(messages=messages, tools=tools, sampling=convert.sampling(body, body.max_tokens),
-                           overrides=convert.overrides(body.kvmem, state.config))
-    return StepRequest(messages=messages, tools=tools)
+        return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs, reasoning_budget=budget,
+                           sampling=convert.sampling(body, body.max_tokens), overrides=convert.overrides(body.kvmem, state.config))
+    return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs)
+
+
+def thinking_kwargs(thinking: S.AnthropicThinking | None) -> dict[str, Any]:
+    """Anthropic's ``thinking`` switch as the template's ``enable_thinking`` (unset when the request has none)."""
+    return {} if thinking is None else {"enable_thinking": thinking.type == "enabled"}
 
 
 def usage(result: StepResult) -> dict[str, Any]:

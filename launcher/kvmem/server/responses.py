@@ -16,7 +16,7 @@ from aiohttp import web
 from kvmem.output_parser import Parsed, parse_output
 from kvmem.server import convert, sse
 from kvmem.server import schemas as S
-from kvmem.server.chat import first_item, kvmem_info, read_body
+from kvmem.server.chat import first_item, kvmem_info, read_body, reasoning_tokens
 from kvmem.server.errors import APIError, invalid, to_api_error
 from kvmem.server.response_items import Events, OutputWriter, output_items
 from kvmem.server.state import STATE, ServerState
@@ -24,35 +24,48 @@ from kvmem_core.contract import StepRequest, StepResult
 
 
 def input_messages(items: str | list[S.InputItem]) -> list[dict[str, Any]]:
-    """Responses input items as chat messages (function calls become assistant ``tool_calls``)."""
+    """Responses input items as chat messages: function calls become assistant ``tool_calls``, function call
+    outputs ``tool`` messages, and a reasoning item the ``reasoning_content`` of the assistant turn after it."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
+    thought = ""
     for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if item.type == "message":
-            if item.role is None or item.role == "tool":
-                raise invalid(f"{where} needs a role of user, assistant, system or developer", f"{where}.role")
-            content = convert.text_content(item.content, where)
-            if content is None:
-                raise invalid(f"{where} needs content", f"{where}.content")
-            out.append({"role": "system" if item.role == "developer" else item.role, "content": content})
-        elif item.type == "function_call":
-            if not item.call_id or not item.name:
-                raise invalid(f"{where}: a function_call needs call_id and name", where)
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments or "{}"}}
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif item.type == "function_call_output":
-            output = convert.text_content(item.output, where) if item.output is not None else None
-            if not item.call_id or output is None:
-                raise invalid(f"{where}: a function_call_output needs call_id and output", where)
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
-        else:
-            raise invalid(f"{where}: input item type {item.type!r} is not supported", f"{where}.type")
+        if item.type == "reasoning":
+            thought += "".join(p.text or "" for p in (item.content if isinstance(item.content, list) else item.summary or []))
+            continue
+        msg = _input_message(item, f"input[{i}]", out)
+        if msg is None:
+            continue
+        if thought and msg["role"] == "assistant":
+            msg["reasoning_content"], thought = thought, ""
+        out.append(msg)
     return out
+
+
+def _input_message(item: S.InputItem, where: str, out: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The chat message of one input item; None when it joined the previous message (a parallel call)."""
+    if item.type == "message":
+        if item.role is None or item.role == "tool":
+            raise invalid(f"{where} needs a role of user, assistant, system or developer", f"{where}.role")
+        content = convert.text_content(item.content, where)
+        if content is None:
+            raise invalid(f"{where} needs content", f"{where}.content")
+        return {"role": "system" if item.role == "developer" else item.role, "content": content}
+    if item.type == "function_call":
+        if not item.call_id or not item.name:
+            raise invalid(f"{where}: a function_call needs call_id and name", where)
+        call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments or "{}"}}
+        if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+            out[-1]["tool_calls"].append(call)
+            return None
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if item.type == "function_call_output":
+        output = convert.text_content(item.output, where) if item.output is not None else None
+        if not item.call_id or output is None:
+            raise invalid(f"{where}: a function_call_output needs call_id and output", where)
+        return {"role": "tool", "tool_call_id": item.call_id, "content": output}
+    raise invalid(f"{where}: input item type {item.type!r} is not supported", f"{where}.type")
 
 
 def chat_tools(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]] | None:
@@ -85,8 +98,9 @@ class Turn:
         head = [{"role": "system", "content": body.instructions}] if body.instructions else []
         messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.chat_format)
         effort = body.reasoning.effort if body.reasoning else None
+        kwargs, budget = convert.thinking(effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
         self.step = StepRequest(
-            messages=messages, tools=engine_tools, template_kwargs={"reasoning_effort": effort} if effort else {},
+            messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
             sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config))
         self.model = state.served_model(body.model)
         self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None)
@@ -107,7 +121,7 @@ class Turn:
         if result is not None:
             out["usage"] = {
                 "input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": result.cached_tokens},
-                "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
                 "total_tokens": result.prompt_tokens + result.completion_tokens,
             }
             out["kvmem"] = kvmem_info(result)

@@ -19,6 +19,8 @@ TopK = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Budget = Annotated[int, Meta(ge=0)]
 
 
 class KVMemOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,6 +58,7 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for templates that render it
 
 
 class FunctionDef(msgspec.Struct):
@@ -93,7 +96,8 @@ class ChatRequest(Sampling, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: Effort | None = None
+    reasoning_budget_tokens: Budget | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -109,11 +113,12 @@ class InputPart(msgspec.Struct):
 
 
 class InputItem(msgspec.Struct):
-    """One Responses input item: a message, a ``function_call`` or a ``function_call_output``."""
+    """One Responses input item: a message, a ``function_call``, a ``function_call_output`` or a ``reasoning``."""
 
     type: str = "message"
     role: Role | None = None
     content: str | list[InputPart] | None = None
+    summary: list[InputPart] | None = None
     id: str | None = None
     call_id: str | None = None
     name: str | None = None
@@ -130,7 +135,7 @@ class ResponsesTool(msgspec.Struct):
 
 
 class Reasoning(msgspec.Struct):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: Effort | None = None
     summary: str | None = None
 
 
@@ -149,6 +154,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_k: TopK | None = None
     seed: int | None = None
     reasoning: Reasoning | None = None
+    reasoning_budget_tokens: Budget | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     kvmem: KVMemOptions | None = None
 
@@ -158,10 +165,11 @@ class TokenizeRequest(msgspec.Struct):
 
 
 class AnthropicBlock(msgspec.Struct):
-    """A Messages content block: ``text``, ``tool_use`` or ``tool_result`` (others are refused)."""
+    """A Messages content block: ``text``, ``thinking``, ``tool_use`` or ``tool_result`` (others are refused)."""
 
     type: str
     text: str | None = None
+    thinking: str | None = None
     id: str | None = None
     name: str | None = None
     input: dict[str, Any] | None = None
@@ -182,12 +190,18 @@ class AnthropicTool(msgspec.Struct):
     type: str | None = None
 
 
+class AnthropicThinking(msgspec.Struct):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: Budget | None = None
+
+
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     messages: Annotated[list[AnthropicMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     system: str | list[InputPart] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: AnthropicThinking | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
