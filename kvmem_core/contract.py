@@ -31,7 +31,9 @@ class StepRequest:
     ``overrides`` carries a request's own KVMem knobs (method, scorer, budget, ...), already
     validated against ``KVMemConfig``; they apply to this step only. ``reasoning_budget``:
     at most this many tokens inside a think block before its closing tag is forced (None:
-    no limit; see ``kvmem_core.reasoning``).
+    no limit; see ``kvmem_core.reasoning``). ``cache_key`` (a client's ``prompt_cache_key``)
+    names the workspace the step runs in; ``workspace_id`` is preferred among those that
+    hold exactly the matched prefix (``kvmem_core.workspace.Route``).
     """
 
     messages: tuple[dict[str, Any], ...] | None = None
@@ -41,6 +43,8 @@ class StepRequest:
     sampling: SamplingParams = SamplingParams()
     overrides: dict[str, Any] = field(default_factory=dict)
     reasoning_budget: int | None = None
+    cache_key: str | None = None
+    workspace_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class Engine(Protocol):
     def workspace_info(self, workspace_id: str) -> dict[str, Any] | None: ...
 
     def delete_workspace(self, workspace_id: str) -> bool: ...
+
+    def pin_workspace(self, workspace_id: str, pinned: bool) -> dict[str, Any] | None: ...
+
+    def export_workspace(self, workspace_id: str, path: str) -> dict[str, Any] | None: ...
+
+    def import_workspace(self, path: str) -> dict[str, Any]: ...
 
     def metrics(self) -> dict[str, float]: ...
 

@@ -22,22 +22,23 @@ from kvmem_core.errors import CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import Thinking, thinking_for
-from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer, summarize_block
+from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
-from kvmem_core.workspace import Workspace
+from kvmem_core.workspace import Route, Workspace
+from kvmem_core.workspace_ops import WorkspaceOps
 
 log = logging.getLogger("kvmem.engine")
 MAX_QUERY_TOKENS = 512
 PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
-PREVIEW_TOKENS = 24  # tokens of a block's text shown by workspace_info
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
-class KVMemEngine:
-    """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine``.
+class KVMemEngine(WorkspaceOps):
+    """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine`` (its workspace calls come
+    from ``WorkspaceOps``).
 
     ``heads`` are the retrieval heads (layer, query head) whose full keys every stored
     block indexes. ``last_logits`` holds the logits the first generated token of the last
@@ -115,7 +116,8 @@ class KVMemEngine:
              on_start: OnStart | None, oracle: Sequence[int] | None, t0: float) -> StepResult:
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
-        ws, cached = self._open(prompt.ids, min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids)))
+        limit = min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids))
+        ws, cached = self._open(prompt.ids, limit, Route(request.cache_key, request.workspace_id))
         if on_start is not None:
             on_start(ws.id)
         mode = self._mode(cfg)
@@ -144,37 +146,6 @@ class KVMemEngine:
     def chat_template(self) -> str:
         return self.adapter.chat_template
 
-    def list_workspaces(self) -> list[dict[str, Any]]:
-        return self.store.list_workspaces()
-
-    def workspace_info(self, workspace_id: str) -> dict[str, Any] | None:
-        """The store's view of a workspace plus the budget, the reserve, each block's first
-        words and which blocks sit in the engine's view right now (tier ``gpu``)."""
-        info = self.store.workspace_info(workspace_id)
-        if info is None:
-            return None
-        resident = set(self.view.blocks) if workspace_id == self._view_ws else set()
-        for block in info["blocks"]:
-            meta = self.store.lookup(block["hash"])
-            block["text"] = self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS]) if meta is not None else ""
-            block["tiers"] = (["gpu"] if block["index"] in resident else []) + block["tier"].split("+")
-        info["totals"]["tokens_in_view"] = len(resident) * self.layout.block_tokens
-        info.update(budget=self.config.budget, gen_budget=self.config.gen_budget, block_tokens=self.layout.block_tokens)
-        return info
-
-    def delete_workspace(self, workspace_id: str) -> bool:
-        self._forget(workspace_id)
-        if workspace_id == self._view_ws:
-            self._abandon()
-        return self.store.delete_workspace(workspace_id)
-
-    def _forget(self, *ws_ids: str) -> None:
-        """Drop the engine-side state (retrieval index, checkpoints) of workspaces gone from the store."""
-        for ws_id in ws_ids:
-            self._indexes.pop(ws_id, None)
-            if self.checkpoints is not None:
-                self.checkpoints.forget(ws_id)
-
     def metrics(self) -> dict[str, float]:
         out = {f"store_{k}": float(v) for k, v in self.store.metrics().items()}
         out.update({k: float(v) for k, v in self._counts.items()})
@@ -193,8 +164,9 @@ class KVMemEngine:
             return cfg.positions
         return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
 
-    def _open(self, ids: list[int], limit: int) -> tuple[Workspace, int]:
+    def _open(self, ids: list[int], limit: int, route: Route) -> tuple[Workspace, int]:
         """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens).
+        ``route`` places the step in a keyed or preferred workspace (``kvmem_core.workspace``).
 
         At most ``limit`` tokens count as cached: a step that scores recomputes its query,
         even when the same prompt was seen before, so the query features come from it.
@@ -203,7 +175,7 @@ class KVMemEngine:
         or the latest earlier one (then fewer tokens count as cached and the rest is prefilled).
         """
         live = self.view.tokens  # the tokens the recurrent state has consumed; rebound below, never mutated
-        ws, match = self.store.open_workspace(self.namespace, ids)
+        ws, match = self.store.open_workspace(self.namespace, ids, route)
         bt, hit = self.layout.block_tokens, match.matched_blocks
         reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, limit)
         if reuse >= hit * bt:
@@ -298,7 +270,7 @@ class KVMemEngine:
             ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
             parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
             assert len(ws.hashes) == b, "blocks must be archived in order"
-            summary = summarize_block(self.adapter.content_keys(kv.k, pos), self.heads, self.summary_opts)
+            summary = self._summarize(kv, pos)
             tags = frozenset({"mandatory"}) if any(s < (b + 1) * bt and e > b * bt for s, e in prompt.mandatory) else frozenset()
             meta = BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), summary, tags)
             self.store.append(ws.id, meta, kv)
@@ -371,11 +343,8 @@ class KVMemEngine:
 
     def content_keys(self, block_hash: str) -> np.ndarray:
         """Pre-RoPE keys of a stored block (the ``per-token`` scorer's key source; loads its KV)."""
-        meta = self.store.lookup(block_hash)
-        result = self.store.complete_load(self.store.prepare_load([block_hash]))
-        if meta is None or block_hash not in result.blocks:
-            raise CorruptBlockError(f"block {block_hash} failed its checks or is gone from the store")
-        return self.adapter.content_keys(result.blocks[block_hash].k, meta.start_pos)
+        kv = self.stored_kv(block_hash)
+        return self.adapter.content_keys(kv.k, self.store.lookup(block_hash).start_pos)
 
     def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:
         index = self._indexes.setdefault(ws_id, BlockIndex(self.layout.block_tokens))

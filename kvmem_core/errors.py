@@ -77,3 +77,24 @@ class ModelNotFoundError(KVMemError):
 
     http_status = 404
     code = "model_not_found"
+
+
+class WorkspaceFileError(KVMemError):
+    """A workspace file to import is not one, or a block in it fails its checks."""
+
+    http_status = 400
+    code = "invalid_workspace_file"
+
+
+class ModelMismatchError(KVMemError):
+    """A workspace file was exported from another model or KV layout than this server runs."""
+
+    http_status = 409
+    code = "model_mismatch"
+
+
+class WorkspaceExistsError(KVMemError):
+    """An imported workspace's id, or its routing key, already names a workspace here."""
+
+    http_status = 409
+    code = "workspace_exists"

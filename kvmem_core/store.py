@@ -30,7 +30,7 @@ from kvmem_core.host import HostTier
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
 from kvmem_core.nvme import NvmeTier, WriteDone
 from kvmem_core.policy import EvictionPolicy, LRUPolicy, plan_workspace_eviction
-from kvmem_core.workspace import PrefixMatch, Workspace, WorkspaceRegistry, describe, detail
+from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
 
@@ -83,11 +83,15 @@ class BlockStore:
 
     # -- workspaces -------------------------------------------------------------------
 
-    def open_workspace(self, namespace: str, token_ids: Sequence[int] | np.ndarray) -> tuple[Workspace, PrefixMatch]:
-        """Match ``token_ids`` against stored prefixes; continue or fork; it becomes the workspace in use."""
+    def open_workspace(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
+                       route: Route = Route()) -> tuple[Workspace, PrefixMatch]:
+        """Match ``token_ids`` against stored prefixes; continue or fork as ``route`` says (a keyed workspace may
+        be rewound); it becomes the workspace in use."""
         self._drain()
-        match = self.workspaces.find_prefix(namespace, token_ids, self._metas.get)
-        ws = self.workspaces.open(match)
+        match = self.workspaces.find_prefix(namespace, token_ids, self._metas.get, route)
+        ws, freed = self.workspaces.open(match)
+        for h in freed:
+            self._maybe_free(h)
         self._active = ws.id
         self._sync_manifests()
         return ws, match
@@ -107,6 +111,26 @@ class BlockStore:
             self._store_new(meta, kv)
         self.workspaces.append(ws_id, meta.chain_hash)
         self._sync_manifests()
+
+    def add_workspace(self, ws: Workspace, blocks: Iterable[tuple[BlockMeta, BlockKV]]) -> None:
+        """Add a workspace from elsewhere (an import) with its blocks, in order, stored unless already here.
+        All or nothing: on any failure (CapacityError, a bad block) the workspace is deleted and the error raised."""
+        self.workspaces.add(Workspace(ws.id, ws.namespace, [], ws.created, ws.last_used, ws.last_selection, ws.key,
+                                      ws.pinned))
+        try:
+            for meta, kv in blocks:
+                self.append(ws.id, meta, kv)
+        except BaseException:
+            self.delete_workspace(ws.id)
+            raise
+
+    def set_pinned(self, ws_id: str, pinned: bool) -> bool:
+        """Pin a workspace (retention never evicts it) or unpin it; False if unknown."""
+        if self.workspaces.get(ws_id) is None:
+            return False
+        self.workspaces.set_pinned(ws_id, pinned)
+        self._sync_manifests()
+        return True
 
     def set_selection(self, ws_id: str, selection: dict[str, Any]) -> None:
         """Remember a step's selection (plain data) with its workspace."""
@@ -253,11 +277,11 @@ class BlockStore:
         plan = None
         if self.retention == "evict-idle":
             idle = [(w.id, w.hashes) for w in self.workspaces.oldest_first()
-                    if w.id != self._active and not any(h in self._pins for h in w.hashes)]
+                    if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)]
             plan = plan_workspace_eviction(idle, self.workspaces.owners, self._freeable_bytes, used + nbytes - capacity)
         if plan is None:
             why = ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
-                   else "evicting every idle workspace would not free enough")
+                   else "evicting every idle, unpinned workspace would not free enough")
             raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and {why}; raise {flag}")
         for ws_id in plan:
             self._evict_workspace(ws_id)

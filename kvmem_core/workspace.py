@@ -4,6 +4,12 @@ Blocks are content-addressed, so workspaces with a common prefix share its block
 token sequence is matched block by block against every workspace of its namespace (chain
 hash first, then the stored token ids); it either continues the workspace it extends or
 forks a new one that shares the matched prefix, leaving the original untouched.
+
+A ``Route`` can name the workspace beyond its tokens. A *key* (a client's
+``prompt_cache_key``) owns one workspace: its steps always continue it, rewound to the
+prompt where they diverge, and steps without that key never continue it (they fork,
+sharing its blocks). A *preferred* workspace (the one a previous response ran in) wins
+when several hold exactly the matched prefix.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from kvmem_core.layout import ROOT_HASH, BlockMeta, chain_hash
 
 @dataclass
 class Workspace:
-    """A trajectory: its blocks in order, times, and the last selection as plain data."""
+    """A trajectory: its blocks in order, times, the last selection as plain data, its routing key and whether
+    it is pinned (retention never evicts it)."""
 
     id: str
     namespace: str
@@ -29,6 +36,8 @@ class Workspace:
     created: float = 0.0
     last_used: float = 0.0
     last_selection: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    pinned: bool = False
 
     def to_manifest(self) -> bytes:
         return json.dumps(self.__dict__).encode()
@@ -36,16 +45,24 @@ class Workspace:
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> Workspace:
         return cls(data["id"], data["namespace"], list(data["hashes"]), data["created"], data["last_used"],
-                   dict(data.get("last_selection", {})))
+                   dict(data.get("last_selection", {})), data.get("key"), bool(data.get("pinned", False)))
+
+
+@dataclass(frozen=True)
+class Route:
+    """What besides its tokens places a step (see the module docstring): a ``key`` or a ``prefer``red workspace."""
+
+    key: str | None = None
+    prefer: str | None = None
 
 
 @dataclass(frozen=True)
 class PrefixMatch:
     """Result of matching a token sequence: ``hashes`` covers all of its whole blocks.
 
-    ``workspace_id`` holds the longest matched prefix (None when no block matched);
-    ``continues`` is True when that workspace is exactly the matched prefix, so the new
-    sequence extends it; otherwise opening the match forks.
+    ``workspace_id`` is the workspace the sequence continues (None: opening the match forks
+    a new one holding the matched prefix, under ``key``). A keyed workspace is continued even
+    where it diverges from the sequence: opening rewinds it to the matched prefix first.
     """
 
     namespace: str
@@ -53,7 +70,11 @@ class PrefixMatch:
     matched_blocks: int
     block_tokens: int
     workspace_id: str | None
-    continues: bool
+    key: str | None = None
+
+    @property
+    def continues(self) -> bool:
+        return self.workspace_id is not None
 
     @property
     def matched_tokens(self) -> int:
@@ -68,6 +89,7 @@ class WorkspaceRegistry:
         self._clock = clock
         self._spaces: dict[str, Workspace] = {}
         self._owners: dict[str, set[str]] = {}
+        self._keys: dict[tuple[str, str], str] = {}  # (namespace, key) -> workspace id
         self._dirty: set[str] = set()
 
     def __len__(self) -> int:
@@ -84,37 +106,63 @@ class WorkspaceRegistry:
         return len(self._owners.get(block_hash, ()))
 
     def find_prefix(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
-                    meta_of: Callable[[str], BlockMeta | None]) -> PrefixMatch:
-        """Longest stored prefix of ``token_ids`` (whole blocks only); no side effects."""
+                    meta_of: Callable[[str], BlockMeta | None], route: Route = Route()) -> PrefixMatch:
+        """Longest stored prefix of ``token_ids`` (whole blocks only, any workspace's) and the workspace the
+        sequence continues under ``route``; no side effects."""
         hashes = block_hashes(namespace, token_ids, self.block_tokens)
         ids = np.asarray(token_ids, dtype=np.int64)
         k = 0
         while k < len(hashes) and self._verified(hashes, k, ids, meta_of):
             k += 1
-        best = self._best_holder(namespace, hashes[k - 1] if k else None, k)
-        return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens,
-                           best.id if best else None, best is not None and len(best.hashes) == k)
+        if route.key is not None:
+            ws_id = self._keys.get((namespace, route.key))
+        else:
+            ws = self._continued(namespace, hashes[k - 1] if k else None, k, route.prefer)
+            ws_id = ws.id if ws else None
+        return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens, ws_id, route.key)
 
-    def open(self, match: PrefixMatch) -> Workspace:
-        """Continue the matched workspace or fork a new one holding the matched prefix."""
+    def open(self, match: PrefixMatch) -> tuple[Workspace, list[str]]:
+        """Continue the matched workspace or fork a new one holding the matched prefix; return it and the hashes
+        no workspace references any more (a keyed workspace rewound to the prefix let them go)."""
+        prefix = list(match.hashes[:match.matched_blocks])
         if match.continues:
             ws = self._spaces[match.workspace_id]
+            freed = self._rewind(ws, prefix) if ws.hashes != prefix else []
             self.touch(ws.id)
-            return ws
+            return ws, freed
         now = self._clock()
-        ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now)
+        ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now, key=match.key)
         self.add(ws)
-        for h in match.hashes[:match.matched_blocks]:
+        for h in prefix:
             self.append(ws.id, h)
-        return ws
+        return ws, []
+
+    def _rewind(self, ws: Workspace, hashes: list[str]) -> list[str]:
+        """Make ``ws`` hold ``hashes``; return those of its old hashes no workspace references any more."""
+        keep = set(hashes)
+        freed = self._release(ws.id, [h for h in ws.hashes if h not in keep])
+        for h in hashes:
+            self._owners.setdefault(h, set()).add(ws.id)
+        ws.hashes = list(hashes)
+        return freed
 
     def add(self, ws: Workspace) -> None:
-        """Register a workspace (new, or restored from its manifest)."""
-        assert ws.id not in self._spaces
+        """Register a workspace (new, restored from its manifest, or imported); its key must be free."""
+        assert ws.id not in self._spaces and self.keyed(ws.namespace, ws.key) is None
         self._spaces[ws.id] = ws
         for h in ws.hashes:
             self._owners.setdefault(h, set()).add(ws.id)
+        if ws.key is not None:
+            self._keys[(ws.namespace, ws.key)] = ws.id
         self._dirty.add(ws.id)
+
+    def keyed(self, namespace: str, key: str | None) -> str | None:
+        """The id of the workspace ``key`` owns in ``namespace``, if any."""
+        return None if key is None else self._keys.get((namespace, key))
+
+    def set_pinned(self, ws_id: str, pinned: bool) -> None:
+        self._spaces[ws_id].pinned = pinned
+        self._dirty.add(ws_id)
 
     def append(self, ws_id: str, block_hash: str) -> None:
         ws = self._spaces[ws_id]
@@ -137,6 +185,8 @@ class WorkspaceRegistry:
     def delete(self, ws_id: str) -> list[str]:
         """Remove a workspace; return the hashes no workspace references any more."""
         ws = self._spaces.pop(ws_id)
+        if ws.key is not None:
+            del self._keys[(ws.namespace, ws.key)]
         self._dirty.add(ws_id)
         return self._release(ws_id, ws.hashes)
 
@@ -179,15 +229,16 @@ class WorkspaceRegistry:
         parent = hashes[k - 1] if k else ROOT_HASH
         return meta is not None and meta.parent_hash == parent and np.array_equal(meta.token_ids, block)
 
-    def _best_holder(self, namespace: str, last_hash: str | None, k: int) -> Workspace | None:
-        """The workspace to continue (exactly the prefix) or fork from; most recent wins ties."""
+    def _continued(self, namespace: str, last_hash: str | None, k: int, prefer: str | None) -> Workspace | None:
+        """The keyless workspace that is exactly the matched prefix: ``prefer`` if it is one, else the most recent."""
         if last_hash is None:
             pool = [w for w in self._spaces.values() if w.namespace == namespace and not w.hashes]
         else:
             pool = [self._spaces[i] for i in self._owners[last_hash]]
+        pool = [w for w in pool if len(w.hashes) == k and w.key is None]
         if not pool:
             return None
-        return max(pool, key=lambda w: (len(w.hashes) == k, w.last_used, w.created))
+        return max(pool, key=lambda w: (w.id == prefer, w.last_used, w.created))
 
 
 def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int) -> list[str]:
@@ -201,10 +252,10 @@ def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_to
 
 
 def describe(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], in_use: bool) -> dict[str, Any]:
-    """A workspace's summary for listings: ids, sizes (stored tokens), times."""
+    """A workspace's summary for listings: ids, sizes (stored tokens), times, key, pin."""
     tokens = sum(m.n_tokens for m in map(meta_of, ws.hashes) if m is not None)
     return {"id": ws.id, "namespace": ws.namespace, "blocks": len(ws.hashes), "tokens": tokens,
-            "created": ws.created, "last_used": ws.last_used, "in_use": in_use}
+            "created": ws.created, "last_used": ws.last_used, "in_use": in_use, "key": ws.key, "pinned": ws.pinned}
 
 
 def detail(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], tier_of: Callable[[str], str | None],

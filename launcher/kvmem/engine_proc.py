@@ -125,20 +125,18 @@ class EngineLoop:
         self.send(P.Reply(id=msg.id, value=value))
 
     def dispatch(self, msg: P.Call) -> Any:
-        op, arg = msg.op, msg.arg
+        op, arg, engine = msg.op, msg.arg or "", self.engine
         if op == "count_tokens" and msg.request is not None:
-            return self.engine.count_tokens(P.from_wire_request(msg.request))
-        if op == "tokenize":
-            return self.engine.tokenize(arg or "")
-        if op == "list_workspaces":
-            return self.engine.list_workspaces()
-        if op == "workspace_info":
-            return self.engine.workspace_info(arg or "")
-        if op == "delete_workspace":
-            return self.engine.delete_workspace(arg or "")
-        if op == "metrics":
-            return self.engine.metrics()
-        raise KVMemError(f"unknown engine call {op!r}")
+            return engine.count_tokens(P.from_wire_request(msg.request))
+        calls = {"tokenize": lambda: engine.tokenize(arg), "list_workspaces": engine.list_workspaces,
+                 "workspace_info": lambda: engine.workspace_info(arg), "delete_workspace": lambda: engine.delete_workspace(arg),
+                 "pin_workspace": lambda: engine.pin_workspace(arg, True),
+                 "unpin_workspace": lambda: engine.pin_workspace(arg, False),
+                 "export_workspace": lambda: engine.export_workspace(arg, msg.path or ""),
+                 "import_workspace": lambda: engine.import_workspace(msg.path or ""), "metrics": engine.metrics}
+        if op not in calls:
+            raise KVMemError(f"unknown engine call {op!r}")
+        return calls[op]()
 
     def fail(self, req_id: str, exc: Exception) -> None:
         failed = request_error(req_id, exc)

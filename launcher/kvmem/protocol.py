@@ -19,7 +19,8 @@ from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.reasoning import ThinkTags
 
 PROTOCOL_VERSION = 2
-CALL_OPS = ("tokenize", "count_tokens", "list_workspaces", "workspace_info", "delete_workspace", "metrics")
+CALL_OPS = ("tokenize", "count_tokens", "list_workspaces", "workspace_info", "delete_workspace", "pin_workspace",
+            "unpin_workspace", "export_workspace", "import_workspace", "metrics")
 
 
 class ProtocolError(Exception):
@@ -47,6 +48,8 @@ class WireStepRequest(msgspec.Struct):
     sampling: WireSampling
     overrides: dict[str, Any]
     reasoning_budget: int | None = None
+    cache_key: str | None = None
+    workspace_id: str | None = None
 
 
 class WireChatFormat(msgspec.Struct):
@@ -83,12 +86,14 @@ class Step(_Msg):
 
 
 class Call(_Msg):
-    """A non-generating engine call; ``op`` is one of ``CALL_OPS`` (``count_tokens`` takes ``request``)."""
+    """A non-generating engine call; ``op`` is one of ``CALL_OPS`` (``count_tokens`` takes ``request``; the export
+    and import of a workspace a file ``path`` on this machine)."""
 
     id: str
     op: str
     arg: str | None = None
     request: WireStepRequest | None = None
+    path: str | None = None
 
 
 class Abort(_Msg):
@@ -185,6 +190,8 @@ def to_wire_request(req: StepRequest) -> WireStepRequest:
         sampling=WireSampling(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop)),
         overrides=dict(req.overrides),
         reasoning_budget=req.reasoning_budget,
+        cache_key=req.cache_key,
+        workspace_id=req.workspace_id,
     )
 
 
@@ -198,6 +205,8 @@ def from_wire_request(w: WireStepRequest) -> StepRequest:
         sampling=SamplingParams(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop)),
         overrides=w.overrides,
         reasoning_budget=w.reasoning_budget,
+        cache_key=w.cache_key,
+        workspace_id=w.workspace_id,
     )
 
 

@@ -9,6 +9,7 @@ from kvmem_core.errors import CapacityError
 from kvmem_core.layout import BlockLayout
 from kvmem_core.policy import LRUPolicy, plan_workspace_eviction
 from kvmem_core.store import BlockStore
+from kvmem_core.workspace import Route, Workspace
 
 LAYOUT = BlockLayout(n_layers=2, n_kv_heads=1, head_dim=4, n_heads=1, block_tokens=16)
 BLOCK = LAYOUT.kv_bytes_per_block  # 512 bytes
@@ -209,3 +210,38 @@ def test_a_block_lost_from_the_host_tier_cuts_every_workspace_holding_it():
     assert store.tier(blocks[2][0].chain_hash) is None and store.metrics()["host_bytes"] == BLOCK  # only block 0 is held
     ws, match = store.open_workspace("ns", tokens(3))
     assert match.matched_blocks == 1 and ws.id in (ws_a, ws_b)
+
+
+def test_a_pinned_workspace_is_never_evicted():
+    store = host_store("evict-idle")
+    a, _ = fill(store, tokens(2, 1000))
+    b, _ = fill(store, tokens(1, 2000))
+    assert store.set_pinned(a, True) and not store.set_pinned("ws-unknown", True)
+    c, _ = fill(store, tokens(2, 3000))  # one block too many: a is the oldest, but pinned
+    d, _ = fill(store, tokens(1, 4000))
+    assert {w["id"]: w["pinned"] for w in store.list_workspaces()} == {a: True, d: False}
+    with pytest.raises(CapacityError, match="unpinned"):
+        fill(store, tokens(3, 5000))
+    assert store.workspaces.get(a) is not None and [e["workspace"] for e in store.take_events()] == [b, c, d]
+
+
+def test_a_rewound_keyed_workspace_frees_the_blocks_only_it_held():
+    store = host_store("evict-idle")
+    ws, _ = store.open_workspace("ns", tokens(3), Route(key="k"))
+    for meta, kv in synthetic_chain(LAYOUT, tokens(3), "ns"):
+        store.append(ws.id, meta, kv)
+    again, match = store.open_workspace("ns", np.concatenate([tokens(1), tokens(2, 500)]), Route(key="k"))
+    assert again.id == ws.id and match.matched_blocks == 1 and store.metrics()["blocks"] == 1
+    assert store.list_workspaces()[0]["key"] == "k"
+
+
+def test_an_added_workspace_arrives_whole_or_not_at_all():
+    store = host_store("keep-all")
+    kept = Workspace("ws-" + "a" * 16, "ns", [], 1.0, 2.0, {}, key="k", pinned=True)
+    store.add_workspace(kept, synthetic_chain(LAYOUT, tokens(3), "ns"))
+    too_big = Workspace("ws-" + "b" * 16, "ns", [], 1.0, 2.0)
+    with pytest.raises(CapacityError):
+        store.add_workspace(too_big, synthetic_chain(LAYOUT, tokens(3, 100), "ns"))
+    (only,) = store.list_workspaces()
+    assert (only["id"], only["blocks"], only["key"], only["pinned"]) == (kept.id, 3, "k", True)
+    assert store.metrics()["blocks"] == 3

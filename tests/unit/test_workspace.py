@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from kvmem_core.layout import ROOT_HASH, BlockMeta
-from kvmem_core.workspace import Workspace, WorkspaceRegistry, block_hashes
+from kvmem_core.workspace import Route, Workspace, WorkspaceRegistry, block_hashes
 
 B = 4
 
@@ -29,11 +29,11 @@ class World:
         self.now += 1.0
         return self.now
 
-    def step(self, ids: list[int], namespace: str = "m") -> tuple[Workspace, int, bool]:
+    def step(self, ids: list[int], namespace: str = "m", route: Route = Route()) -> tuple[Workspace, int, bool]:
         """Open a workspace for ``ids`` and append its unmatched whole blocks, as a step does."""
         ids_arr = np.asarray(ids)
-        match = self.reg.find_prefix(namespace, ids_arr, self.metas.get)
-        ws = self.reg.open(match)
+        match = self.reg.find_prefix(namespace, ids_arr, self.metas.get, route)
+        ws, _ = self.reg.open(match)
         self.metas.update(metas_for(namespace, ids_arr))
         for h in match.hashes[len(ws.hashes):]:
             self.reg.append(ws.id, h)
@@ -70,7 +70,9 @@ def test_the_longest_prefix_wins_across_workspaces():
     w.step(list(range(8)) + [50] * 8)
     longer, _, _ = w.step(list(range(12)) + [60] * 4)
     match = w.reg.find_prefix("m", np.array(list(range(12)) + [70] * 4), w.metas.get)
-    assert match.matched_blocks == 3 and match.workspace_id == longer.id and not match.continues
+    assert match.matched_blocks == 3 and match.workspace_id is None and not match.continues
+    fork, _ = w.reg.open(match)
+    assert fork.hashes == longer.hashes[:3]
 
 
 def test_a_hash_hit_with_different_stored_tokens_does_not_match():
@@ -103,6 +105,45 @@ def test_find_prefix_has_no_side_effects_and_delete_returns_freed_blocks():
 
 
 def test_manifest_round_trip():
-    ws = Workspace("ws-1", "m", ["a" * 32, "b" * 32], 1.0, 2.0, {"blocks": [0]})
+    ws = Workspace("ws-1", "m", ["a" * 32, "b" * 32], 1.0, 2.0, {"blocks": [0]}, key="chat-7", pinned=True)
     back = Workspace.from_manifest(json.loads(ws.to_manifest()))
     assert back == ws
+    old = {k: v for k, v in json.loads(ws.to_manifest()).items() if k not in ("key", "pinned")}
+    assert Workspace.from_manifest(old) == Workspace("ws-1", "m", ["a" * 32, "b" * 32], 1.0, 2.0, {"blocks": [0]})
+
+
+def test_a_key_keeps_its_workspace_and_rewinds_it_where_the_prompt_diverges():
+    w = World()
+    key = Route(key="chat-7")
+    a, _, _ = w.step(list(range(12)), route=key)
+    again, matched, continues = w.step(list(range(16)), route=key)
+    assert again.id == a.id and continues and matched == 3 and len(a.hashes) == 4
+    keep = a.hashes[:2]
+    match = w.reg.find_prefix("m", np.array(list(range(8)) + [5] * 8), w.metas.get, key)
+    edited, freed = w.reg.open(match)
+    assert edited.id == a.id and edited.hashes == keep and len(freed) == 2  # its old tail let go
+    assert w.reg.keyed("m", "chat-7") == a.id and w.reg.keyed("other-model", "chat-7") is None
+
+
+def test_keys_and_keyless_steps_never_continue_each_others_workspaces():
+    w = World()
+    plain, _, _ = w.step(list(range(8)))
+    keyed, matched, continues = w.step(list(range(12)), route=Route(key="k1"))
+    assert keyed.id != plain.id and matched == 2 and not continues and keyed.hashes[:2] == plain.hashes
+    other, _, _ = w.step(list(range(12)), route=Route(key="k2"))
+    keyless, _, continues = w.step(list(range(12)))
+    assert len({plain.id, keyed.id, other.id, keyless.id}) == 4 and not continues
+    assert keyless.hashes == keyed.hashes == other.hashes  # forks share the blocks, not the workspaces
+    w.reg.delete(keyed.id)
+    assert w.reg.keyed("m", "k1") is None
+
+
+def test_a_preferred_workspace_wins_among_equal_prefixes():
+    w = World()
+    first, _, _ = w.step(list(range(8)))
+    twin, _, _ = w.step(list(range(4)) + [1] * 8)  # a fork after the first block
+    w.reg._rewind(twin, list(first.hashes))  # two workspaces now hold exactly the same blocks
+    newest, _, _ = w.step(list(range(10)))
+    assert newest.id == twin.id  # the most recent, without a preference
+    chosen, _, _ = w.step(list(range(12)), route=Route(prefer=first.id))
+    assert chosen.id == first.id

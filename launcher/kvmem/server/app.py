@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 import kvmem
-from kvmem.server import chat, messages, responses
+from kvmem.server import chat, messages, responses, workspaces
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, error_response
 from kvmem.server.metrics import CONTENT_TYPE
@@ -91,25 +91,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"})
 
 
-async def list_workspaces(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": await request.app[STATE].engine.call("list_workspaces")})
-
-
-async def workspace_info(request: web.Request) -> web.Response:
-    ws_id = request.match_info["workspace_id"]
-    info = await request.app[STATE].engine.call("workspace_info", ws_id)
-    if info is None:
-        raise APIError(404, f"workspace {ws_id!r} not found", "workspace_not_found")
-    return web.json_response(info)
-
-
-async def delete_workspace(request: web.Request) -> web.Response:
-    ws_id = request.match_info["workspace_id"]
-    if not await request.app[STATE].engine.call("delete_workspace", ws_id):
-        raise APIError(404, f"workspace {ws_id!r} not found", "workspace_not_found")
-    return web.json_response({"id": ws_id, "object": "kvmem.workspace.deleted", "deleted": True})
-
-
 async def openapi(request: web.Request) -> web.Response:
     post = {"/v1/chat/completions": "ChatRequest", "/v1/completions": "CompletionRequest",
             "/v1/responses": "ResponsesRequest", "/tokenize": "TokenizeRequest", "/v1/tokenize": "TokenizeRequest",
@@ -154,9 +135,7 @@ def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Applicat
     r.add_delete("/v1/responses/{response_id}", responses.delete_response)
     r.add_post("/v1/messages", messages.create_message)
     r.add_post("/v1/messages/count_tokens", messages.count_tokens)
-    r.add_get("/v1/kvmem/workspaces", list_workspaces)
-    r.add_get("/v1/kvmem/workspaces/{workspace_id}", workspace_info)
-    r.add_delete("/v1/kvmem/workspaces/{workspace_id}", delete_workspace)
+    workspaces.add_routes(r)
     r.add_get("/{tail:.*}", static_ui)
     return app
 

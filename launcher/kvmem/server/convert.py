@@ -123,7 +123,8 @@ def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat) -> Step
     kwargs, budget = thinking(body.reasoning_effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-                       sampling=sampling(body, max_tokens), overrides=overrides(body.kvmem, config))
+                       sampling=sampling(body, max_tokens), overrides=overrides(body.kvmem, config),
+                       cache_key=body.prompt_cache_key)
 
 
 def completion_step(body: S.CompletionRequest, config: KVMemConfig) -> StepRequest:

@@ -114,13 +114,14 @@ class EngineClient:
             if not finished:
                 self._send(P.Abort(id=req_id))
 
-    async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None) -> Any:
+    async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None,
+                   path: str | None = None) -> Any:
         """Run one non-generating engine call (``protocol.CALL_OPS``) and return its value. Calls queue with
         the steps (429 past ``max_queue``): tokenizing a large body ties the engine up as a step does."""
         assert op in P.CALL_OPS
         req_id = uuid.uuid4().hex
         wire = P.to_wire_request(request) if request is not None else None
-        frame = wire_frame(P.Call(id=req_id, op=op, arg=arg, request=wire))
+        frame = wire_frame(P.Call(id=req_id, op=op, arg=arg, request=wire, path=path))
         await self._take_slot()
         queue: asyncio.Queue[P.Message] = asyncio.Queue()
         self._streams[req_id] = queue

@@ -2,7 +2,9 @@
 
 A stored response keeps its full transcript (``instructions`` excluded, as the API says), so
 a request with ``previous_response_id`` sends only the new input: the server rebuilds the
-transcript, which renders to the same tokens as before, and the engine reuses their KV.
+transcript, which renders to the same tokens as before, and the engine reuses their KV in
+the previous response's workspace (and under its ``prompt_cache_key``, unless the request
+names another).
 """
 from __future__ import annotations
 
@@ -99,9 +101,12 @@ class Turn:
         messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.chat_format)
         effort = body.reasoning.effort if body.reasoning else None
         kwargs, budget = convert.thinking(effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
+        before = previous["response"] if previous else {}
+        self.cache_key = body.prompt_cache_key or before.get("prompt_cache_key")  # a chain keeps its key
         self.step = StepRequest(
             messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-            sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config))
+            sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config),
+            cache_key=self.cache_key, workspace_id=before.get("kvmem", {}).get("workspace_id"))
         self.model = state.served_model(body.model)
         self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None)
         self.id = "resp_" + uuid.uuid4().hex
@@ -117,6 +122,7 @@ class Turn:
             "instructions": b.instructions, "metadata": b.metadata or {}, "temperature": b.temperature, "top_p": b.top_p,
             "max_output_tokens": b.max_output_tokens, "previous_response_id": b.previous_response_id, "store": b.store,
             "text": {"format": {"type": "text"}}, "truncation": "disabled", "usage": None,
+            "prompt_cache_key": self.cache_key,
         }
         if result is not None:
             out["usage"] = {

@@ -21,6 +21,7 @@ Stop = str | Annotated[list[str], Meta(max_length=16)]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 Budget = Annotated[int, Meta(ge=0)]
+CacheKey = Annotated[str, Meta(min_length=1, max_length=1024)]
 
 
 class KVMemOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,6 +100,7 @@ class ChatRequest(Sampling, kw_only=True):
     reasoning_effort: Effort | None = None
     reasoning_budget_tokens: Budget | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    prompt_cache_key: CacheKey | None = None
 
 
 class CompletionRequest(Sampling, kw_only=True):
@@ -156,6 +158,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     reasoning: Reasoning | None = None
     reasoning_budget_tokens: Budget | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    prompt_cache_key: CacheKey | None = None
     metadata: dict[str, str] | None = None
     kvmem: KVMemOptions | None = None
 

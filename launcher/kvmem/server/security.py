@@ -9,8 +9,9 @@ A browser lets any web page send requests to ``localhost``; these checks keep su
 - **Origin**, when a browser sends one, must be the server's own origin or one of
   ``--cors-origins`` (``*``: any). Those get CORS answers: preflight ``OPTIONS`` and
   ``Access-Control-Allow-Origin`` on every response. 403 otherwise.
-- **Content-Type** of an API ``POST`` must be ``application/json``, which a page cannot
-  send cross-origin without a preflight. 415 otherwise.
+- **Content-Type** of an API ``POST`` must be ``application/json`` (a workspace file upload:
+  ``application/x-tar`` or ``application/octet-stream``), which a page cannot send
+  cross-origin without a preflight. 415 otherwise.
 
 Refusals raise ``APIError``, so they leave as the route's error JSON.
 """
@@ -29,6 +30,8 @@ from kvmem.server.errors import APIError
 from kvmem_core.errors import ConfigError
 
 API_PREFIXES = ("/v1/", "/tokenize", "/metrics", "/openapi.json")
+FILE_POSTS = frozenset({"/v1/kvmem/workspaces/import"})
+FILE_TYPES = ("application/x-tar", "application/octet-stream")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -157,12 +160,18 @@ def security_middleware(security: Security) -> Callable[[web.Request, Handler], 
                            "--cors-origins to allow them", "origin_not_allowed")
         if cross and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return web.Response(status=204, headers=_CORS_HEADERS)
-        if request.method == "POST" and request.path.startswith(API_PREFIXES) and request.content_type != "application/json":
-            raise APIError(415, f"Content-Type must be application/json, not {request.content_type!r}",
+        if request.method == "POST" and request.path.startswith(API_PREFIXES) and request.content_type not in _types(request):
+            raise APIError(415, f"Content-Type must be {' or '.join(_types(request))}, not {request.content_type!r}",
                            "unsupported_media_type")
         return await handler(request)
 
     return check
+
+
+def _types(request: web.Request) -> tuple[str, ...]:
+    """The Content-Types a POST to this path may have: JSON, or for a file upload the binary types (neither is
+    one a page may send cross-origin without a preflight)."""
+    return FILE_TYPES if request.path in FILE_POSTS else ("application/json",)
 
 
 def cors_hook(security: Security) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
