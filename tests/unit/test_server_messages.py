@@ -1,6 +1,7 @@
 """The Anthropic Messages subset: blocks -> chat turns, usage split, error shape."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
@@ -70,3 +71,33 @@ def test_errors_take_the_anthropic_shape() -> None:
     assert M.anthropic_error(to_api_error(BudgetError("spans"))) == {
         "type": "error", "error": {"type": "request_too_large", "message": "spans", "code": "budget_exceeded"}}
     assert M.anthropic_error(APIError(503, "later", "engine_unavailable"))["error"]["type"] == "overloaded_error"
+
+
+def stream_blocks(items: list) -> list[tuple]:
+    """The Messages stream events ``Blocks`` sends for parser items, as (type, index, what) tuples."""
+    sent: list[tuple] = []
+
+    async def send(kind: str, index: int, **fields: object) -> None:
+        what = fields.get("content_block") or fields.get("delta") or {}
+        sent.append((kind, index, what.get("type")))
+
+    async def go() -> None:
+        blocks = M.Blocks(send)
+        for item in items:
+            await blocks.write(item)
+        await blocks.close()
+
+    asyncio.run(go())
+    return sent
+
+
+def test_streamed_blocks_open_by_kind_and_an_answer_always_has_text_or_a_tool_use() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert stream_blocks([("reasoning", "hm"), ("reasoning", "m"), ("content", "hi"), ("call", call)]) == [
+        ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None),
+        ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None)]
+    assert [e[2] for e in stream_blocks([("reasoning", "hm")]) if e[0] == "content_block_start"] == ["thinking", "text"]
+    assert [e[2] for e in stream_blocks([("call", call)]) if e[0] == "content_block_start"] == ["tool_use"]

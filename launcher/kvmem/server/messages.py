@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -133,11 +133,12 @@ class Blocks:
 
     DELTAS = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Callable[..., Awaitable[None]]) -> None:
         self.send = send
         self.count = 0
         self.open: str | None = None
         self.calls = 0
+        self.answered = False  # a text block or a tool use was sent
 
     async def write(self, item: Item) -> None:
         kind, value = item
@@ -148,19 +149,19 @@ class Blocks:
             await self.send("content_block_delta", index=self.count,
                             delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
             await self.send("content_block_stop", index=self.count)
-            self.count, self.calls = self.count + 1, self.calls + 1
+            self.count, self.calls, self.answered = self.count + 1, self.calls + 1, True
             return
         kind = "thinking" if kind == "reasoning" else "text"
         if self.open != kind:
             await self._stop()
             start = {"type": kind, kind: "", **({"signature": ""} if kind == "thinking" else {})}
             await self.send("content_block_start", index=self.count, content_block=start)
-            self.open = kind
+            self.open, self.answered = kind, self.answered or kind == "text"
         delta_type, field = self.DELTAS[kind]
         await self.send("content_block_delta", index=self.count, delta={"type": delta_type, field: value})
 
     async def close(self) -> None:
-        if self.count == 0 and self.open is None:  # an answer without calls has a text block, be it empty
+        if not self.answered:  # an answer without calls has a text block, be it empty
             await self.write(("content", ""))
         await self._stop()
 
