@@ -22,10 +22,12 @@ from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.runner import Runner
 from kvmem_torch.scoring import TorchRetrievalHeads
+from kvmem_torch.spec import ModelSpec
 from kvmem_torch.tokenizer import IdTokenizer, Tokenizer, from_gguf_meta, from_hf_dir
 from kvmem_torch.transfer import BlockStager
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+Loaded = tuple[ModelSpec, dict[str, torch.Tensor], Tokenizer | IdTokenizer, str]  # spec, weights, tokenizer, fingerprint
 
 
 class TorchAdapter:
@@ -34,15 +36,17 @@ class TorchAdapter:
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
                  device: str | None = None, dtype: torch.dtype | None = None, prefill_chunk: int = 512,
                  cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
-                 n_threads_batch: int | None = None) -> None:
-        """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says."""
+                 n_threads_batch: int | None = None, loaded: Loaded | None = None) -> None:
+        """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``loaded``: spec,
+        weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
+        weights); ``model_path`` then only names the model."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = resolve_threads(n_threads, n_threads_batch)
         self._on_cpu = device == "cpu"
         self._use_threads(self.threads.batch)
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         path = Path(model_path)
-        spec, weights, self.tokenizer, self.fingerprint = _load(path, dtype, device, progress)
+        spec, weights, self.tokenizer, self.fingerprint = loaded or _load(path, dtype, device, progress)
         self.model = Model(spec, weights)
         num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs)
@@ -160,7 +164,7 @@ class TorchAdapter:
         del self.runner, self.model
 
 
-def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> tuple[Any, dict, Tokenizer | IdTokenizer, str]:
+def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> Loaded:
     """Spec, weights, tokenizer (token ids as numbers for ``no_vocab`` test models) and fingerprint."""
     from kvmem_torch.gguf_loader import load_gguf
     from kvmem_torch.hf_loader import load_hf_dir

@@ -3,20 +3,26 @@
 ``python -m kvmem_torch.bench --shape 27b --views 4096,32768`` prints one JSON object:
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode / prefill speed next to the bandwidth floor of the bytes each step reads.
+``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
+tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from kvmem_torch.adapter import TorchAdapter
+from kvmem_torch.gguf_file import GGUFFile
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
 from kvmem_torch.spec import ModelSpec, qwen35_kinds
 from kvmem_torch.tiny import random_weights
+from kvmem_torch.tokenizer import from_gguf_meta
 from kvmem_torch.transfer import BlockStager
 
 SHAPES = {
@@ -32,13 +38,37 @@ SHAPES = {
 GB = 1e9
 
 
-def qwen35_spec(shape: str) -> ModelSpec:
+def qwen35_spec(shape: str, min_vocab: int = 0) -> ModelSpec:
+    """The qwen35 spec of ``shape``, its vocabulary widened to at least ``min_vocab`` tokens."""
     s = dict(SHAPES[shape])
     n_layers = s.pop("n_layers")
-    s.setdefault("vocab_size", 248320)
+    s["vocab_size"] = max(s.get("vocab_size", 248320), min_vocab)
     return ModelSpec(arch="qwen35", head_dim=256, rotary_dim=64, rope_theta=1e7, rms_eps=1e-6,
                      layer_kinds=qwen35_kinds(n_layers, 4), max_context=262144, linear_k_dim=128,
                      linear_v_dim=128, conv_kernel=4, **s)
+
+
+def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed: int = 0,
+                   **opts: Any) -> TorchAdapter:
+    """A ``TorchAdapter`` (``opts``: its view and block sizes, threads) over random qwen35 weights of ``shape``
+    (bf16 on CUDA, fp32 on the CPU) with the tokenizer and chat template of ``tokenizer_gguf``. The vocabulary
+    is the larger of the shape's and the tokenizer's. The LM-head rows of end-of-generation tokens are zero:
+    their logit 0 loses to the largest of the other random logits, so greedy steps decode to ``max_tokens``."""
+    f = GGUFFile(tokenizer_gguf)
+    tokenizer = from_gguf_meta(f.meta)
+    f.close()
+    spec = qwen35_spec(shape, tokenizer.vocab_size)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    weights = random_weights(spec, dtype, device, seed)
+    weights["lm_head"][sorted(tokenizer.eog_ids)] = 0
+    name = f"random-qwen35-{shape}"
+    return TorchAdapter(name, device=device, dtype=dtype, progress=False,
+                        loaded=(spec, weights, tokenizer, f"{name}-seed{seed}"), **opts)
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes a decode step reads of the weights: every layer's matrices and the LM head (not the embedding)."""
+    return sum(w.nbytes for _, _, ws in model.layers for w in ws.values()) + model.lm_head.nbytes
 
 
 def timed(fn: Callable[[], object], repeat: int) -> float:
@@ -176,14 +206,14 @@ def main() -> None:
     spec, views = qwen35_spec(args.shape), [int(v) for v in args.views.split(",")]
     t = time.perf_counter()
     model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
-    weight_bytes = sum(w.nbytes for _, _, ws in model.layers for w in ws.values()) + model.lm_head.nbytes
-    out: dict[str, object] = {"shape": args.shape, "weights_GB": weight_bytes / GB, "build_s": time.perf_counter() - t}
+    weights = weight_bytes(model)
+    out: dict[str, object] = {"shape": args.shape, "weights_GB": weights / GB, "build_s": time.perf_counter() - t}
     runner = Runner(model, max(views) // 128 + 4, 128)
     out |= bandwidths(runner.cache.block_nbytes) | staging(runner, 64)
     kv_per_token = runner.cache.block_nbytes / 128
     for n in views:
         sec = decode_speed(runner, n, args.steps)
-        floor = (weight_bytes + n * kv_per_token) / (out["hbm_copy_GBps"] * GB)  # bytes a step must read
+        floor = (weights + n * kv_per_token) / (out["hbm_copy_GBps"] * GB)  # bytes a step must read
         out[f"decode_{n}"] = {"ms_per_token": sec * 1e3, "tok_s": 1 / sec, "floor_ms": floor * 1e3,
                               "fraction_of_floor": floor / sec}
     model.use_kernels(False)  # the same graphs over torch ops only: what the Triton kernels save

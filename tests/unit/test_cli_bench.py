@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from model_support import small_model
+from model_support import SMALL_MODEL, small_model
 
 from test_cli_run import kvmem
 
@@ -13,14 +13,15 @@ pytestmark = pytest.mark.slow  # real prefills and decodes: tens of seconds each
 
 
 def test_bench_speed_torch_json_last_line_and_files(tmp_path):
-    out = kvmem("bench", "speed", "--backend", "torch", "--json", "--out", str(tmp_path))
+    out = kvmem("bench", "speed", "--backend", "torch", "--model", SMALL_MODEL, "--json", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert CONTRACT <= set(result) and result["backend"] == "torch" and result["model"] == "random-qwen35-tiny"
     assert all(isinstance(result[k], float) and result[k] > 0 for k in CONTRACT - {"backend", "model"})
-    assert [p["workspace_tokens"] for p in result["points"]] == [1024, 8192]
+    sizes = [p["workspace_tokens"] for p in result["points"]]
+    assert len(sizes) == 2 and 1024 <= sizes[0] < 4096 <= sizes[1]  # the CPU plan, through the engine's steps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decode.png", "memory.png", "speed.json", "ttft.png"]
-    assert json.loads((tmp_path / "speed.json").read_text())["ttft"] == result["ttft"]
+    assert json.loads((tmp_path / "speed.json").read_text())["points"] == result["points"]
 
 
 @pytest.mark.llamacpp
