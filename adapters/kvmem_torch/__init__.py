@@ -1,4 +1,4 @@
-"""KVMem's native torch engine: Llama and Qwen3.5 hybrid (Gated DeltaNet) models over paged KV.
+"""KVMem's native torch engine: Llama, Qwen2 / Qwen2.5 and Qwen3.5 hybrid (Gated DeltaNet) models over paged KV.
 
 ``create_adapter`` is the ``kvmem.adapters`` entry point named ``torch``.
 """
