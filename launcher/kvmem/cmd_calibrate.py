@@ -30,5 +30,6 @@ def run(args: argparse.Namespace) -> int:
         adapter.close()
     out = save_profile(profile, args.out or cache_dir())
     heads = ",".join(f"{layer}:{head}" for layer, head in profile.heads)
-    print(f"retrieval heads {heads} ({profile.n_docs} documents) -> {out}")
+    print(f"retrieval heads {heads} (found the fact in {profile.fit_hit_rate:.0%} of {profile.n_docs} documents, "
+          f"{profile.holdout_hit_rate:.0%} of {profile.n_holdout} held out) -> {out}")
     return 0

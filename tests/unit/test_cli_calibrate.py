@@ -17,8 +17,12 @@ SHIPPED = ROOT / "adapters" / "kvmem_llamacpp" / "profiles"
 def test_the_small_model_has_a_shipped_profile():
     from kvmem_core.retrieval import RetrievalProfile
 
+    from kvmem.profiles import N_HEADS
+    from kvmem_core.config import KVMemConfig
+
     profile = RetrievalProfile.load(SHIPPED / f"{file_fingerprint(str(small_model()))}.json")
-    assert len(profile.heads) == 3 and profile.n_docs == 8
+    assert len(profile.heads) == N_HEADS and profile.n_docs >= 8 and profile.n_holdout >= 2
+    assert profile.block_tokens == KVMemConfig().block_tokens
     assert len(profile.scores) == 30 * 9 and all(0 <= layer < 30 and 0 <= head < 9 for layer, head in profile.heads)
 
 
@@ -27,9 +31,10 @@ def test_the_small_model_has_a_shipped_profile():
 def test_calibrate_writes_a_profile_keyed_by_the_model_file(tmp_path):
     pytest.importorskip("llama_cpp")
     model = small_model()
-    out = kvmem("calibrate", "--model", SMALL_MODEL, "--docs", "2", "--out", str(tmp_path))
+    out = kvmem("calibrate", "--model", SMALL_MODEL, "--docs", "4", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    m = re.fullmatch(r"retrieval heads (\d+:\d+),(\d+:\d+),(\d+:\d+) \(2 documents\) -> (\S+)\n", out.stdout)
-    assert m and Path(m.group(4)) == tmp_path / f"{file_fingerprint(str(model))}.json"
-    data = json.loads(Path(m.group(4)).read_text())
-    assert [f"{a}:{b}" for a, b in data["heads"]] == list(m.groups()[:3])
+    m = re.fullmatch(r"retrieval heads ((?:\d+:\d+,?)+) \(found the fact in \d+% of \d+ documents, "
+                     r"\d+% of (\d+) held out\) -> (\S+)\n", out.stdout)
+    assert m and Path(m.group(3)) == tmp_path / f"{file_fingerprint(str(model))}.json"
+    data = json.loads(Path(m.group(3)).read_text())
+    assert ",".join(f"{a}:{b}" for a, b in data["heads"]) == m.group(1)
