@@ -7,7 +7,11 @@ only once complete and a process crash loses at most the jobs in flight. Every
 ``SYNC_BYTES`` and at each ``submit_sync`` barrier the writer makes what it published
 durable with one ``syncfs`` (one journal commit for many files; per-file fsync where
 syncfs is missing); a power loss can cost the files since the last sync, which their
-checks then report as missing. Loads run on a small pool of I/O
+checks then report as missing. Several processes (server replicas) may share one directory:
+block files are content-addressed and published by rename under a temp name unique to the
+process, so a reader never sees a partial file and two writers of one block are harmless;
+with an ``owner`` each keeps its manifests in ``workspaces/<owner>`` and finds blocks the
+others wrote with ``adopt``. Loads run on a small pool of I/O
 threads (I/O waits overlap even where threads share one core). Bookkeeping (which blocks
 are on disk, reserved bytes) is the caller's thread's alone; the threads only touch
 files and report ``WriteDone`` records, including their errors, through a queue.
@@ -58,14 +62,16 @@ class _Job:
 class NvmeTier:
     """Block files and workspace manifests of one layout; ``used`` counts reserved bytes."""
 
-    def __init__(self, root: Path, layout: BlockLayout, capacity: int, *, fsync: bool = True, io_threads: int = 8) -> None:
+    def __init__(self, root: Path, layout: BlockLayout, capacity: int, *, fsync: bool = True, io_threads: int = 8,
+                 owner: str = "") -> None:
         self.layout = layout
+        self.owner = owner
         self.capacity = capacity
         self.used = 0
         self.sizes: dict[str, int] = {}  # blocks whose file is complete on disk
         self.root = Path(root) / layout.layout_hash()
         self.blocks_dir = self.root / "blocks"
-        self.ws_dir = self.root / "workspaces"
+        self.ws_dir = self.root / "workspaces" / owner if owner else self.root / "workspaces"
         for d in (self.blocks_dir, self.ws_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._manifests: dict[str, bytes | None] = {}
@@ -80,16 +86,18 @@ class NvmeTier:
         return self.blocks_dir / (block_hash + SUFFIX)
 
     def scan(self) -> tuple[list[BlockMeta], list[str]]:
-        """Index every valid block file; remove temp leftovers and invalid files (returned by name)."""
+        """Index every valid block file; remove invalid files (returned by name) and the temp leftovers of
+        processes no longer running (another live process may be writing its own)."""
         metas, corrupt = [], []
         for p in sorted(self.blocks_dir.iterdir()):
             if p.suffix != SUFFIX:
-                p.unlink(missing_ok=True)
+                if not _writer_alive(p):
+                    p.unlink(missing_ok=True)
                 continue
             try:
-                meta, size = read_meta(p, self.layout)
-                if meta.chain_hash != p.stem:
-                    raise CorruptBlockError(f"{p.name}: holds block {meta.chain_hash}")
+                meta, size = self._read_header(p)
+            except FileNotFoundError:
+                continue  # removed by another process sharing the directory
             except (CorruptBlockError, OSError, ValueError, KeyError) as exc:
                 log.warning("nvme: dropping unreadable block file: %s", exc)
                 corrupt.append(p.name)
@@ -99,6 +107,32 @@ class NvmeTier:
             self.sizes[meta.chain_hash] = size
             self.used += size
         return metas, corrupt
+
+    def adopt(self, block_hash: str) -> BlockMeta | None:
+        """Index a block another process sharing the directory wrote; None when there is no valid file of it
+        (an invalid one is left for the scan at start: it may be in use elsewhere)."""
+        if block_hash in self.sizes:
+            return None
+        try:
+            meta, size = self._read_header(self.path(block_hash))
+        except FileNotFoundError:
+            return None
+        except (CorruptBlockError, OSError, ValueError, KeyError) as exc:
+            log.warning("nvme: not adopting unreadable block file: %s", exc)
+            return None
+        self.sizes[block_hash] = size
+        self.used += size
+        return meta
+
+    def forget(self, block_hash: str) -> None:
+        """Stop indexing a block file without removing it (another process sharing the directory may use it)."""
+        self.used -= self.sizes.pop(block_hash, 0)
+
+    def _read_header(self, path: Path) -> tuple[BlockMeta, int]:
+        meta, size = read_meta(path, self.layout)
+        if meta.chain_hash != path.stem:
+            raise CorruptBlockError(f"{path.name}: holds block {meta.chain_hash}")
+        return meta, size
 
     def read_manifests(self) -> list[dict[str, Any]]:
         """Every workspace manifest (unreadable ones are logged and skipped)."""
@@ -190,7 +224,26 @@ class NvmeTier:
 
 
 def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
+    """The temp name a file is written under before its rename: unique to this process, so processes sharing
+    the directory never write into each other's temp file."""
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+def _writer_alive(temp: Path) -> bool:
+    """True when ``temp`` is the temp file of a process still running (its pid is in the name)."""
+    parts = temp.name.split(".")
+    if len(parts) < 3 or parts[-1] != "tmp" or not parts[-2].isdigit():
+        return False
+    pid = int(parts[-2])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _attempt(fn: Callable[[Any], None], arg: Any) -> BaseException | None:

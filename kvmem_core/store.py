@@ -7,13 +7,20 @@ only once they are on disk and unpinned. Loads are two-phase: ``prepare_load`` p
 starts reading, ``complete_load`` returns the payloads and unpins. A block whose file
 fails a check is dropped, logged and counted, and reported missing.
 
+With an ``nvme_owner`` the directory is shared with other stores (server replicas, one per
+process): each keeps its own workspaces, indexes at start only the blocks they hold, and on
+a prefix miss adopts the blocks another wrote (chain hashes name the files), so a
+conversation moves between replicas without prefilling again.
+
 One caller thread drives a store (the engine serializes steps); background threads only
 do file I/O and hand results back through a queue.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from concurrent.futures import Future
@@ -33,6 +40,7 @@ from kvmem_core.policy import EvictionPolicy, LRUPolicy, plan_workspace_eviction
 from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
+REPLICA_ENV = "KVMEM_REPLICA"
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,13 +65,14 @@ class BlockStore:
 
     def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
                  retention: str = "evict-idle", policy: EvictionPolicy | None = None,
-                 clock: Callable[[], float] = time.time, fsync: bool = True) -> None:
+                 clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "") -> None:
         assert retention in ("evict-idle", "keep-all")
         self.layout = layout
         self.retention = retention
         self.host = HostTier(cpu_bytes)
         self.policy = policy or LRUPolicy()
-        self.nvme = NvmeTier(nvme_dir, layout, nvme_bytes, fsync=fsync) if nvme_dir is not None else None
+        self.nvme = (NvmeTier(nvme_dir, layout, nvme_bytes, fsync=fsync, owner=nvme_owner)
+                     if nvme_dir is not None else None)
         self.workspaces = WorkspaceRegistry(layout.block_tokens, clock)
         self._metas: dict[str, BlockMeta] = {}
         self._pins: Counter[str] = Counter()
@@ -78,6 +87,9 @@ class BlockStore:
 
     @classmethod
     def from_config(cls, config: KVMemConfig, layout: BlockLayout, **kwargs: Any) -> BlockStore:
+        """The store ``config`` describes; ``$KVMEM_REPLICA`` (set by the server for each of several replicas)
+        names this store's owner in a shared NVMe directory."""
+        kwargs.setdefault("nvme_owner", os.environ.get(REPLICA_ENV, ""))
         return cls(layout, cpu_bytes=int(config.cpu_gb * GIB), nvme_dir=config.nvme_dir,
                    nvme_bytes=int(config.nvme_gb * GIB), retention=config.retention, **kwargs)
 
@@ -89,9 +101,13 @@ class BlockStore:
         be rewound); it becomes the workspace in use."""
         self._drain()
         match = self.workspaces.find_prefix(namespace, token_ids, self._metas.get, route)
+        match, adopted = self._adopt(match, token_ids)
         ws, freed = self.workspaces.open(match)
         for h in freed:
             self._maybe_free(h)
+        for h in adopted:
+            if not self.workspaces.owners(h):
+                self._forget(h)
         self._active = ws.id
         self._sync_manifests()
         return ws, match
@@ -391,6 +407,32 @@ class BlockStore:
             self._maybe_free(freed)
         self._sync_manifests()
 
+    def _adopt(self, match: PrefixMatch, token_ids: Sequence[int] | np.ndarray) -> tuple[PrefixMatch, list[str]]:
+        """In a shared directory, index the blocks other stores wrote that extend ``match`` (in order, up to the
+        first one no store has written or whose tokens differ) and return the match extended by them, with the
+        hashes indexed. Without an owner, ``match`` unchanged."""
+        adopted: list[str] = []
+        if self.nvme is None or not self.nvme.owner:
+            return match, adopted
+        ids, size = np.asarray(token_ids, dtype=np.int64), self.layout.block_tokens
+        k = match.matched_blocks
+        while k < len(match.hashes) and match.hashes[k] not in self._metas:
+            meta = self.nvme.adopt(match.hashes[k])
+            if meta is None:
+                break
+            self._metas[meta.chain_hash] = meta
+            adopted.append(meta.chain_hash)
+            parent = match.hashes[k - 1] if k else ROOT_HASH
+            if meta.parent_hash != parent or not np.array_equal(meta.token_ids, ids[k * size:(k + 1) * size]):
+                break
+            k += 1
+        return dataclasses.replace(match, matched_blocks=k), adopted
+
+    def _forget(self, h: str) -> None:
+        """Unindex a block of a shared directory that no workspace here holds; its file stays for the others."""
+        del self._metas[h]
+        self.nvme.forget(h)
+
     # -- background results, restart ----------------------------------------------------
 
     def _drain(self, wait: bool = False) -> None:
@@ -440,6 +482,9 @@ class BlockStore:
         for ws_id in truncated:
             self.workspaces.mark_dirty(ws_id)
         for h in [h for h in self._metas if not self.workspaces.owners(h)]:
+            if self.nvme.owner:  # another process's, or adopted again on a miss
+                self._forget(h)
+                continue
             self._counts["orphans_removed"] += 1
             self._maybe_free(h)
         self._sync_manifests()
