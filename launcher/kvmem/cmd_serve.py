@@ -49,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)")
     p.add_argument("--model", default=env("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     add_chat_template_flag(p)
-    p.add_argument("--max-queue", type=int, default=16, help="requests waiting for the engine before 429 (default 16)")
+    p.add_argument("--replicas", type=int, default=_int_or_none(env("KVMEM_REPLICAS")), help="engine processes, each with its own queue; conversations stay on theirs (default: one per --gpus, else 1; env KVMEM_REPLICAS)")
+    add_list_flag(p, "--gpus", "KVMEM_GPUS", "GPU indexes, one engine replica on each")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting for each engine before 429 (default 16)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")
     p.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
@@ -99,12 +101,33 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     """A short hash of everything that makes two servers behave differently."""
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
     gpu = placement.gpu.index if placement.gpu else None
-    blob = json.dumps([placement.backend, placement.device, gpu, args.model, config.describe(), key, args.max_queue,
+    blob = json.dumps([placement.backend, placement.device, gpu, replica_count(args), args.gpus, args.model,
+                       config.describe(), key, args.max_queue,
                        _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
                        args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers, args.chat_template],
                       sort_keys=True,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def replica_count(args: argparse.Namespace) -> int:
+    """How many engine processes to run: ``--replicas``, else one per ``--gpus`` entry, else one."""
+    count = args.replicas if args.replicas is not None else max(len(args.gpus), 1)
+    if count < 1:
+        raise ConfigError("--replicas must be at least 1")
+    if args.gpus and len(args.gpus) != count:
+        raise ConfigError(f"--gpus names {len(args.gpus)} GPUs for {count} replicas; give one GPU per replica")
+    if not all(gpu.isdigit() for gpu in args.gpus):
+        raise ConfigError("--gpus takes GPU indexes (0,1,...)")
+    return count
+
+
+def engine_envs(args: argparse.Namespace, placement: devices.Placement) -> list[dict[str, str]]:
+    """The environment of each engine replica."""
+    from kvmem.server.replicas import replica_envs
+
+    vendor = placement.gpu.vendor if placement.gpu else "nvidia"
+    return replica_envs(replica_count(args), [int(g) for g in args.gpus], placement.env, devices.VISIBLE_ENV[vendor])
 
 
 def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, str], placement: devices.Placement) -> str:
@@ -114,6 +137,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"backend   {placement.backend}",
         f"device    {placement.device}",
         f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
+        f"replicas  {replica_count(args)}{' on GPUs ' + ','.join(args.gpus) if args.gpus else ''}",
         f"model     {args.model or DEFAULT_MODEL}",
         f"template  {args.chat_template or 'from the model'}",
         f"compute   {describe_compute(engine_opts(args, placement, False))}",
@@ -217,14 +241,14 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     """Run the server in the foreground until SIGINT/SIGTERM."""
     from kvmem import protocol as P
     from kvmem.server.app import serve
-    from kvmem.server.engine_client import EngineClient
+    from kvmem.server.replicas import make_engine
     from kvmem.server.state import ResponseStore, ServerState
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
     spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
                         opts=engine_opts(args, placement, sys.stderr.isatty()))
-    engine = EngineClient(spec, max_queue=args.max_queue, env=placement.env)
+    engine = make_engine(spec, args.max_queue, engine_envs(args, placement))
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
                         fingerprint=fingerprint, responses=ResponseStore(stored), security=security,

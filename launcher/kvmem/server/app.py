@@ -24,6 +24,7 @@ from kvmem.server import chat, messages, responses, workspaces
 from kvmem.server import schemas as S
 from kvmem.server.errors import APIError, error_response
 from kvmem.server.metrics import CONTENT_TYPE
+from kvmem.server.replicas import ReplicaSet
 from kvmem.server.security import API_PREFIXES, cors_hook, security_middleware
 from kvmem.server.state import STATE, ServerState
 
@@ -72,6 +73,8 @@ async def health(request: web.Request) -> web.Response:
     engine = state.engine
     body = {"status": "ok" if engine.state == "ready" else engine.state, "model": engine.model_id,
             "fingerprint": state.fingerprint, "pid": os.getpid(), "engine_pid": engine.pid, "version": kvmem.__version__}
+    if isinstance(engine, ReplicaSet):
+        body["replicas"] = engine.describe()
     return web.json_response(body, status=200 if engine.state == "ready" else 503)
 
 

@@ -20,6 +20,7 @@ from kvmem_core.contract import StepResult
 
 if TYPE_CHECKING:
     from kvmem.server.engine_client import EngineClient
+    from kvmem.server.replicas import ReplicaSet
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TOKEN_KINDS = ("prompt", "cached", "completion")
@@ -64,7 +65,7 @@ class Metrics:
         self.step_time = Histogram("kvmem_step_duration_seconds", "from the step's start in the engine until its result",
                                    buckets=BUCKETS, registry=r)
 
-    def watch(self, engine: EngineClient) -> None:
+    def watch(self, engine: EngineClient | ReplicaSet) -> None:
         """Report ``engine``'s queue, restarts, readiness and own metrics with every scrape."""
         self.registry.register(_EngineCollector(engine))
 
@@ -94,7 +95,7 @@ class Metrics:
 class _EngineCollector:
     """The engine client's state, read when ``/metrics`` is scraped."""
 
-    def __init__(self, engine: EngineClient) -> None:
+    def __init__(self, engine: EngineClient | ReplicaSet) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:

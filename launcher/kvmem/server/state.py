@@ -14,6 +14,7 @@ from aiohttp import web
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.errors import APIError, engine_unavailable
 from kvmem.server.metrics import Metrics, StepClock
+from kvmem.server.replicas import ReplicaSet
 from kvmem.server.security import Security
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest, StepResult
@@ -64,7 +65,7 @@ class ResponseStore:
 class ServerState:
     """Mutable server-wide state; one per app."""
 
-    engine: EngineClient
+    engine: EngineClient | ReplicaSet
     config: KVMemConfig
     api_key: str | None = None
     ui_dir: Path | None = None
