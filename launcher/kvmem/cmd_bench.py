@@ -10,6 +10,7 @@ from typing import Any
 from kvmem.cmd_run import BACKENDS
 from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.models import MODEL_HELP
+from kvmem_core.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
                        help="folder for speed.json and the PNG plots (default: bench-out/speed)")
     speed.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    speed.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="instead: throughput of concurrent agent sessions on N engine replicas against one")
+    speed.add_argument("--sessions", type=int, default=8, help="--replicas: concurrent agent sessions (default 8)")
+    speed.add_argument("--turns", type=int, default=4, help="--replicas: turns per session (default 4)")
+    speed.add_argument("--gpus", default="", help="--replicas: GPU indexes, one per replica (default: the CPU, shared)")
     add_compute_flags(speed)
     speed.set_defaults(func=run_speed_cmd)
     from kvmem.bench import quality
@@ -33,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speed_cmd(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        return run_replicas_cmd(args)
     from kvmem.bench.speed import run_speed
     from kvmem.bench.speed_common import table
 
@@ -51,6 +59,22 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     verdict = {None: "not measured", True: "met", False: "MISSED"}
     print("goals  " + "  ".join(f"{k}: {verdict[v]}" for k, v in result["goals"].items()))
     print("wrote  " + ", ".join(result.get("files", [])))
+    return 0
+
+
+def run_replicas_cmd(args: argparse.Namespace) -> int:
+    """``kvmem bench speed --replicas N``: the table, or one JSON object with ``--json``; the JSON in ``--out``."""
+    from kvmem.bench import speed_replicas
+
+    if args.replicas < 2:
+        raise ConfigError("--replicas compares N replicas against one: give N of 2 or more")
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
+    gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    result = speed_replicas.run(args.model, args.replicas, sessions=args.sessions, turns=args.turns, gpus=gpus,
+                                 threads=args.threads, log=log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "replicas.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result) if args.json else speed_replicas.table(result))
     return 0
 
 
