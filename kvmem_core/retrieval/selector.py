@@ -6,6 +6,12 @@ Mandatory: the sink (blocks holding the first ``sink_tokens`` tokens), blocks ta
 only consume budget). Blocks tagged ``atomic:<name>`` form a group taken whole or not at all.
 A block whose winning token sits within ``edge_tokens`` of an edge is taken together with
 the neighbour on that side, so a fact that straddles two blocks is not cut in half.
+
+Retrieval takes by score only the blocks that score at least ``relevance`` times the best
+candidate; the budget left goes to the newest blocks. On agent transcripts the blocks just
+under the best are same-form look-alikes of the asked fact (other names, other values), and a
+small model shown them answers with their values as it does over the whole workspace; the
+newest blocks are what it would read anyway (docs/retrieval.md has the numbers).
 """
 from __future__ import annotations
 
@@ -86,13 +92,15 @@ class Selector:
     sink_tokens: int = 128
     recent_tokens: int = 512
     edge_tokens: int = 16
+    relevance: float = 0.35
 
     @classmethod
     def from_config(cls, config: KVMemConfig, budget: int | None = None) -> Selector:
         return cls(budget or config.budget, config.sink_tokens, config.recent_tokens)
 
     def select(self, spans: BlockSpans, scores: BlockScores | None, tail_tokens: int = 0, method: str = "retrieval") -> Selection:
-        """Mandatory spans, then blocks by descending score (ties: the later block first).
+        """Mandatory spans, then blocks by descending score (ties: the later block first) down to
+        ``relevance`` times the best candidate's score, then the newest blocks.
 
         ``method`` is ``retrieval`` (needs ``scores``) or a baseline: ``recent`` (newest
         blocks, no sink), ``sink-recent`` (sink plus newest), ``full`` (everything, or
@@ -112,11 +120,21 @@ class Selector:
         picker = _Picker(spans, self.budget - tail_tokens)
         mandatory = self._mandatory(spans, sink=method != "recent")
         picker.take_mandatory(mandatory, self.budget, tail_tokens)
+        floor = self._floor(order_key, mandatory) if method == "retrieval" else -np.inf
         for b in np.lexsort((-np.arange(n), -order_key)):
-            if picker.full():
+            if picker.full() or order_key[b] < floor:
                 break
             picker.offer(int(b), self._unit(int(b), peaks, spans))
+        for b in range(n - 1, -1, -1):
+            if picker.full():
+                break
+            picker.offer(b, [b])
         return picker.result(tail_tokens, method)
+
+    def _floor(self, scores: np.ndarray, mandatory: np.ndarray) -> float:
+        """The lowest score taken by score: ``relevance`` times the best candidate's (when it is positive)."""
+        best = scores[~mandatory].max(initial=-np.inf)
+        return self.relevance * best if best > 0 else -np.inf
 
     def _mandatory(self, spans: BlockSpans, sink: bool) -> np.ndarray:
         ends = np.cumsum(spans.n_tokens)

@@ -67,9 +67,17 @@ def test_atomic_group_whole_or_skipped():
     got = sel.select(spans(10, groups=[(3, 4, 5)]), scores([0, 1, 2, 0, 9, 0, 0, 0, 0, 0]))
     assert got.blocks == (0, 3, 4, 5, 9)
     # with 2 blocks left the group is skipped and the next blocks by score fill in
-    sel = Selector(budget=4 * T, sink_tokens=T, recent_tokens=T)
+    sel = Selector(budget=4 * T, sink_tokens=T, recent_tokens=T, relevance=0.0)
     got = sel.select(spans(10, groups=[(3, 4, 5)]), scores([0, 1, 2, 0, 9, 0, 0, 0, 0, 0]))
     assert got.blocks == (0, 1, 2, 9)
+
+
+def test_blocks_far_below_the_best_give_way_to_the_newest():
+    sel = Selector(budget=6 * T, sink_tokens=T, recent_tokens=T, relevance=0.35)
+    got = sel.select(spans(12), scores([0, 3, 2, 10, 3, 4, 3, 2, 1, 0, 0, 0]))
+    assert got.blocks == (0, 3, 5, 9, 10, 11)  # 3 and 5 by score (4 >= 3.5), then the newest
+    every = Selector(budget=6 * T, sink_tokens=T, recent_tokens=T, relevance=0.0)
+    assert every.select(spans(12), scores([0, 3, 2, 10, 3, 4, 3, 2, 1, 0, 0, 0])).blocks == (0, 3, 4, 5, 6, 11)
 
 
 def test_mandatory_over_budget_raises():
