@@ -28,6 +28,7 @@ from kvmem.flags import add_chat_template_flag, add_kvmem_flags, add_list_flag, 
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
+from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, usable_cores
 
 if TYPE_CHECKING:
     from kvmem.server.security import Security
@@ -122,6 +123,21 @@ def replica_count(args: argparse.Namespace) -> int:
     return count
 
 
+def replica_opts(args: argparse.Namespace, placement: devices.Placement, progress: bool) -> dict[str, object]:
+    """``engine_opts`` of each replica: on the CPU, without thread counts from the flags or the environment,
+    N replicas get cores / N threads each (every core each would oversubscribe the cores N times)."""
+    opts = engine_opts(args, placement, progress)
+    count = replica_count(args)
+    if count == 1 or placement.device != "cpu":
+        return opts
+    share = max(1, usable_cores() // count)
+    if args.threads is None and not os.environ.get(THREADS_ENV):
+        opts["n_threads"] = share
+        if args.threads_batch is None and not os.environ.get(THREADS_BATCH_ENV):
+            opts["n_threads_batch"] = share
+    return opts
+
+
 def engine_envs(args: argparse.Namespace, placement: devices.Placement) -> list[dict[str, str]]:
     """The environment of each engine replica."""
     from kvmem.server.replicas import replica_envs
@@ -140,7 +156,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"replicas  {replica_count(args)}{' on GPUs ' + ','.join(args.gpus) if args.gpus else ''}",
         f"model     {args.model or DEFAULT_MODEL}",
         f"template  {args.chat_template or 'from the model'}",
-        f"compute   {describe_compute(engine_opts(args, placement, False))}",
+        f"compute   {describe_compute(replica_opts(args, placement, False))}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
         f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
@@ -247,7 +263,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
     spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
-                        opts=engine_opts(args, placement, sys.stderr.isatty()))
+                        opts=replica_opts(args, placement, sys.stderr.isatty()))
     engine = make_engine(spec, args.max_queue, engine_envs(args, placement))
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),

@@ -2,6 +2,7 @@
 retry on another replica before the first piece; workspace calls to the holder; the LRU table's bound."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 from typing import Any, AsyncIterator, Callable
 
@@ -127,3 +128,17 @@ def test_routing_keys_and_replica_environments():
     assert envs == [{"A": "1", "CUDA_VISIBLE_DEVICES": "3", "KVMEM_REPLICA": "r0"},
                     {"A": "1", "CUDA_VISIBLE_DEVICES": "5", "KVMEM_REPLICA": "r1"}]
     assert replica_envs(1, [], {"A": "1"}, "CUDA_VISIBLE_DEVICES") == [{"A": "1"}]
+
+
+def test_replicas_on_the_cpu_split_its_cores_unless_told(monkeypatch: pytest.MonkeyPatch):
+    from kvmem import devices
+    from kvmem.cmd_serve import replica_opts
+
+    monkeypatch.delenv("KVMEM_THREADS", raising=False)
+    monkeypatch.delenv("KVMEM_THREADS_BATCH", raising=False)
+    monkeypatch.setattr("kvmem.cmd_serve.usable_cores", lambda: 8)
+    args = argparse.Namespace(device="cpu", threads=None, threads_batch=None, n_gpu_layers=None, replicas=4, gpus=[])
+    cpu = devices.Placement("llama.cpp", "cpu", None, "test")
+    assert (replica_opts(args, cpu, False)["n_threads"], replica_opts(args, cpu, False)["n_threads_batch"]) == (2, 2)
+    args.threads = 3
+    assert replica_opts(args, cpu, False)["n_threads"] == 3

@@ -4,8 +4,9 @@ Each configuration is a fresh ``kvmem serve`` (``--replicas 1``, then ``--replic
 shared NVMe directory of its own. ``sessions`` agent sessions run at once, each a keyed
 conversation that grows by a tool-output-sized message per turn; a turn is one greedy
 completion, sent again after a 429 (``Retry-After``), so every turn is eventually served.
-On the CPU the cores are split between the replicas (``--threads`` = cores / replicas), so
-both configurations use the same compute (``threads`` gives every engine that many instead); on GPUs (``gpus``) each replica has its own.
+On the CPU ``kvmem serve`` splits the cores between the replicas, so both configurations
+use the same compute (``threads`` gives every engine that many instead); on GPUs
+(``gpus``) each replica has its own.
 Reported per configuration: wall time, turns per second, turn latency (p50, p95), the
 fraction of prompt tokens served from the cache, and the 429s seen.
 """
@@ -21,7 +22,6 @@ from typing import Any, Callable
 
 from kvmem.bench.api import Api, ApiError
 from kvmem.serve_process import ServeProcess
-from kvmem_core.threads import usable_cores
 
 TOOL_OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event.get('body', '')}\n" * 12
 MAX_TOKENS = 16
@@ -52,7 +52,8 @@ def _configuration(model: str | None, count: int, sessions: int, turns: int, gpu
         root = Path(tmp)
         flags = ["--no-ui", "--replicas", str(count), "--max-queue", str(sessions), "--kvmem-nvme-dir", str(root / "nvme")]
         flags += ["--model", model] if model else []
-        flags += ["--gpus", ",".join(map(str, gpus))] if gpus else ["--threads", str(threads or max(1, usable_cores() // count))]
+        flags += ["--gpus", ",".join(map(str, gpus))] if gpus else []
+        flags += ["--threads", str(threads)] if threads else []
         log(f"replicas {count}: starting kvmem serve {' '.join(flags)}")
         server = ServeProcess(root, flags).start()
         try:
