@@ -66,11 +66,12 @@ def test_conversations_stay_on_their_replica_and_new_ones_spread():
     assert run(replicas, StepRequest(messages=({"role": "user", "content": "x"},), workspace_id=first[1])).startswith("b")
 
 
-def test_a_key_routes_whatever_the_opening():
+def test_a_key_routes_whatever_the_opening_and_new_keys_spread():
     a, b = FakeClient("a"), FakeClient("b")
     replicas = ReplicaSet([a, b])  # type: ignore[list-item]
     home = run(replicas, chat("one", key="k")).split("-")[0]
     assert {run(replicas, chat(f"other {i}", key="k")).split("-")[0] for i in range(3)} == {home}
+    assert [run(replicas, chat("same", key=f"k{i}")).split("-")[0] for i in range(2)] == ["b", "a"]
 
 
 def test_a_busy_or_dead_replica_sends_its_conversation_elsewhere_and_the_table_follows():
@@ -122,8 +123,11 @@ def test_the_table_keeps_the_newest_keys():
 def test_routing_keys_and_replica_environments():
     keys = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                                               {"role": "assistant", "content": "a"}), cache_key="k", workspace_id="w"))
-    assert keys[:2] == ["key:k", "ws:w"] and keys[2].startswith("open:")
-    assert routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"})))[0] == keys[2]
+    assert keys == ["key:k", "ws:w"]
+    opening = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"})))
+    later = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                               {"role": "assistant", "content": "a"}), workspace_id="w"))
+    assert opening[0].startswith("open:") and later == ["ws:w", opening[0]]
     envs = replica_envs(2, [3, 5], {"A": "1"}, "CUDA_VISIBLE_DEVICES")
     assert envs == [{"A": "1", "CUDA_VISIBLE_DEVICES": "3", "KVMEM_REPLICA": "r0"},
                     {"A": "1", "CUDA_VISIBLE_DEVICES": "5", "KVMEM_REPLICA": "r1"}]

@@ -62,15 +62,16 @@ class RouteTable:
 
 
 def routing_keys(request: StepRequest) -> list[str]:
-    """A step's routing keys, most specific first: its cache key, its preferred workspace, and a hash of its
-    conversation's opening (system, tools and first user message; a raw prompt's first characters). The API
-    process cannot compute the first block's chain hash without tokenizing; the opening determines it."""
+    """A step's routing keys, most specific first: its cache key, its preferred workspace, and, without a cache
+    key, a hash of its conversation's opening (system, tools and first user message; a raw prompt's first
+    characters). The API process cannot compute the first block's chain hash without tokenizing; the opening
+    determines it. A cache key names its own conversation: keyed steps with one opening may run apart."""
     keys = []
     if request.cache_key is not None:
         keys.append(f"key:{request.cache_key}")
     if request.workspace_id is not None:
         keys.append(f"ws:{request.workspace_id}")
-    return keys + [f"open:{_opening_hash(request)}"]
+    return keys if request.cache_key is not None else keys + [f"open:{_opening_hash(request)}"]
 
 
 def _opening_hash(request: StepRequest) -> str:
@@ -183,10 +184,7 @@ class ReplicaSet:
         if not ready:
             raise engine_unavailable(f"the engine is {self.state}")
         listings = await asyncio.gather(*(self.clients[i].call("list_workspaces") for i in ready))
-        merged = []
-        for index, listing in zip(ready, listings):
-            self.table.put([f"ws:{summary['id']}" for summary in listing], index)
-            merged += listing
+        merged = [summary for listing in listings for summary in listing]
         return sorted(merged, key=lambda summary: summary["last_used"], reverse=True)
 
     async def _workspace_call(self, op: str, ws_id: str, path: str | None) -> Any:
