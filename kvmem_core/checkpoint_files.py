@@ -6,7 +6,9 @@ arrays, the token count and the workspace id. Writes run on one background threa
 27B-shaped state is ~150 MB), to a temporary name renamed into place, so a crash never
 leaves a partial file under a final name. A file that fails to load (zip CRC, truncation)
 is deleted and reported; the step then recomputes. At most ``capacity`` files are kept;
-the least recently written go first.
+the least recently written go first. Server replicas may share the directory: temp names
+are unique per process; a checkpoint another replica wrote after this one started is not
+known here (that step recomputes the state), and one it removes is reported missing.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from kvmem_core.nvme import temp_path, writer_alive
 
 MAX_FILES = 32  # a 27B-shaped state is ~150 MB: up to ~5 GB of disk per model
 _STATE = "state_"
@@ -38,8 +42,9 @@ class CheckpointFiles:
         return self.dir / f"{key.hex()}.npz"
 
     def _scan(self) -> OrderedDict[bytes, tuple[int, str]]:
-        for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash
-            tmp.unlink(missing_ok=True)
+        for tmp in self.dir.glob("*.tmp"):
+            if not writer_alive(tmp):  # a write cut short by a crash, not one of another replica's in flight
+                tmp.unlink(missing_ok=True)
         found = []
         for path in self.dir.glob("*.npz"):
             try:
@@ -61,7 +66,7 @@ class CheckpointFiles:
 
     def _write(self, key: bytes, n_tokens: int, ws_id: str, arrays: dict[str, np.ndarray]) -> None:
         path = self._path(key)
-        tmp = path.with_suffix(".tmp")
+        tmp = temp_path(path)
         with open(tmp, "wb") as f:
             np.savez(f, n_tokens=np.int64(n_tokens), ws_id=np.str_(ws_id), **{_STATE + k: v for k, v in arrays.items()})
         os.replace(tmp, path)

@@ -91,7 +91,7 @@ class NvmeTier:
         metas, corrupt = [], []
         for p in sorted(self.blocks_dir.iterdir()):
             if p.suffix != SUFFIX:
-                if not _writer_alive(p):
+                if not writer_alive(p):
                     p.unlink(missing_ok=True)
                 continue
             try:
@@ -223,14 +223,14 @@ class NvmeTier:
             _attempt(_sync_all, unsynced)
 
 
-def _tmp(path: Path) -> Path:
+def temp_path(path: Path) -> Path:
     """The temp name a file is written under before its rename: unique to this process, so processes sharing
     the directory never write into each other's temp file."""
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
-def _writer_alive(temp: Path) -> bool:
-    """True when ``temp`` is the temp file of a process still running (its pid is in the name)."""
+def writer_alive(temp: Path) -> bool:
+    """True when ``temp`` is the temp file (``temp_path``) of another process still running: not a leftover."""
     parts = temp.name.split(".")
     if len(parts) < 3 or parts[-1] != "tmp" or not parts[-2].isdigit():
         return False
@@ -259,11 +259,11 @@ def _publish(job: _Job) -> None:
         job.path.unlink(missing_ok=True)
         return
     try:
-        with open(_tmp(job.path), "wb") as f:
+        with open(temp_path(job.path), "wb") as f:
             job.write(f)
-        os.replace(_tmp(job.path), job.path)
+        os.replace(temp_path(job.path), job.path)
     except Exception:
-        _tmp(job.path).unlink(missing_ok=True)
+        temp_path(job.path).unlink(missing_ok=True)
         raise
 
 
