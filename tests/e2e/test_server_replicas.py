@@ -1,6 +1,7 @@
 """Two engine replicas behind one live server on the CPU, sharing one NVMe directory: conversations stay on
 their replica (their workspace and cache hits), a killed replica's conversation continues on the other from
-disk with no lost turn, and 64 concurrent clients are all answered, with 429 past the replicas' queues."""
+disk with no lost turn, 64 concurrent clients are all answered, with 429 past the replicas' queues, and a
+Responses chain and the workspace routes find the replica holding the workspace."""
 from __future__ import annotations
 
 import asyncio
@@ -115,3 +116,22 @@ def test_64_concurrent_clients_are_all_answered_and_refused_only_past_the_queues
     assert len(answers) == 64 and set(statuses) <= {200, 429}, statuses
     assert statuses.count(200) >= 2 * (1 + MAX_QUEUE)
     assert statuses.count(429) > 0 and all(retry == "1" for status, retry in answers if status == 429)
+
+
+def test_a_response_chain_and_the_workspace_routes_reach_the_replica_holding_it(live: LiveServer):
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(live.url + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                return await resp.json()
+
+    first = asyncio.run(post("/v1/responses", {"model": "", "input": STORY + "Who counted ships?",
+                                               "max_output_tokens": 4, "temperature": 0}))
+    second = asyncio.run(post("/v1/responses", {"model": "", "input": "Where?", "previous_response_id": first["id"],
+                                                "max_output_tokens": 4, "temperature": 0}))
+    ws_id = first["kvmem"]["workspace_id"]
+    assert second["kvmem"]["workspace_id"] == ws_id and second["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    status, info = get_json(f"{live.url}/v1/kvmem/workspaces/{ws_id}")
+    assert status == 200 and info["id"] == ws_id
+    listed = get_json(live.url + "/v1/kvmem/workspaces")[1]["data"]
+    assert ws_id in [w["id"] for w in listed] and len(listed) == sum(r["workspaces"] for r in replicas(live))
