@@ -117,6 +117,8 @@ class KVMemEngine(WorkspaceOps):
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
         limit = min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids))
+        if not scoring and self.view.replayed_from is not None:  # that KV saw a selection, not this step's view
+            limit = min(limit, self.view.replayed_from)
         ws, cached = self._open(prompt.ids, limit, Route(request.cache_key, request.workspace_id))
         if on_start is not None:
             on_start(ws.id)
@@ -185,6 +187,8 @@ class KVMemEngine(WorkspaceOps):
             cached = min(hit * bt, limit // bt * bt)
             self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
         self._view_ws = ws.id
+        if self.view.replayed_from is not None and len(self.view.tokens) <= self.view.replayed_from:
+            self.view.replayed_from = None
         if self.checkpoints is not None:
             cached = self.checkpoints.resume(live, ids, cached, lambda m: truncate(self.view, self.adapter, m))
             self.checkpoints.take(ids[:cached], ws.id)
@@ -310,8 +314,10 @@ class KVMemEngine(WorkspaceOps):
         if recompute:
             logits = refill(self.view, self.adapter, lambda: self.checkpoints.restore(()))
             replayed = len(self.view.blocks) * bt + self.view.next_pos - self.view.tail_pos
+            self.view.replayed_from = 0
         elif changed:
             logits = self._replay(r0)
+            self.view.replayed_from = r0
         out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas)}
         if self.checkpoints is not None:
             out["recurrent"] = "recompute" if recompute else "keep"

@@ -30,6 +30,7 @@ class ViewState:
     tokens: list[int] = field(default_factory=list)
     blocks: dict[int, int] = field(default_factory=dict)  # logical block index -> view position
     tail_pos: int = 0
+    replayed_from: int | None = None  # first token whose resident KV was recomputed against a selected view
 
     @property
     def tail_start(self) -> int:
@@ -50,7 +51,7 @@ class ViewState:
 def reset(view: ViewState, adapter: EngineAdapter) -> None:
     """Forget everything and empty the adapter's view."""
     adapter.clear_view()
-    view.tokens, view.blocks, view.tail_pos = [], {}, 0
+    view.tokens, view.blocks, view.tail_pos, view.replayed_from = [], {}, 0, None
 
 
 def truncate(view: ViewState, adapter: EngineAdapter, n: int) -> int:

@@ -57,3 +57,16 @@ def test_second_turn_prefills_only_its_suffix_and_stays_identical(engine, plain)
     assert list(r2.token_ids) == tokens
     _, cold = plain.run(ids2, 0, 8)
     assert list(r2.token_ids) == cold
+
+
+def test_full_after_a_retrieval_step_recomputes_what_saw_the_selection(engine, plain):
+    messages = [{"role": "user", "content": PARAGRAPH * 30 + "Which details did the ledger keep for each ship?"}]
+    ids = engine.tokenize(engine.adapter.render_chat(messages))
+    small = engine.step(chat(messages, 8, budget=512), lambda piece: True)
+    assert small.selection["method"] == "retrieval" and small.selection["replayed_tokens"] > 0
+    result = engine.step(chat(messages, 8, method="full"), lambda piece: True)
+    assert result.cached_tokens <= len(ids) - small.selection["replayed_tokens"]
+    plain.run(ids, 0, 1)  # the prefix as the first step computed it, then the rest as the second did
+    first, tokens = plain.run(ids, result.cached_tokens, 8)
+    assert np.array_equal(engine.last_logits, first)
+    assert list(result.token_ids) == tokens
