@@ -123,6 +123,14 @@ class KVMemConfig:
         return out
 
 
+def check_heads(heads: tuple[tuple[int, int], ...], layout: BlockLayout) -> None:
+    """ConfigError naming the (layer, query head) pairs of ``heads`` that ``layout``'s model does not have."""
+    bad = [f"{l}:{h}" for l, h in heads if not (0 <= l < layout.n_layers and 0 <= h < layout.n_heads)]
+    if bad:
+        raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layout.n_layers} attention "
+                          f"layers, {layout.n_heads} query heads)")
+
+
 def parse_retrieval_heads(text: str) -> tuple[tuple[int, int], ...]:
     """Parse ``L:H,L:H`` (layer : query head) into pairs; ConfigError on bad syntax."""
     pairs = []

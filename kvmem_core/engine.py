@@ -16,7 +16,7 @@ import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
-from kvmem_core.config import KVMemConfig
+from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
@@ -52,6 +52,7 @@ class KVMemEngine(WorkspaceOps):
         self.adapter, self.config, self.layout = adapter, config, adapter.layout
         self.model_id = adapter.model_id
         self.heads = tuple(config.retrieval_heads or heads)
+        check_heads(self.heads, adapter.layout)  # at load: a bad head would otherwise fail every request
         self.store = store or BlockStore.from_config(config, adapter.layout)
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)

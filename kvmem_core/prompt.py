@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from kvmem_core.adapter import EngineAdapter
-from kvmem_core.config import KVMemConfig
+from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
 from kvmem_core.layout import BlockLayout
@@ -199,11 +199,7 @@ def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view
         raise ContextLengthError("the prompt is empty")
     if n > cfg.ctx:
         raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
-    layers, heads = layout.n_layers, layout.n_heads
-    bad = [f"{l}:{h}" for l, h in cfg.retrieval_heads or () if not (0 <= l < layers and 0 <= h < heads)]
-    if bad:
-        raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layers} attention layers, "
-                          f"{heads} query heads)")
+    check_heads(cfg.retrieval_heads or (), layout)
     if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not has_prototypes:
         raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
     sink = cfg.sink_tokens if cfg.method != "recent" else 0

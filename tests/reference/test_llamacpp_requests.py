@@ -9,7 +9,7 @@ import pytest
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.engine import KVMemEngine
-from kvmem_core.errors import LimitError
+from kvmem_core.errors import ConfigError, LimitError
 from kvmem_core.prompt import MAX_MESSAGES
 from llamacpp_support import chat, model_path
 
@@ -51,3 +51,14 @@ def test_a_request_over_the_limits_is_refused_before_anything_changes(engine: KV
     with pytest.raises(LimitError, match="messages"):
         engine.count_tokens(chat(SEA * (MAX_MESSAGES + 1)))
     assert engine.list_workspaces() == before
+
+
+def test_retrieval_heads_outside_the_model_are_refused_at_load() -> None:
+    from kvmem_llamacpp import create_adapter
+
+    adapter = create_adapter(str(model_path()), CFG)
+    try:
+        with pytest.raises(ConfigError, match=r"retrieval heads 99:0 are outside this model \(30 attention layers"):
+            KVMemEngine(adapter, CFG.replace(retrieval_heads=((99, 0), (3, 1))))
+    finally:
+        adapter.close()
