@@ -278,7 +278,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
         print_urls(args)
 
     print(f"kvmem: loading {args.model or DEFAULT_MODEL} on {placement.backend} ({placement.device}); "
-          "a model's first start calibrates its retrieval heads (about a minute on a CPU)", flush=True)
+          "a model's first start without a shipped profile calibrates its retrieval heads (a few minutes on a CPU)", flush=True)
     try:
         asyncio.run(serve(state, args.host, args.port, ready, int(args.max_body_mb * (1 << 20))))
     except RuntimeError as exc:
