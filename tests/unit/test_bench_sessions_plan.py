@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from kvmem.bench.quality import add_arguments, select_methods
+from kvmem.bench.quality import add_arguments, select_methods, server_flags
 from kvmem.bench.quality_plan import (
     FULL,
     METHODS,
@@ -104,3 +104,14 @@ def test_help_names_the_default_model_and_the_quick_runs_time() -> None:
     assert "qwen2.5-coder-0.5b, the default" in text
     assert "the small run: 16 sessions of 4096 tokens, view budget 512, methods" in text
     assert f"about {QUICK.minutes(4)} minutes on 2 CPU cores" in text
+
+
+def test_the_servers_it_starts_get_the_model_and_backend_it_was_given() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    phase = phases([4096], 32768)[0]
+    plain = server_flags(parser.parse_args([]), QUICK, phase, 5120)
+    assert "--backend" not in plain and "--model" not in plain
+    flags = server_flags(parser.parse_args(["--backend", "torch", "--model", "smollm2-135m"]), QUICK, phase, 5120)
+    assert flags[-4:] == ["--model", "smollm2-135m", "--backend", "torch"]
+    assert flags[flags.index("--kvmem-budget") + 1] == "5120" and flags[flags.index("--ctx") + 1] == str(phase.ctx)

@@ -206,6 +206,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
     p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
     p.add_argument("--model", help=f"model of the servers this command starts: {MODEL_HELP}")
+    p.add_argument("--backend", choices=("llama.cpp", "torch"), help="engine of the servers this command starts "
+                   "(default: kvmem serve's choice)")
     p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
     p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all; "
                    f"with --quick: {','.join(m.label for m in QUICK_METHODS)})")
@@ -273,18 +275,26 @@ def select_methods(spec: str | None, default: tuple[Method, ...] = METHODS) -> t
     return tuple(known[n] for n in names)
 
 
+def server_flags(args: argparse.Namespace, plan: Plan, phase: Phase, full_budget: int) -> list[str]:
+    """``kvmem serve`` flags of the server for ``phase``: its context, a view for every cell's budget and
+    ``full``'s, the plan's view knobs, and the model and backend the command was given."""
+    assert phase.ctx is not None, "a given server (--url) is not started"
+    view = max(full_budget, *(plan.budget(size) for size in phase.sizes))
+    flags = ["--no-ui", "--ctx", str(phase.ctx), "--kvmem-positions", "auto", "--kvmem-budget", str(view),
+             "--kvmem-gen-budget", str(GEN_RESERVE), "--kvmem-sink-tokens", str(plan.sink_tokens),
+             "--kvmem-recent-tokens", str(plan.recent_tokens),
+             "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
+    flags += ["--kvmem-block-tokens", str(plan.block_tokens)] if plan.block_tokens else []
+    flags += ["--model", args.model] if args.model else []
+    return flags + (["--backend", args.backend] if args.backend else [])
+
+
 @contextlib.contextmanager
 def _server(args: argparse.Namespace, plan: Plan, phase: Phase, full_budget: int) -> Iterator[Api]:
     if phase.ctx is None:
         yield Api(args.url, args.api_key, REQUEST_TIMEOUT_S)
         return
-    view = max(full_budget, *(plan.budget(size) for size in phase.sizes))
-    flags = ["--ctx", str(phase.ctx), "--kvmem-positions", "auto", "--kvmem-budget", str(view),
-             "--kvmem-gen-budget", str(GEN_RESERVE), "--kvmem-sink-tokens", str(plan.sink_tokens),
-             "--kvmem-recent-tokens", str(plan.recent_tokens),
-             "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
-    flags += ["--kvmem-block-tokens", str(plan.block_tokens)] if plan.block_tokens else []
-    server = ServeProcess(args.out, ["--no-ui", *flags, *(["--model", args.model] if args.model else [])])
+    server = ServeProcess(args.out, server_flags(args, plan, phase, full_budget))
     _log(f"starting kvmem serve --ctx {phase.ctx} for sizes {sorted(phase.sizes)} (log: {server.log})")
     with server:
         yield Api(server.url, timeout=REQUEST_TIMEOUT_S)
