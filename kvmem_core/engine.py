@@ -188,8 +188,6 @@ class KVMemEngine(WorkspaceOps):
             cached = min(hit * bt, limit // bt * bt)
             self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
         self._view_ws = ws.id
-        if self.view.replayed_from is not None and len(self.view.tokens) <= self.view.replayed_from:
-            self.view.replayed_from = None
         if self.checkpoints is not None:
             cached = self.checkpoints.resume(live, ids, cached, lambda m: truncate(self.view, self.adapter, m))
             self.checkpoints.take(ids[:cached], ws.id)

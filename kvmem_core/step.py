@@ -62,6 +62,8 @@ def truncate(view: ViewState, adapter: EngineAdapter, n: int) -> int:
     """
     if n >= len(view.tokens):
         return len(view.tokens)
+    if view.replayed_from is not None and n <= view.replayed_from:
+        view.replayed_from = None  # what stays was computed before any replay
     bt = view.block_tokens
     if n >= view.tail_start:
         adapter.drop(view.tail_pos + n - view.tail_start, view.next_pos)
