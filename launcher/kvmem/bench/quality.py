@@ -319,11 +319,15 @@ def trained_context(model: str | None) -> int:
 
 
 def machine() -> str:
-    """OS, architecture, CPU count and model (from /proc/cpuinfo where there is one)."""
+    """OS, architecture, CPU count and model (from /proc/cpuinfo where there is one), and the GPUs the vendors'
+    tools list."""
+    from kvmem.devices import probe_gpus
+
     cpu = platform.processor()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
         cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {cpu or 'unknown CPU'}"
+    gpus = "".join(f", GPU {g.name} ({g.total_mib} MiB)" for g in probe_gpus())
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {cpu or 'unknown CPU'}{gpus}"
 
 
 def _log(line: str) -> None:
