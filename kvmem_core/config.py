@@ -39,6 +39,8 @@ FIELD_HELP = {
     "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
     "recurrent": "hybrid models' recurrent state when selection drops blocks: keep the full-history state, "
                  "or recompute it over the selected view",
+    "groups": "whole-message selection: a block retrieval takes brings the rest of its message (a tool call with "
+              "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
 }
 
 
@@ -61,6 +63,7 @@ class KVMemConfig:
     retention: str = "evict-idle"
     retrieval_heads: tuple[tuple[int, int], ...] | None = None
     recurrent: str = "keep"
+    groups: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
@@ -75,6 +78,7 @@ class KVMemConfig:
         _require(self.positions in POSITION_MODES, f"--kvmem-positions must be one of {', '.join(POSITION_MODES)}")
         _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
         _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
+        _require(isinstance(self.groups, bool), "--kvmem-groups must be on or off")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
         for name in ("ctx", "budget", "gen_budget"):
             _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")

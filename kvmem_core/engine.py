@@ -19,10 +19,12 @@ from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
+from kvmem_core.groups import block_groups, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import Thinking, thinking_for
-from kvmem_core.retrieval import BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions, make_scorer
+from kvmem_core.retrieval import (MANDATORY_TAG, BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
+                                  make_scorer)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
@@ -274,7 +276,7 @@ class KVMemEngine(WorkspaceOps):
             parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
             assert len(ws.hashes) == b, "blocks must be archived in order"
             summary = self._summarize(kv, pos)
-            tags = frozenset({"mandatory"}) if any(s < (b + 1) * bt and e > b * bt for s, e in prompt.mandatory) else frozenset()
+            tags = frozenset({MANDATORY_TAG}) if overlapping(prompt.mandatory, b + 1, bt)[b] else frozenset()
             meta = BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), summary, tags)
             self.store.append(ws.id, meta, kv)
             self._counts["blocks_stored"] += 1
@@ -302,7 +304,7 @@ class KVMemEngine(WorkspaceOps):
             index = self._index(ws.id, metas)
             scorer = self._scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
             scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
-        sel = Selector.from_config(cfg).select(BlockSpans.from_metas(metas), scores, n - len(metas) * bt, method)
+        sel = Selector.from_config(cfg).select(self._spans(cfg, prompt, metas), scores, n - len(metas) * bt, method)
         r0 = self._replay_start(cfg, prompt)
         kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
         recompute = kept is None
@@ -317,12 +319,21 @@ class KVMemEngine(WorkspaceOps):
         elif changed:
             logits = self._replay(r0)
             self.view.replayed_from = r0
-        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas)}
+        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas),
+               "groups": cfg.groups}
         if self.checkpoints is not None:
             out["recurrent"] = "recompute" if recompute else "keep"
         if oracle is not None:
             out["oracle_blocks"] = sorted(oracle)
         return logits, out
+
+    def _spans(self, cfg: KVMemConfig, prompt: Prompt, metas: list[BlockMeta]) -> BlockSpans:
+        """The stored blocks' spans plus this step's: mandatory ranges (system, tool definitions, pinned
+        messages; stored tags know only what was mandatory when a block was stored) and, with
+        ``cfg.groups``, the message groups of the transcript (``kvmem_core.groups``)."""
+        n, bt = len(metas), self.layout.block_tokens
+        turns = block_groups(prompt.groups, n, bt) if cfg.groups else None
+        return BlockSpans.from_metas(metas).for_step(overlapping(prompt.mandatory + prompt.pinned, n, bt), turns)
 
     def _scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> Any:
         """The adapter's own scorer for ``name`` (``make_scorer``, e.g. on its GPU), else the core's."""

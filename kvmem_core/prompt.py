@@ -8,19 +8,23 @@ before a lone message, such as a default system turn, is a head the match skips)
 template renders a message differently alone (or refuses to), that one end comes from
 rendering its prefix. One tokenization of the whole text then maps the character offsets
 to token indices through the tokens' byte lengths. The *query* is the last user message
-(where retrieval looks from); system and developer messages are *mandatory* history.
+(where retrieval looks from); system and developer messages and the tool definitions are
+*mandatory* history, and so, for one step, are the messages a request pins (``kvmem.pin``).
+Messages also fall into semantic groups (``kvmem_core.groups``) the selector keeps together.
 """
 from __future__ import annotations
 
 import bisect
+import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
+from kvmem_core.groups import Span, covered, token_groups
 from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
@@ -33,11 +37,16 @@ _piece_lengths: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKey
 
 @dataclass(frozen=True)
 class Prompt:
-    """Token ids of a rendered request, where its query starts, and its mandatory token ranges."""
+    """Token ids of a rendered request, where its query starts, and token ranges: the mandatory ones
+    (system, developer, tool definitions), each message's, each semantic group's, and the ones pinned
+    for this step only."""
 
     ids: list[int]
     query_start: int
-    mandatory: tuple[tuple[int, int], ...] = ()
+    mandatory: tuple[Span, ...] = ()
+    messages: tuple[Span, ...] = ()
+    groups: tuple[Span, ...] = ()
+    pinned: tuple[Span, ...] = ()
 
 
 def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
@@ -54,12 +63,34 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     render = _renderer(adapter, request)
     text = render(messages, True)
     ids = adapter.tokenize(text)
-    ends = _token_indices(adapter, text, ids, message_ends(render, messages, text))
+    schemas = _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
+    marks = _token_indices(adapter, text, ids, [*message_ends(render, messages, text), *schemas])
+    ends, schema_span = marks[:len(messages)], tuple(marks[len(messages):])
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     query_start = starts[users[-1]] if users else starts[-1] if messages else 0
     mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m.get("role") in ("system", "developer"))
-    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory)
+    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory + ((schema_span,) if schema_span else ()),
+                  tuple(zip(starts, ends)), token_groups(messages, starts, ends))
+
+
+def _tool_schemas(render: Render, bare: Render, messages: Sequence[dict[str, Any]], text: str) -> tuple[int, ...]:
+    """Character range ``(start, end)`` of the tool definitions in ``text``, or ``()``: where the first
+    message rendered alone with tools (``render``) and without (``bare``) differ. Templates write the
+    definitions into the system turn or the first user turn; one that writes them further on (before
+    the last user turn, say) renders a transcript that does not start with that message, and they
+    are left to the selection like any history."""
+    if not messages:
+        return ()
+    try:
+        with_tools, without = render(messages[:1], False), bare(messages[:1], False)
+    except TemplateError:
+        return ()
+    if with_tools == without or not text.startswith(with_tools):
+        return ()
+    head = len(os.path.commonprefix([with_tools, without]))
+    tail = min(len(os.path.commonprefix([with_tools[::-1], without[::-1]])), len(without) - head)
+    return head, len(with_tools) - tail
 
 
 def _plain(message: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +163,7 @@ def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos
 
 
 def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offsets: Sequence[int]) -> list[int]:
-    """For each character offset into ``text``, how many of its tokens ``ids`` end at or before it.
+    """For each character offset into ``text`` (in any order), how many of its tokens ``ids`` end at or before it.
 
     Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
     text (a BOS it inserts, a leading space) come before offset 0.
@@ -143,11 +174,11 @@ def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offset
         total += n
         ends.append(total)
     lead = total - len(text.encode("utf-8", "surrogatepass"))
-    out, byte, prev = [], lead, 0
-    for offset in offsets:
-        byte += len(text[prev:offset].encode("utf-8", "surrogatepass"))
-        prev = offset
-        out.append(min(bisect.bisect_right(ends, byte), len(ids)))
+    out, byte, prev = [0] * len(offsets), lead, 0
+    for k in sorted(range(len(offsets)), key=offsets.__getitem__):
+        byte += len(text[prev:offsets[k]].encode("utf-8", "surrogatepass"))
+        prev = offsets[k]
+        out[k] = min(bisect.bisect_right(ends, byte), len(ids))
     return out
 
 
@@ -167,16 +198,27 @@ def admit(adapter: EngineAdapter, config: KVMemConfig, request: StepRequest,
           has_prototypes: bool) -> tuple[KVMemConfig, Prompt, tuple[int, ...] | None]:
     """A step's config (the engine's with the request's overrides), prompt and diagnostic oracle blocks
     (``kvmem.blocks``: these, then the newest), after every check that may refuse it: nothing has
-    changed when one raises."""
+    changed when one raises. The messages ``kvmem.pin`` names are the prompt's ``pinned`` ranges."""
     check_request(request, config)
     knobs = dict(request.overrides)
     oracle = knobs.pop("blocks", None)
+    pins = knobs.pop("pin", ())
     cfg = config.replace(**knobs) if knobs else config
-    prompt = build_prompt(adapter, request)
+    prompt = pin(build_prompt(adapter, request), pins)
     check_prompt(cfg, prompt, adapter.layout, adapter.caps.max_view_tokens, has_prototypes)
     if oracle is not None and not all(0 <= b < len(prompt.ids) // adapter.layout.block_tokens for b in oracle):
         raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
     return cfg, prompt, None if oracle is None else tuple(oracle)
+
+
+def pin(prompt: Prompt, indexes: Sequence[int]) -> Prompt:
+    """``prompt`` with the token ranges of messages ``indexes`` pinned; ConfigError for an index it has no
+    message for (a raw prompt has none)."""
+    bad = [i for i in indexes if not 0 <= i < len(prompt.messages)]
+    if bad:
+        raise ConfigError(f"kvmem.pin names messages {bad} but the request has {len(prompt.messages)} "
+                          f"(indexes 0 to {len(prompt.messages) - 1})")
+    return replace(prompt, pinned=tuple(prompt.messages[i] for i in sorted(set(indexes)))) if indexes else prompt
 
 
 def check_request(request: StepRequest, cfg: KVMemConfig) -> None:
@@ -203,9 +245,10 @@ def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view
     if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not has_prototypes:
         raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
     sink = cfg.sink_tokens if cfg.method != "recent" else 0
-    mandatory = sum(e - s for s, e in prompt.mandatory) + min(sink + cfg.recent_tokens, n)
+    mandatory = covered(prompt.mandatory + prompt.pinned) + min(sink + cfg.recent_tokens, n)
     if n > cfg.budget and cfg.method != "full" and mandatory > cfg.budget:
-        raise BudgetError(f"mandatory spans (system prompt, sink, recent window) need {mandatory} tokens but "
-                          f"--kvmem-budget is {cfg.budget}; raise the budget or shorten the system prompt")
+        raise BudgetError(f"mandatory spans (system prompt, tool definitions, pinned messages, sink, recent window) "
+                          f"need {mandatory} tokens but --kvmem-budget is {cfg.budget}; raise the budget, pin fewer "
+                          "messages or shorten the system prompt")
     if cfg.method == "full" and n > cfg.budget:
         raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")

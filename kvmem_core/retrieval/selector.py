@@ -7,6 +7,13 @@ only consume budget). Blocks tagged ``atomic:<name>`` form a group taken whole o
 A block whose winning token sits within ``edge_tokens`` of an edge is taken together with
 the neighbour on that side, so a fact that straddles two blocks is not cut in half.
 
+Under retrieval, a block taken by score brings the rest of its message group (``turns``: a
+tool call with its results, a user or an assistant turn; ``kvmem_core.groups``) when that rest
+holds at most half the budget left after the mandatory spans, so one long tool result cannot
+fill the view; from a larger group it brings the blocks nearest to it, up to that half. The
+newest blocks fill in block by block, newest first (a group that does not fit is cut there
+rather than skipped for older blocks), and mandatory spans are not extended to their groups.
+
 Retrieval takes by score only the blocks that score at least ``relevance`` times the best
 candidate; the budget left goes to the newest blocks. On agent transcripts the blocks just
 under the best are same-form look-alikes of the asked fact (other names, other values), and a
@@ -15,8 +22,9 @@ newest blocks are what it would read anyway (docs/retrieval.md has the numbers).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import itertools
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -32,11 +40,13 @@ BASELINES = ("recent", "sink-recent", "full")
 
 @dataclass(frozen=True, eq=False)
 class BlockSpans:
-    """What the selector knows of each block: tokens [N], mandatory tag [N], atomic group [N] (-1: none)."""
+    """What the selector knows of each block: tokens [N], mandatory tag [N], atomic group [N] and message
+    group [N] (-1: none; ``turns`` None: no message groups)."""
 
     n_tokens: np.ndarray
     mandatory: np.ndarray
     groups: np.ndarray
+    turns: np.ndarray | None = None
 
     @classmethod
     def from_metas(cls, metas: Sequence[BlockMeta]) -> BlockSpans:
@@ -52,6 +62,10 @@ class BlockSpans:
     def uniform(cls, n_blocks: int, block_tokens: int) -> BlockSpans:
         """Untagged full blocks."""
         return cls(np.full(n_blocks, block_tokens, np.int64), np.zeros(n_blocks, bool), np.full(n_blocks, -1, np.int64))
+
+    def for_step(self, mandatory: np.ndarray, turns: np.ndarray | None) -> BlockSpans:
+        """These spans with ``mandatory`` [N] also mandatory and ``turns`` as the message groups."""
+        return replace(self, mandatory=self.mandatory | mandatory, turns=turns)
 
     def __len__(self) -> int:
         return len(self.n_tokens)
@@ -105,6 +119,7 @@ class Selector:
         ``method`` is ``retrieval`` (needs ``scores``) or a baseline: ``recent`` (newest
         blocks, no sink), ``sink-recent`` (sink plus newest), ``full`` (everything, or
         BudgetError). Raises BudgetError when the mandatory spans alone exceed the budget.
+        Message groups (``spans.turns``) apply to retrieval only; the baselines stay plain.
         """
         n = len(spans)
         if method == "full":
@@ -121,14 +136,15 @@ class Selector:
         mandatory = self._mandatory(spans, sink=method != "recent")
         picker.take_mandatory(mandatory, self.budget, tail_tokens)
         floor = self._floor(order_key, mandatory) if method == "retrieval" else -np.inf
+        cap = picker.room // 2 if method == "retrieval" else None
         for b in np.lexsort((-np.arange(n), -order_key)):
             if picker.full() or order_key[b] < floor:
                 break
-            picker.offer(int(b), self._unit(int(b), peaks, spans))
+            picker.offer(int(b), self._unit(int(b), peaks, spans), cap)
         for b in range(n - 1, -1, -1):
             if picker.full():
                 break
-            picker.offer(b, [b])
+            picker.offer(b, [b], None)
         return picker.result(tail_tokens, method)
 
     def _floor(self, scores: np.ndarray, mandatory: np.ndarray) -> float:
@@ -165,7 +181,7 @@ class Selector:
 
 
 class _Picker:
-    """Greedy budget filling with whole atomic groups."""
+    """Greedy budget filling with whole atomic groups and capped message groups."""
 
     def __init__(self, spans: BlockSpans, room: int) -> None:
         self.spans = spans
@@ -177,6 +193,7 @@ class _Picker:
         for i, g in enumerate(spans.groups):
             if g >= 0:
                 self._members.setdefault(int(g), []).append(i)
+        self._turns: dict[int, list[int]] = {}
         self._smallest = int(spans.n_tokens.min()) if len(spans) else 0
 
     def take_mandatory(self, mask: np.ndarray, budget: int, tail_tokens: int) -> None:
@@ -194,15 +211,52 @@ class _Picker:
     def full(self) -> bool:
         return self.room < self._smallest
 
-    def offer(self, b: int, unit: list[int]) -> None:
+    def offer(self, b: int, unit: list[int], cap: int | None) -> None:
+        """Take ``unit`` (block ``b`` and what comes with it) closed over its atomic groups and, unless ``cap``
+        is None, over its message groups (``with_turns``), if it fits; else nothing."""
         if self.chosen[b]:
             return
+        unit = unit if cap is None else self.with_turns(unit, cap)
         new = [i for i in self._close(unit) if not self.chosen[i]]
         need = int(self.spans.n_tokens[new].sum())
         if need <= self.room:
             self.chosen[new] = True
             self.room -= need
             self.expanded.extend(i for i in new if i != b)
+
+    def with_turns(self, unit: list[int], cap: int) -> list[int]:
+        """``unit`` plus the message group of each of its blocks: whole when the group's blocks not yet
+        chosen hold at most ``cap`` tokens, else the group's blocks nearest to the unit (the one before
+        first, then alternately) while the blocks not yet chosen stay within ``cap`` and the room left."""
+        turns = self.spans.turns
+        if turns is None:
+            return unit
+        taken = set(unit)
+        for g in sorted({int(turns[u]) for u in unit} - {-1}):
+            members = self._turns.setdefault(g, [int(i) for i in np.flatnonzero(turns == g)])
+            if self._need(members) <= cap:
+                taken.update(members)
+            else:
+                self._window(taken, members, min(cap, self.room))
+        return sorted(taken)
+
+    def _window(self, taken: set[int], members: list[int], limit: int) -> None:
+        """Add to ``taken`` the ``members`` nearest to those it holds, while its blocks not yet chosen hold
+        at most ``limit`` tokens."""
+        inside = [m for m in members if m in taken]
+        before = [m for m in reversed(members) if m < inside[0]]
+        after = [m for m in members if m > inside[-1]]
+        need = self._need(taken)
+        for m in (m for pair in itertools.zip_longest(before, after) for m in pair if m is not None):
+            extra = self._need([m])
+            if need + extra > limit:
+                break
+            taken.add(m)
+            need += extra
+
+    def _need(self, blocks: Iterable[int]) -> int:
+        """Tokens of those of ``blocks`` not chosen yet."""
+        return sum(int(self.spans.n_tokens[i]) for i in blocks if not self.chosen[i])
 
     def _close(self, blocks: list[int]) -> list[int]:
         out = set(blocks)

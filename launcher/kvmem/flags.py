@@ -43,6 +43,12 @@ def _choice(choices: tuple[str, ...], aliases: tuple[str, ...] = ()) -> Callable
     return parse
 
 
+def _switch(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError("choose from on, off")
+    return text == "on"
+
+
 KNOBS = (
     Knob("ctx", "--ctx", int),
     Knob("budget", "--kvmem-budget", int),
@@ -59,6 +65,7 @@ KNOBS = (
     Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),
     Knob("retention", "--kvmem-retention", _choice(RETENTIONS)),
     Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
+    Knob("groups", "--kvmem-groups", _switch),
 )
 
 
@@ -137,5 +144,7 @@ def chat_template_opts(args: argparse.Namespace) -> dict[str, str]:
 def _show(value: Any) -> str:
     if value is None:
         return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return str(value)
 

@@ -8,7 +8,9 @@ docs/server.md):
 - tool schemas: appended to the first system message inside ``<tools>...</tools>``, one
   JSON object per line, with an instruction to answer with ``<tool_call>`` blocks;
 - an assistant call: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
-- a tool result: a ``user`` turn ``<tool_response>\\n...\\n</tool_response>``.
+- a tool result: a ``user`` turn ``<tool_response>\\n...\\n</tool_response>`` that keeps its
+  ``tool_call_id`` (templates read only role and content; ``kvmem_core.groups`` reads the id
+  to keep a result with its call).
 
 Templates that render tools themselves get the transcript as it is, in the shape
 Hugging Face templates expect (``native_messages``). Generated calls are read back by
@@ -60,7 +62,8 @@ def render_plain(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
 def _plain_turn(msg: dict[str, Any]) -> dict[str, Any]:
     content = msg.get("content") or ""
     if msg["role"] == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>",
+                "tool_call_id": msg.get("tool_call_id", "")}
     if msg["role"] == "assistant" and msg.get("tool_calls"):
         calls = [call_text(c["function"]["name"], c["function"].get("arguments", "{}")) for c in msg["tool_calls"]]
         return {"role": "assistant", "content": "\n".join(filter(None, [content, *calls]))}

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from kvmem_core.bench_prompt import agent_transcript, measure
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest
+from kvmem_core.groups import token_groups
 from kvmem_core.prompt import Prompt, build_prompt
 from kvmem_llamacpp.adapter import CHATML_TEMPLATE
 from llamacpp_support import model_path
@@ -46,7 +47,24 @@ def quadratic_prompt(adapter: Any, request: StepRequest) -> Prompt:
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     query_start = starts[users[-1]] if users else starts[-1]
     mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m["role"] in ("system", "developer"))
-    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory)
+    mandatory += tool_definitions(adapter, messages[0], kw, len(ids))
+    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory, tuple(zip(starts, ends)),
+                  token_groups(messages, starts, ends))
+
+
+def tool_definitions(adapter: Any, first: dict[str, Any], kw: dict[str, Any], n: int) -> tuple[tuple[int, int], ...]:
+    """The tokens where the first message rendered alone with tools and without differ, found char by char."""
+    if not kw["tools"]:
+        return ()
+    a = adapter.render_chat([first], add_generation_prompt=False, **kw)
+    b = adapter.render_chat([first], add_generation_prompt=False, **{**kw, "tools": None})
+    if a == b:
+        return ()
+    head = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+    tail = 0
+    while tail < len(b) - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    return ((min(len(adapter.tokenize(a[:head])), n), min(len(adapter.tokenize(a[:len(a) - tail])), n)),)
 
 
 @pytest.fixture(scope="module")

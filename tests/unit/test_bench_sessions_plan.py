@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 from kvmem.bench.quality import add_arguments, select_methods, server_flags
@@ -35,11 +36,25 @@ def test_requests_carry_their_cells_budget_and_the_oracle_only_stored_gold_block
     layout = Layout(prompt_tokens=700, block_tokens=64, gold=(3, 10))  # block 10 is the partial tail (640-700)
     assert layout.oracle == (3,)
     assert FULL.overrides(ORACLE, 4096, 20480, layout.oracle) == {
-        "method": "retrieval", "budget": 512, "sink_tokens": 64, "recent_tokens": 64, "blocks": [3]}
+        "method": "retrieval", "budget": 512, "sink_tokens": 64, "recent_tokens": 64, "groups": True, "blocks": [3]}
     assert FULL.overrides(Method("retrieval", "mean-k"), 16384, 20480)["budget"] == 2048
     assert FULL.overrides(Method("recent"), 49152, 0) == {
-        "method": "recent", "budget": 6144, "sink_tokens": 64, "recent_tokens": 64}
+        "method": "recent", "budget": 6144, "sink_tokens": 64, "recent_tokens": 64, "groups": True}
     assert FULL.overrides(Method("full"), 8192, 20480) == {"method": "full", "budget": 20480}
+
+
+def test_no_groups_turns_whole_message_selection_off_in_every_selecting_request() -> None:
+    from kvmem.bench.quality import plan_for
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert "--no-groups" in parser.format_help()
+    off, on = plan_for(parser.parse_args(["--quick", "--no-groups"])), plan_for(parser.parse_args(["--quick"]))
+    assert off == replace(QUICK, groups=False) and on == QUICK
+    for m in (Method("retrieval", "retrieval-heads"), ORACLE, Method("recent")):
+        assert off.overrides(m, 4096, 20480, (3,))["groups"] is False
+        assert on.overrides(m, 4096, 20480, (3,))["groups"] is True
+    assert "groups" not in off.overrides(Method("full"), 4096, 20480)
 
 
 def test_the_full_plan_has_42_sessions_per_size_and_a_cell_beyond_qwens_context() -> None:

@@ -51,3 +51,23 @@ def test_parse_retrieval_heads():
     assert parse_retrieval_heads("3:1, 20:7") == ((3, 1), (20, 7))
     with pytest.raises(ConfigError):
         parse_retrieval_heads("3-1")
+
+
+def test_groups_switch_reads_on_or_off_from_flag_or_env(monkeypatch):
+    import argparse
+
+    from kvmem.flags import add_kvmem_flags, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_kvmem_flags(parser)
+    assert "(default: on; env KVMEM_GROUPS)" in " ".join(parser.format_help().split())
+    assert resolve_config(parser.parse_args([]))[0].groups is True
+    cfg, sources = resolve_config(parser.parse_args(["--kvmem-groups", "off"]))
+    assert cfg == KVMemConfig(groups=False) and sources["groups"] == "flag"
+    monkeypatch.setenv("KVMEM_GROUPS", "off")
+    assert resolve_config(parser.parse_args([]))[0].groups is False
+    monkeypatch.setenv("KVMEM_GROUPS", "maybe")
+    with pytest.raises(ConfigError, match="KVMEM_GROUPS='maybe': choose from on, off"):
+        resolve_config(parser.parse_args([]))
+    with pytest.raises(ConfigError, match="--kvmem-groups must be on or off"):
+        KVMemConfig(groups="off")

@@ -22,7 +22,8 @@ def test_render_plain_rewrites_an_agent_transcript() -> None:
     assert out[0]["content"].startswith("You help.\n\n") and '"name": "get_weather"' in out[0]["content"]
     assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert out[3]["content"] == "<tool_response>\n-3 C\n</tool_response>"
-    assert all(set(m) == {"role", "content"} for m in out)
+    assert [set(m) - {"role", "content"} for m in out] == [set(), set(), set(), {"tool_call_id"}]
+    assert out[3]["tool_call_id"] == "call_1"  # the result stays grouped with its call (kvmem_core.groups)
 
 
 def test_render_plain_adds_a_system_turn_for_tools_when_there_is_none() -> None:

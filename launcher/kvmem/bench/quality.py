@@ -215,6 +215,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run, e.g. 4096,49152 (default: all)")
     p.add_argument("--block-tokens", type=int, help="tokens per KV block on the servers this command starts "
                    "(default: kvmem serve's --kvmem-block-tokens)")
+    p.add_argument("--no-groups", action="store_true", help="select blocks without whole-message groups "
+                   "(kvmem.groups false), to compare recall and accuracy with the default, which keeps a tool call "
+                   "with its results and a turn whole")
     p.add_argument("--full-budget", type=int, help="view budget of method full (default on the servers this command "
                    "starts: the largest plan size within the model's trained context plus 25%%; with --url, full "
                    "runs only when this is given)")
@@ -222,11 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark as the flags ask; write JSON and plots; print the tables (and the JSON line)."""
-    plan = QUICK if args.quick else FULL
-    if args.block_tokens:
-        plan = replace(plan, block_tokens=args.block_tokens)
-    if args.sizes:
-        plan = plan.only_sizes(args.sizes)
+    plan = plan_for(args)
     methods = select_methods(args.methods, QUICK_METHODS if args.quick else METHODS)
     trained = None if args.url else trained_context(args.model or os.environ.get("KVMEM_MODEL"))
     budget = args.full_budget or (0 if trained is None else full_budget(plan.sizes, trained))
@@ -242,6 +241,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def plan_for(args: argparse.Namespace) -> Plan:
+    """The plan the flags ask for: quick or full, its sizes, block size and whole-message groups."""
+    plan = replace(QUICK if args.quick else FULL, groups=not args.no_groups)
+    if args.block_tokens:
+        plan = replace(plan, block_tokens=args.block_tokens)
+    return plan.only_sizes(args.sizes) if args.sizes else plan
 
 
 def measure_all(args: argparse.Namespace, plan: Plan, methods: tuple[Method, ...], trained: int | None,

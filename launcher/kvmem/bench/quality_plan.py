@@ -57,6 +57,7 @@ class Plan:
     recent_tokens: int = 64
     max_tokens: int = 24
     block_tokens: int | None = None  # None: the server's default; the layout is read back from each workspace
+    groups: bool = True  # whole-message selection (``kvmem.groups``), sent with every selecting request
 
     def budget(self, size: int) -> int:
         """The view budget of a ``size``-token cell: ``view_fraction`` of it, at least ``MIN_BUDGET``."""
@@ -92,7 +93,7 @@ class Plan:
         if m.method == "full":
             return {"method": "full", "budget": full_budget}
         out = {"method": m.method, "budget": self.budget(size), "sink_tokens": self.sink_tokens,
-               "recent_tokens": self.recent_tokens}
+               "recent_tokens": self.recent_tokens, "groups": self.groups}
         if m == ORACLE:
             return {**out, "method": "retrieval", "blocks": list(oracle)}
         return {**out, "retrieval_method": m.scorer} if m.scorer else out

@@ -16,11 +16,13 @@ from kvmem_core.errors import ConfigError
 _DEFAULT = SamplingParams()
 EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096}  # think tokens; high and above: no limit
 _OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
-                    "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads"}
+                    "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads",
+                    "groups": "groups"}
 
 
-def overrides(options: S.KVMemOptions | None, config: KVMemConfig) -> dict[str, Any]:
-    """The request's ``kvmem`` object as config-field overrides, validated against ``config``."""
+def overrides(options: S.KVMemOptions | None, config: KVMemConfig, messages: int = 0, shift: int = 0) -> dict[str, Any]:
+    """The request's ``kvmem`` object as config-field overrides, validated against ``config``, plus the
+    diagnostic ``blocks`` and the engine's indexes of the ``pin``ned messages (``pins``)."""
     if options is None:
         return {}
     out: dict[str, Any] = {}
@@ -36,7 +38,21 @@ def overrides(options: S.KVMemOptions | None, config: KVMemConfig) -> dict[str, 
         raise invalid(str(exc), "kvmem", "invalid_kvmem_options") from None
     if options.blocks is not None:
         out["blocks"] = tuple(options.blocks)
+    if options.pin:
+        out["pin"] = pins(options.pin, messages, shift)
     return out
+
+
+def pins(indexes: list[int], messages: int, shift: int) -> tuple[int, ...]:
+    """``kvmem.pin``'s indexes into the request's ``messages`` as indexes into the engine's transcript, which
+    has ``shift`` turns more in front (the tool definitions, for a template without tools and a request
+    without a system message); 400 for an index past the request's messages."""
+    bad = sorted({i for i in indexes if i >= messages})
+    if bad:
+        raise invalid(f"kvmem.pin names messages {bad} but the request has {messages} "
+                      f"({'indexes 0 to ' + str(messages - 1) if messages else 'a raw prompt has none'})",
+                      "kvmem.pin", "invalid_kvmem_options")
+    return tuple(i + shift for i in indexes)
 
 
 def sampling(body: Any, max_tokens: int | None) -> SamplingParams:
@@ -119,11 +135,13 @@ def thinking(effort: str | None, kwargs: dict[str, Any] | None, budget: int | No
 def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat) -> StepRequest:
     """The engine step for a chat completion request."""
     tools = msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
-    messages, engine_tools = engine_transcript(chat_messages(body.messages), tools, fmt)
+    client = chat_messages(body.messages)
+    messages, engine_tools = engine_transcript(client, tools, fmt)
     kwargs, budget = thinking(body.reasoning_effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-                       sampling=sampling(body, max_tokens), overrides=overrides(body.kvmem, config),
+                       sampling=sampling(body, max_tokens),
+                       overrides=overrides(body.kvmem, config, len(client), len(messages) - len(client)),
                        cache_key=body.prompt_cache_key)
 
 

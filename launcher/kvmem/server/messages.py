@@ -70,11 +70,13 @@ def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
 
 def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     """The engine step for a Messages body (``count_tokens`` bodies carry no sampling)."""
-    messages, tools = convert.engine_transcript(chat_messages(body), chat_tools(body), state.engine.chat_format)
+    turns = chat_messages(body)
+    messages, tools = convert.engine_transcript(turns, chat_tools(body), state.engine.chat_format)
     kwargs, budget = convert.thinking(None, thinking_kwargs(body.thinking), body.thinking and body.thinking.budget_tokens)
     if isinstance(body, S.MessagesRequest):
+        knobs = convert.overrides(body.kvmem, state.config, len(turns), len(messages) - len(turns))
         return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs, reasoning_budget=budget,
-                           sampling=convert.sampling(body, body.max_tokens), overrides=convert.overrides(body.kvmem, state.config))
+                           sampling=convert.sampling(body, body.max_tokens), overrides=knobs)
     return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs)
 
 

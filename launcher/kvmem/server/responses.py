@@ -98,14 +98,16 @@ class Turn:
         self.history = (previous["transcript"] if previous else []) + new
         self.tools = chat_tools(body.tools) if body.tool_choice != "none" else None
         head = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        messages, engine_tools = convert.engine_transcript(head + self.history, self.tools, state.engine.chat_format)
+        transcript = head + self.history
+        messages, engine_tools = convert.engine_transcript(transcript, self.tools, state.engine.chat_format)
+        knobs = convert.overrides(body.kvmem, state.config, len(transcript), len(messages) - len(transcript))
         effort = body.reasoning.effort if body.reasoning else None
         kwargs, budget = convert.thinking(effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
         before = previous["response"] if previous else {}
         self.cache_key = body.prompt_cache_key or before.get("prompt_cache_key")  # a chain keeps its key
         self.step = StepRequest(
             messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-            sampling=convert.sampling(body, body.max_output_tokens), overrides=convert.overrides(body.kvmem, state.config),
+            sampling=convert.sampling(body, body.max_output_tokens), overrides=knobs,
             cache_key=self.cache_key, workspace_id=before.get("kvmem", {}).get("workspace_id"))
         self.model = state.served_model(body.model)
         self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None)

@@ -35,6 +35,8 @@ class KVMemOptions(msgspec.Struct, forbid_unknown_fields=True):
     recent_tokens: Annotated[int, Meta(ge=0)] | None = None
     retrieval_heads: str | None = None
     blocks: list[Annotated[int, Meta(ge=0)]] | None = None  # diagnostic selection: these stored blocks first
+    pin: list[Annotated[int, Meta(ge=0)]] | None = None  # message indexes kept in the view for this step
+    groups: bool | None = None  # whole-message selection on or off for this step
 
 
 class ContentPart(msgspec.Struct):
