@@ -47,7 +47,8 @@ class ForwardOut:
 
     ``logits``: float32 ``[vocab]`` of the last token (None when not asked for).
     ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
-    for the tokens asked for with ``capture_from`` (None otherwise).
+    for the tokens asked for with ``capture_from`` (None otherwise): the query projection
+    without its bias (the bias pulls every query toward the same keys, whatever it asks).
     """
 
     logits: np.ndarray | None

@@ -1,8 +1,9 @@
 """Pre-RoPE query capture through llama.cpp's eval callback (``cb_eval``).
 
-The graph names a layer's query ``Qcur-<layer>`` three times: the projection, its 3-D
-reshape (same memory) and the RoPE'd result. The first node with that name whose op is
-not ROPE holds the content-frame query, float32 ``[tokens, heads * head_dim]``. It is read
+The graph names a layer's query ``Qcur-<layer>`` several times: the projection, the projection
+plus its bias (models with one, such as qwen2), its 3-D reshape and the RoPE'd result. The
+first node with that name whose op is not ROPE holds the content-frame query without its
+bias, float32 ``[tokens, heads * head_dim]``: the queries the adapter contract asks for. It is read
 with ``ggml_backend_tensor_get``, so capture works whether the layer runs on the CPU or
 is offloaded to a GPU (the scheduler has synchronized the backend before the callback).
 """

@@ -59,7 +59,7 @@ class StepContext:
     q_sin: torch.Tensor
     k_cos: torch.Tensor  # [S, rd]
     k_sin: torch.Tensor
-    capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd], when asked
+    capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
     n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
 
 
@@ -100,6 +100,9 @@ class Attention:
         self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.gated, self.eps = spec.gated_attention, spec.rms_eps
         self.sizes = fuse(w, ("q", "k", "v"), "qkv_fused")
+        # Retrieval reads the query projection without its bias (as llama.cpp's capture does): the bias adds
+        # one vector to every query, a pull toward the same keys (the sink) whatever the question asks.
+        self.q_bias = w["q_bias"].view(self.n_heads, self.hd) if "q_bias" in w and not self.gated else None
         if "q_bias" in w:
             fuse(w, ("q_bias", "k_bias", "v_bias"), "qkv_bias")
         self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
@@ -116,7 +119,7 @@ class Attention:
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         if ctx.capture is not None:
-            ctx.capture[self.layer] = q
+            ctx.capture[self.layer] = q if self.q_bias is None else q - self.q_bias
         cache.rows.index_copy_(0, ctx.new_rows + cache.k_offset(self.cache_layer), k)
         cache.rows.index_copy_(0, ctx.new_rows + cache.v_offset(self.cache_layer), v)
         out = self.attend(q, ctx, cache).reshape(T, -1)
