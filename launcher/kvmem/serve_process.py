@@ -6,6 +6,7 @@ the port is never mistaken for it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -31,6 +32,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so the ``with ServeProcess`` blocks it unwinds
+    stop their servers (Python's default SIGTERM would leave them running). Main thread only."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ServeProcess:

@@ -39,7 +39,10 @@ def test_methods_share_one_prefill_and_leave_nothing_behind(server: LiveServer) 
     sessions = make_sessions([1000], [0.2], ["passkey", "owner"], seed=1,
                              chars_per_token=fit_chars_per_token(api.count_tokens))
     plan = Plan(grid=())
-    outs = run_all(api, sessions, plan, (ORACLE, Method("recent"), Method("retrieval", "retrieval-heads")), full_budget=0)
+    finished: list[list] = []
+    outs = run_all(api, sessions, plan, (ORACLE, Method("recent"), Method("retrieval", "retrieval-heads")), full_budget=0,
+                   on_session=finished.append)
+    assert [o for got in finished for o in got] == outs and len(finished) == len(sessions)  # kept as each ends
     assert [(o.session, o.method) for o in outs] == [(s.id, m) for s in sessions for m in ("recent", "retrieval", "oracle")]
     for session, (recent, heads, oracle) in zip(sessions, zip(outs[0::3], outs[1::3], outs[2::3]), strict=True):
         n = recent.prompt_tokens

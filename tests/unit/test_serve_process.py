@@ -22,3 +22,41 @@ def test_ports_and_run_dirs_are_the_childs_own(tmp_path: Path) -> None:
     assert server.url == f"http://127.0.0.1:{port}" and server.env["KVMEM_RUN_DIR"] == str(tmp_path)
     assert server.env["KVMEM_RECENT_TOKENS"] == "384"
     server.stop()  # never started: nothing to stop
+
+
+PARENT = """
+import subprocess, sys, time
+from kvmem.serve_process import sigterm_as_interrupt
+with sigterm_as_interrupt():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        print(child.pid, flush=True)
+        time.sleep(120)
+    finally:
+        child.terminate()
+        child.wait()
+"""
+
+
+def test_sigterm_unwinds_like_ctrl_c_so_children_are_stopped() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)  # still there (or a zombie not yet reaped by init)
+        except ProcessLookupError:
+            return
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the child outlived its parent's SIGTERM")

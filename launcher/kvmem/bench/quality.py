@@ -37,7 +37,7 @@ from kvmem.bench.quality_plan import (
     phases,
 )
 from kvmem.bench.sessions import Session, fit_chars_per_token, is_correct
-from kvmem.serve_process import ServeProcess
+from kvmem.serve_process import ServeProcess, sigterm_as_interrupt
 from kvmem_core.errors import ConfigError
 
 REQUEST_TIMEOUT_S = 3600  # a 48K-token prefill on 2 CPU cores takes minutes
@@ -179,13 +179,16 @@ def _evidence_spans(api: Api, turns: list[dict[str, Any]], counts: list[int], wr
 
 
 def run_all(api: Api, sessions: list[Session], plan: Plan, methods: tuple[Method, ...], full_budget: int,
-            log: Callable[[str], None] = lambda line: None) -> list[Outcome]:
-    """``run_session`` over ``sessions``; one progress line per session through ``log``."""
+            log: Callable[[str], None] = lambda line: None,
+            on_session: Callable[[list[Outcome]], None] = lambda got: None) -> list[Outcome]:
+    """``run_session`` over ``sessions``; one progress line per session through ``log``, each session's
+    outcomes to ``on_session`` as it ends."""
     out: list[Outcome] = []
     t0 = time.perf_counter()
     for i, session in enumerate(sessions):
         got = run_session(api, session, plan, methods, full_budget)
         out += got
+        on_session(got)
         marks = " ".join(f"{o.scorer or o.method}={'+' if o.correct else '-'}" for o in got)
         log(f"[{i + 1}/{len(sessions)} {time.perf_counter() - t0:.0f}s] {session.id}: {marks}")
     return out
@@ -224,23 +227,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark as the flags ask; write JSON and plots; print the tables (and the JSON line)."""
+    """Run the benchmark as the flags ask; write JSON and plots; print the tables (and the JSON line).
+
+    Ctrl-C or SIGTERM stops the servers and still writes what the finished sessions measured
+    (``"complete": false``), then exits 130.
+    """
     plan = plan_for(args)
     methods = select_methods(args.methods, QUICK_METHODS if args.quick else METHODS)
     trained = None if args.url else trained_context(args.model or os.environ.get("KVMEM_MODEL"))
     budget = args.full_budget or (0 if trained is None else full_budget(plan.sizes, trained))
     args.out.mkdir(parents=True, exist_ok=True)
-    model, chars_per_token, outcomes = measure_all(args, plan, methods, trained, budget)
-    result = {"model": model, "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
-    detail = {**result, "plan": asdict(plan), "seed": args.seed, "trained_ctx": trained, "full_budget": budget,
-              "chars_per_token": chars_per_token, "machine": machine(), "outcomes": outcomes}
+    run_info: dict[str, Any] = {"model": "", "chars_per_token": 0.0}
+    outcomes: list[dict[str, Any]] = []
+    complete = True
+    with sigterm_as_interrupt():
+        try:
+            measure_all(args, plan, methods, trained, budget, run_info, outcomes)
+        except KeyboardInterrupt:
+            complete = False
+    if not outcomes:
+        return 0 if complete else 130
+    result = {"model": run_info["model"], "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
+    detail = {**result, "complete": complete, "plan": asdict(plan), "seed": args.seed, "trained_ctx": trained,
+              "full_budget": budget, "chars_per_token": run_info["chars_per_token"], "machine": machine(),
+              "outcomes": outcomes}
     (args.out / "quality.json").write_text(json.dumps(detail, indent=1))
     plots.plot_quality(outcomes, args.out, trained)
     print(report.table(outcomes, trained))
-    print(f"wrote {args.out}/quality.json and plots")
+    print(f"wrote {args.out}/quality.json and plots" + ("" if complete else
+          f" (interrupted: the {len({o['session'] for o in outcomes})} sessions finished)"))
     if args.json:
         print(json.dumps(result))
-    return 0
+    return 0 if complete else 130
 
 
 def plan_for(args: argparse.Namespace) -> Plan:
@@ -252,20 +270,19 @@ def plan_for(args: argparse.Namespace) -> Plan:
 
 
 def measure_all(args: argparse.Namespace, plan: Plan, methods: tuple[Method, ...], trained: int | None,
-                budget: int) -> tuple[str, float, list[dict[str, Any]]]:
-    """Every session of the plan (the first ``--limit``), each on the server of its phase: the served
-    model's name, the tokenizer's fitted ``chars_per_token`` the sessions were sized with, the outcomes."""
-    model, chars_per_token, outcomes = "", 0.0, []
+                budget: int, run_info: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
+    """Every session of the plan (the first ``--limit``), each on the server of its phase. Sets ``run_info``'s
+    ``model`` (the served name) and ``chars_per_token`` (the tokenizer's fit the sessions were sized with);
+    appends each finished session's outcomes to ``outcomes`` as it ends, so an interrupted run keeps them."""
     sessions: list[Session] = []
     for phase in phases(plan.session_sizes()[:args.limit], trained):
         with _server(args, plan, phase, budget) as api:
-            model = api.model()
+            run_info["model"] = api.model()
             if not sessions:
-                chars_per_token = fit_chars_per_token(api.count_tokens)
-                sessions = plan.sessions(args.seed, chars_per_token)[:args.limit]
+                run_info["chars_per_token"] = fit_chars_per_token(api.count_tokens)
+                sessions = plan.sessions(args.seed, run_info["chars_per_token"])[:args.limit]
             mine = [s for s in sessions if s.target_tokens in phase.sizes]
-            outcomes += [o.to_dict() for o in run_all(api, mine, plan, methods, budget, _log)]
-    return model, chars_per_token, outcomes
+            run_all(api, mine, plan, methods, budget, _log, lambda got: outcomes.extend(o.to_dict() for o in got))
 
 
 def select_methods(spec: str | None, default: tuple[Method, ...] = METHODS) -> tuple[Method, ...]:
