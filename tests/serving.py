@@ -23,6 +23,13 @@ from kvmem_core.config import KVMemConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def error_of(body: bytes) -> dict[str, Any]:
+    """The ``error`` object of an OpenAI error body, checked to hold exactly the four fields OpenAI sends."""
+    data = json.loads(body)
+    assert set(data) == {"error"} and set(data["error"]) == {"message", "type", "param", "code"}
+    return data["error"]
+
+
 class AppClient:
     """The app on a private event loop with a synchronous ``request``; the engine starts only if asked;
     ``state_fields`` go to ``ServerState``."""

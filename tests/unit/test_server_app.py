@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
-from serving import AppClient
+from serving import AppClient, error_of as error
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -22,12 +22,6 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppClient]:
     c = AppClient(api_key=KEY, ui_dir=root / "ui")
     yield c
     c.close()
-
-
-def error(body: bytes) -> dict[str, Any]:
-    data = json.loads(body)
-    assert set(data) == {"error"} and set(data["error"]) == {"message", "type", "param", "code"}
-    return data["error"]
 
 
 def test_health_needs_no_key_and_reports_the_engine_state(client: AppClient) -> None:

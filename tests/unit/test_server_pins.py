@@ -3,11 +3,11 @@ the OpenAI error JSON before the engine is needed."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Iterator
 
 import msgspec
 import pytest
-from serving import AppClient
+from serving import AppClient, error_of as error
 
 from kvmem.output_parser import ChatFormat
 from kvmem.server import convert
@@ -50,12 +50,6 @@ def client() -> Iterator[AppClient]:
     c = AppClient()
     yield c
     c.close()
-
-
-def error(body: bytes) -> dict[str, Any]:
-    data = json.loads(body)
-    assert set(data) == {"error"} and set(data["error"]) == {"message", "type", "param", "code"}
-    return data["error"]
 
 
 @pytest.mark.parametrize("kvmem, param", [
