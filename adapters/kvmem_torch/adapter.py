@@ -34,16 +34,18 @@ class TorchAdapter:
     """One model (GGUF file or HF directory) and its view of ``view_tokens`` cells."""
 
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
-                 device: str | None = None, dtype: torch.dtype | None = None, prefill_chunk: int = 512,
+                 device: str | None = None, dtype: torch.dtype | str | None = None, prefill_chunk: int = 512,
                  cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
                  n_threads_batch: int | None = None, loaded: Loaded | None = None) -> None:
-        """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``loaded``: spec,
+        """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``dtype`` (a torch dtype
+        or its name; None: bfloat16 on CUDA, float32 elsewhere) holds weights and KV. ``loaded``: spec,
         weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
         weights); ``model_path`` then only names the model."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = resolve_threads(n_threads, n_threads_batch)
         self._on_cpu = device == "cpu"
         self._use_threads(self.threads.batch)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         path = Path(model_path)
         spec, weights, self.tokenizer, self.fingerprint = loaded or _load(path, dtype, device, progress)

@@ -1,4 +1,6 @@
-"""The engine's compute flags: ``--threads`` and ``--threads-batch`` (both backends), ``--n-gpu-layers`` (llama.cpp).
+"""The engine's compute flags: ``--threads`` and ``--threads-batch`` (both backends), ``--n-gpu-layers``
+(llama.cpp), ``--dtype`` (torch: the precision weights and KV are held in; llama.cpp computes in
+its file's own types).
 
 Each reads its ``KVMEM_*`` variable when not given. Thread counts default to every core this
 process may use (``kvmem_core.threads``); GPU layers to all of them when the llama.cpp build
@@ -16,6 +18,8 @@ from kvmem_core.errors import ConfigError
 from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, parse_count, resolve_threads, usable_cores
 
 GPU_LAYERS_ENV = "KVMEM_N_GPU_LAYERS"
+DTYPE_ENV = "KVMEM_DTYPE"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 ALL_LAYERS = -1
 
 
@@ -30,6 +34,9 @@ def add_compute_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                        help="llama.cpp: layers offloaded to the GPU with their KV cache, -1 all, 0 none (default: all "
                             f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})")
+    group.add_argument("--dtype", choices=DTYPES, default=None,
+                       help=f"torch: weights and KV precision (default auto: bfloat16 on a GPU, float32 on the CPU; "
+                            f"env {DTYPE_ENV})")
 
 
 def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -> dict[str, Any]:
@@ -39,6 +46,11 @@ def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -
     opts: dict[str, Any] = {"n_threads": threads.decode, "n_threads_batch": threads.batch}
     if backend == "llama.cpp":
         opts["n_gpu_layers"] = gpu_layers(getattr(args, "n_gpu_layers", None), device)
+    dtype = getattr(args, "dtype", None) or os.environ.get(DTYPE_ENV) or "auto"
+    if dtype not in DTYPES:
+        raise ConfigError(f"{DTYPE_ENV}={dtype!r}: choose from {', '.join(DTYPES)}")
+    if backend == "torch" and dtype != "auto":
+        opts["dtype"] = dtype
     return opts
 
 
@@ -61,7 +73,7 @@ def gpu_layers(flag: int | None, device: str) -> int | None:
 
 def describe_compute(opts: dict[str, Any]) -> str:
     """One line for ``--dry-run`` and logs: ``threads 16 (batch 16), gpu layers all``."""
-    line = f"threads {opts['n_threads']} (batch {opts['n_threads_batch']})"
+    line = f"threads {opts['n_threads']} (batch {opts['n_threads_batch']})" + (f", {opts['dtype']}" if "dtype" in opts else "")
     if "n_gpu_layers" not in opts:
         return line
     layers = opts["n_gpu_layers"]

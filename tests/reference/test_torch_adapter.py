@@ -80,3 +80,18 @@ def test_compact_placement_and_drop(pair) -> None:
     assert np.abs(a.forward(ids[32:], [532]).logits - expected).max() <= 1e-4
     a.drop(500, 500 + B)
     assert a.view_free() == 96 - B - 1
+
+
+def test_a_dtype_named_by_the_flag_holds_weights_and_kv(tmp_path) -> None:
+    path = tmp_path / "llama.gguf"
+    hf = tiny_hf_model("llama", seed=4)
+    write_gguf(path, tiny_hf_config("llama"), hf.state_dict())
+    a = TorchAdapter(path, view_tokens=96, block_tokens=B, device="cpu", dtype="bfloat16", progress=False)
+    try:
+        ids = tokens(20)
+        want = hf_last(hf, ids)
+        got = a.forward(ids, list(range(20))).logits
+        assert a.model.dtype == torch.bfloat16 and a.layout.dtype == "bfloat16"
+        assert np.abs(got - want).max() < 0.1 * np.abs(want).max()  # bf16: close to HF's float32, not equal
+    finally:
+        a.close()

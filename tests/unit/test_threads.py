@@ -48,6 +48,20 @@ def test_flags_reach_the_adapter_options() -> None:
     assert describe_compute(torch_opts) == "threads 6 (batch 12)"
 
 
+def test_dtype_goes_to_the_torch_engine_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    opts = compute_opts(parse("--threads", "2", "--threads-batch", "2", "--dtype", "float32"), "torch")
+    assert opts["dtype"] == "float32" and describe_compute(opts) == "threads 2 (batch 2), float32"
+    assert "dtype" not in compute_opts(parse("--threads", "2", "--dtype", "float32"), "llama.cpp")
+    assert "dtype" not in compute_opts(parse("--threads", "2"), "torch")  # auto: the adapter picks by device
+    monkeypatch.setenv("KVMEM_DTYPE", "float16")
+    assert compute_opts(parse("--threads", "2"), "torch")["dtype"] == "float16"
+    monkeypatch.setenv("KVMEM_DTYPE", "fp8")
+    with pytest.raises(ConfigError, match="KVMEM_DTYPE='fp8'"):
+        compute_opts(parse("--threads", "2"), "torch")
+    with pytest.raises(SystemExit):
+        parse("--dtype", "fp8")
+
+
 def test_a_zero_thread_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse("--threads", "0")
