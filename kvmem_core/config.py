@@ -39,6 +39,8 @@ FIELD_HELP = {
     "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
     "recurrent": "hybrid models' recurrent state when selection drops blocks: keep the full-history state, "
                  "or recompute it over the selected view",
+    "relevance": "retrieval takes by score only blocks scoring at least this share of the best candidate (0-1); the "
+                 "rest of the view goes to the newest blocks",
     "groups": "whole-message selection: a block retrieval takes brings the rest of its message (a tool call with "
               "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
 }
@@ -64,6 +66,7 @@ class KVMemConfig:
     retrieval_heads: tuple[tuple[int, int], ...] | None = None
     recurrent: str = "keep"
     groups: bool = True
+    relevance: float = 0.35
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
@@ -79,6 +82,7 @@ class KVMemConfig:
         _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
         _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
         _require(isinstance(self.groups, bool), "--kvmem-groups must be on or off")
+        _require(0.0 <= self.relevance <= 1.0, "--kvmem-relevance must be between 0 and 1")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
         for name in ("ctx", "budget", "gen_budget"):
             _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")

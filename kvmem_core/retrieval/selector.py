@@ -106,11 +106,11 @@ class Selector:
     sink_tokens: int = 128
     recent_tokens: int = 512
     edge_tokens: int = 16
-    relevance: float = 0.35
+    relevance: float = 0.35  # KVMemConfig.relevance; the default is measured in docs/retrieval.md
 
     @classmethod
     def from_config(cls, config: KVMemConfig, budget: int | None = None) -> Selector:
-        return cls(budget or config.budget, config.sink_tokens, config.recent_tokens)
+        return cls(budget or config.budget, config.sink_tokens, config.recent_tokens, relevance=config.relevance)
 
     def select(self, spans: BlockSpans, scores: BlockScores | None, tail_tokens: int = 0, method: str = "retrieval") -> Selection:
         """Mandatory spans, then blocks by descending score (ties: the later block first) down to

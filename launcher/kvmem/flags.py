@@ -66,6 +66,7 @@ KNOBS = (
     Knob("retention", "--kvmem-retention", _choice(RETENTIONS)),
     Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
     Knob("groups", "--kvmem-groups", _switch),
+    Knob("relevance", "--kvmem-relevance", float),
 )
 
 

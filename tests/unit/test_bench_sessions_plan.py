@@ -55,6 +55,9 @@ def test_no_groups_turns_whole_message_selection_off_in_every_selecting_request(
         assert off.overrides(m, 4096, 20480, (3,))["groups"] is False
         assert on.overrides(m, 4096, 20480, (3,))["groups"] is True
     assert "groups" not in off.overrides(Method("full"), 4096, 20480)
+    strict = plan_for(parser.parse_args(["--quick", "--relevance", "0.6"]))
+    assert strict.overrides(Method("retrieval", "retrieval-heads"), 4096, 20480)["relevance"] == 0.6
+    assert "relevance" not in on.overrides(Method("retrieval", "retrieval-heads"), 4096, 20480)  # the server's
 
 
 def test_the_full_plan_has_42_sessions_per_size_and_a_cell_beyond_qwens_context() -> None:

@@ -78,6 +78,10 @@ def test_blocks_far_below_the_best_give_way_to_the_newest():
     assert got.blocks == (0, 3, 5, 9, 10, 11)  # 3 and 5 by score (4 >= 3.5), then the newest
     every = Selector(budget=6 * T, sink_tokens=T, recent_tokens=T, relevance=0.0)
     assert every.select(spans(12), scores([0, 3, 2, 10, 3, 4, 3, 2, 1, 0, 0, 0])).blocks == (0, 3, 4, 5, 6, 11)
+    cfg = KVMemConfig(budget=6 * T, sink_tokens=T, recent_tokens=T, relevance=0.0)
+    assert Selector.from_config(cfg) == every  # --kvmem-relevance reaches the selector
+    with pytest.raises(ConfigError, match="--kvmem-relevance must be between 0 and 1"):
+        KVMemConfig(relevance=1.5)
 
 
 def test_mandatory_over_budget_raises():

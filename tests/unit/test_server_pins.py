@@ -1,4 +1,4 @@
-"""``kvmem.pin`` and ``kvmem.groups`` in requests: the engine's message indexes, and every bad value a 400 with
+"""``kvmem.pin``, ``kvmem.groups`` and ``kvmem.relevance`` in requests: the engine's message indexes, and every bad value a 400 with
 the OpenAI error JSON before the engine is needed."""
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ def chat(**fields: object) -> S.ChatRequest:
 
 
 def test_pins_and_groups_become_overrides() -> None:
-    step = convert.chat_step(chat(kvmem={"pin": [2, 0], "groups": False}), CONFIG, ChatFormat(tools="hermes"))
-    assert step.overrides == {"groups": False, "pin": (2, 0)}
+    step = convert.chat_step(chat(kvmem={"pin": [2, 0], "groups": False, "relevance": 0.5}), CONFIG,
+                             ChatFormat(tools="hermes"))
+    assert step.overrides == {"groups": False, "relevance": 0.5, "pin": (2, 0)}
 
 
 def test_pins_follow_their_messages_behind_a_tools_turn_the_server_adds() -> None:
@@ -55,6 +56,7 @@ def client() -> Iterator[AppClient]:
 @pytest.mark.parametrize("kvmem, param", [
     ({"pin": ["a"]}, "kvmem.pin[0]"), ({"pin": [1.5]}, "kvmem.pin[0]"), ({"pin": [-1]}, "kvmem.pin[0]"),
     ({"pin": 2}, "kvmem.pin"), ({"pin": [0, 7]}, "kvmem.pin"), ({"groups": "no"}, "kvmem.groups"),
+    ({"relevance": 1.5}, "kvmem.relevance"), ({"relevance": "high"}, "kvmem.relevance"),
 ])
 def test_bad_pins_and_groups_are_400_before_the_engine(client: AppClient, kvmem: dict[str, object], param: str) -> None:
     status, _, body = client.request("POST", "/v1/chat/completions", json={"model": "m", "messages": TURNS, "kvmem": kvmem})

@@ -221,6 +221,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-groups", action="store_true", help="select blocks without whole-message groups "
                    "(kvmem.groups false), to compare recall and accuracy with the default, which keeps a tool call "
                    "with its results and a turn whole")
+    p.add_argument("--relevance", type=float, help="retrieval's relevance floor for every selecting request "
+                   "(kvmem.relevance, 0-1; default: the server's --kvmem-relevance)")
     p.add_argument("--full-budget", type=int, help="view budget of method full (default on the servers this command "
                    "starts: the largest plan size within the model's trained context plus 25%%; with --url, full "
                    "runs only when this is given)")
@@ -263,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
 
 def plan_for(args: argparse.Namespace) -> Plan:
     """The plan the flags ask for: quick or full, its sizes, block size and whole-message groups."""
-    plan = replace(QUICK if args.quick else FULL, groups=not args.no_groups)
+    plan = replace(QUICK if args.quick else FULL, groups=not args.no_groups, relevance=args.relevance)
     if args.block_tokens:
         plan = replace(plan, block_tokens=args.block_tokens)
     return plan.only_sizes(args.sizes) if args.sizes else plan

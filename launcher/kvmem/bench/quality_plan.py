@@ -58,6 +58,7 @@ class Plan:
     max_tokens: int = 24
     block_tokens: int | None = None  # None: the server's default; the layout is read back from each workspace
     groups: bool = True  # whole-message selection (``kvmem.groups``), sent with every selecting request
+    relevance: float | None = None  # ``kvmem.relevance`` of every selecting request; None: the server's
 
     def budget(self, size: int) -> int:
         """The view budget of a ``size``-token cell: ``view_fraction`` of it, at least ``MIN_BUDGET``."""
@@ -94,6 +95,8 @@ class Plan:
             return {"method": "full", "budget": full_budget}
         out = {"method": m.method, "budget": self.budget(size), "sink_tokens": self.sink_tokens,
                "recent_tokens": self.recent_tokens, "groups": self.groups}
+        if self.relevance is not None:
+            out["relevance"] = self.relevance
         if m == ORACLE:
             return {**out, "method": "retrieval", "blocks": list(oracle)}
         return {**out, "retrieval_method": m.scorer} if m.scorer else out
