@@ -134,13 +134,15 @@ class KVMemEngine(WorkspaceOps):
             logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle)
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
-        text, ids, finish = self._decode(cfg, ws, request, logits, on_text, steer)
+        text, ids, finish, completed = self._decode(cfg, ws, request, logits, on_text, steer)
         t3 = time.perf_counter()
+        self._archive(ws, Prompt([], 0), completed)
         if self.checkpoints is not None:
             self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
         self._take_store_events()
-        timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2,
+        t4 = time.perf_counter()
+        timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2, "archive_s": t4 - t3,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids)),
                    "reasoning_tokens": float(steer.spent if steer else 0)}
         self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
@@ -368,20 +370,27 @@ class KVMemEngine(WorkspaceOps):
         return index
 
     def _decode(self, cfg: KVMemConfig, ws: Workspace, request: StepRequest, logits: np.ndarray,
-                on_text: OnText, steer: Thinking | None) -> tuple[str, list[int], str]:
+                on_text: OnText, steer: Thinking | None) -> tuple[str, list[int], str, list[int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
-        the workspace (commit)."""
+        the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
+        archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
+        except where the view must make room, which drops only archived blocks."""
         self.last_logits = logits
         mode, adapter, no_spans = self._mode(cfg), self.adapter, Prompt([], 0)
+        pending: list[int] = []
 
         def advance(token: int) -> np.ndarray:
             if adapter.view_free() < 1:
+                self._archive(ws, no_spans, pending)
+                pending.clear()
                 self._make_room(cfg, mode, 1)
             out = adapter.forward([token], [self.view.next_pos])
-            self._archive(ws, no_spans, append_computed(self.view, [token]))
+            pending.extend(append_computed(self.view, [token]))
             return out.logits
 
-        return decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text, steer)
+        text, ids, finish = decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
+                                   steer)
+        return text, ids, finish, pending
 
 
 def _query_start(prompt: Prompt) -> int:

@@ -30,3 +30,19 @@ def test_answer_longer_than_the_view_keeps_counting():
         assert numbers[:3] == [60, 61, 62] and numbers[-20:] == list(range(numbers[-20], numbers[-20] + 20))
     finally:
         engine.close()
+
+
+def test_blocks_an_answer_completes_are_stored_once_it_is_out():
+    from kvmem_core.engine import KVMemEngine
+    from kvmem_llamacpp import create_adapter
+
+    engine = KVMemEngine(create_adapter(str(model_path()), CFG), CFG, heads=((17, 3),))
+    try:
+        request = StepRequest(prompt="1, 2, 3,", sampling=SamplingParams(temperature=0.0, max_tokens=100))
+        result = engine.step(request, lambda piece: True)
+        in_view = result.prompt_tokens + len(result.token_ids) - 1  # the last sampled token is not computed
+        assert in_view // CFG.block_tokens >= 2 and len(result.token_ids) == 100
+        assert len(engine.store.workspaces.get(result.workspace_id).hashes) == in_view // CFG.block_tokens
+        assert result.timings["archive_s"] > 0  # exported after the answer, not between its tokens
+    finally:
+        engine.close()
