@@ -1,7 +1,8 @@
 """KVMem's overhead where everything fits: decode tok/s of the engine against plain llama-cpp-python.
 
 With the whole prompt inside the budget the step selects and replays nothing, so this is
-the cost of KVMem's own bookkeeping (archiving blocks, the query-capture callback). Both
+the cost of KVMem's own per-token work (view bookkeeping, the query-capture callback, its
+sampler); the blocks an answer completes are archived after its last token (``archive_s``). Both
 sides compute with the same threads and GPU layers (``plain_opts``). The machine may be
 shared: rounds interleave the two sides and the best of each is kept.
 """
