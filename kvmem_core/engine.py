@@ -19,7 +19,7 @@ from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
-from kvmem_core.groups import block_groups, overlapping
+from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import Thinking, thinking_for
@@ -136,7 +136,7 @@ class KVMemEngine(WorkspaceOps):
         steer = thinking_for(self.adapter, request, prompt.ids)
         text, ids, finish, completed = self._decode(cfg, ws, request, logits, on_text, steer)
         t3 = time.perf_counter()
-        self._archive(ws, Prompt([], 0), completed)
+        self._archive(ws, completed)
         if self.checkpoints is not None:
             self.checkpoints.take(self.view.tokens, ws.id)
         self.store.set_selection(ws.id, selection)
@@ -244,7 +244,7 @@ class KVMemEngine(WorkspaceOps):
             out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture)
             if out.queries is not None:
                 queries.append(out.queries)
-            self._archive(ws, prompt, append_computed(self.view, chunk))
+            self._archive(ws, append_computed(self.view, chunk), prompt.mandatory)
             if e in marks:
                 self.checkpoints.take(ids[:e], ws.id)
             if self.prefill_progress is not None:
@@ -266,9 +266,11 @@ class KVMemEngine(WorkspaceOps):
             self.adapter.drop(pos, pos + bt)
             self._counts["blocks_dropped"] += 1
 
-    def _archive(self, ws: Workspace, prompt: Prompt, blocks: Sequence[int]) -> None:
-        """Export newly completed blocks from the view into the store (host tier, NVMe by policy)."""
+    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = ()) -> None:
+        """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
+        overlapping the ``mandatory`` token ranges are tagged so."""
         bt = self.layout.block_tokens
+        tagged = overlapping(mandatory, max(blocks, default=-1) + 1, bt)
         for b in blocks:
             if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
                 continue
@@ -278,7 +280,7 @@ class KVMemEngine(WorkspaceOps):
             parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
             assert len(ws.hashes) == b, "blocks must be archived in order"
             summary = self._summarize(kv, pos)
-            tags = frozenset({MANDATORY_TAG}) if overlapping(prompt.mandatory, b + 1, bt)[b] else frozenset()
+            tags = frozenset({MANDATORY_TAG}) if tagged[b] else frozenset()
             meta = BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), summary, tags)
             self.store.append(ws.id, meta, kv)
             self._counts["blocks_stored"] += 1
@@ -376,12 +378,12 @@ class KVMemEngine(WorkspaceOps):
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
         except where the view must make room, which drops only archived blocks."""
         self.last_logits = logits
-        mode, adapter, no_spans = self._mode(cfg), self.adapter, Prompt([], 0)
+        mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
 
         def advance(token: int) -> np.ndarray:
             if adapter.view_free() < 1:
-                self._archive(ws, no_spans, pending)
+                self._archive(ws, pending)
                 pending.clear()
                 self._make_room(cfg, mode, 1)
             out = adapter.forward([token], [self.view.next_pos])
