@@ -165,8 +165,15 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
     ]
     width = max(len(name) for name in sources)
     for name, value in config.describe().items():
-        lines.append(f"  {name:<{width}}  {value!s:<24} ({sources[name]})")
+        lines.append(f"  {name:<{width}}  {_knob_text(value):<24} ({sources[name]})")
     return "\n".join(lines)
+
+
+def _knob_text(value: Any) -> str:
+    """A knob's value the way its flag takes it: switches read on/off, unset ones none."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
 
 
 def _ui_dir(args: argparse.Namespace) -> Path | None:

