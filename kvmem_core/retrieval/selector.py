@@ -189,11 +189,8 @@ class _Picker:
         self.chosen = np.zeros(len(spans), dtype=bool)
         self.mandatory: tuple[int, ...] = ()
         self.expanded: list[int] = []
-        self._members: dict[int, list[int]] = {}
-        for i, g in enumerate(spans.groups):
-            if g >= 0:
-                self._members.setdefault(int(g), []).append(i)
-        self._turns: dict[int, list[int]] = {}
+        self._members = _members_by_group(spans.groups)
+        self._turns = _members_by_group(spans.turns) if spans.turns is not None else {}
         self._smallest = int(spans.n_tokens.min()) if len(spans) else 0
 
     def take_mandatory(self, mask: np.ndarray, budget: int, tail_tokens: int) -> None:
@@ -233,7 +230,7 @@ class _Picker:
             return unit
         taken = set(unit)
         for g in sorted({int(turns[u]) for u in unit} - {-1}):
-            members = self._turns.setdefault(g, [int(i) for i in np.flatnonzero(turns == g)])
+            members = self._turns[g]
             if self._need(members) <= cap:
                 taken.update(members)
             else:
@@ -270,3 +267,12 @@ class _Picker:
         blocks = tuple(int(i) for i in np.flatnonzero(self.chosen))
         tokens = int(self.spans.n_tokens[list(blocks)].sum()) if blocks else 0
         return Selection(blocks, tokens, tail_tokens, self.mandatory, tuple(sorted(self.expanded)), method)
+
+
+def _members_by_group(labels: np.ndarray) -> dict[int, list[int]]:
+    """Block indexes per group label, in order (label -1: in no group)."""
+    out: dict[int, list[int]] = {}
+    for i, g in enumerate(labels.tolist()):
+        if g >= 0:
+            out.setdefault(g, []).append(i)
+    return out
