@@ -34,6 +34,7 @@ from kvmem_core.workspace_ops import WorkspaceOps
 
 log = logging.getLogger("kvmem.engine")
 MAX_QUERY_TOKENS = 512
+QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its cost grows with rows x workspace
 PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
@@ -227,7 +228,7 @@ class KVMemEngine(WorkspaceOps):
     def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
                  cached: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
-        ids, q0 = prompt.ids, _query_start(prompt)
+        ids, q0 = prompt.ids, _scoring_start(prompt)
         queries, out = [], None
         marks: tuple[int, ...] = ()
         if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
@@ -396,5 +397,11 @@ class KVMemEngine(WorkspaceOps):
 
 
 def _query_start(prompt: Prompt) -> int:
-    """First token whose query features retrieval scores with (the last user turn, capped)."""
+    """First token of the step's query (the last user turn, capped): prefilled every step, never reused."""
     return max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)
+
+
+def _scoring_start(prompt: Prompt) -> int:
+    """First token whose query features retrieval scores with: the query's last ``QUERY_WINDOW`` tokens (an
+    agent's turn may be a long tool result; what it asks is at its end)."""
+    return max(_query_start(prompt), len(prompt.ids) - QUERY_WINDOW)

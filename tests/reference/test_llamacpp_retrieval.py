@@ -73,3 +73,26 @@ def test_an_oracle_selection_puts_the_named_block_in_view(engine):
     assert PASSKEY in oracle.text
     with pytest.raises(ConfigError, match="kvmem.blocks"):
         engine.step(chat(TRANSCRIPT, blocks=(10_000,)), lambda piece: True)
+
+
+def test_a_long_last_turn_scores_with_its_last_tokens(engine, monkeypatch):
+    """A turn that pastes a long log before its question: the query's last QUERY_WINDOW tokens score (their
+    cost grows with rows x workspace), and they hold the question."""
+    from kvmem_core.engine import QUERY_WINDOW
+
+    question = f"Here is the build log: {filler(4, 12)} What is the secret passkey? Reply with the number."
+    transcript = [*TRANSCRIPT[:-1], {"role": "user", "content": question}]
+    assert len(engine.tokenize(question)) > QUERY_WINDOW
+    scored, forward = [], engine.adapter.forward
+
+    def counting(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        scored.append(0 if out.queries is None else out.queries.shape[1])
+        return out
+
+    monkeypatch.setattr(engine.adapter, "forward", counting)
+    text = engine.adapter.render_chat(transcript)
+    key_block = len(engine.tokenize(text[:text.index(PASSKEY)])) // CFG.block_tokens
+    found = engine.step(chat(transcript, max_tokens=12), lambda piece: True)
+    assert sum(scored) == QUERY_WINDOW
+    assert key_block in found.selection["blocks"] and PASSKEY in found.text

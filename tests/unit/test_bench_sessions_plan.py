@@ -121,7 +121,7 @@ def test_help_names_the_default_model_and_the_quick_runs_time() -> None:
     text = " ".join(parser.format_help().split())
     assert "qwen2.5-coder-0.5b, the default" in text
     assert "the small run: 16 sessions of 4096 tokens, view budget 512, methods" in text
-    assert f"about {QUICK.minutes(4)} minutes on 2 CPU cores" in text
+    assert f"about {QUICK.minutes(4)} minutes on 2 idle CPU cores" in text
 
 
 def test_the_servers_it_starts_get_the_model_and_backend_it_was_given() -> None:

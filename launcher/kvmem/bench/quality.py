@@ -200,8 +200,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     quick = (f"{len(QUICK.session_sizes())} sessions of {'/'.join(map(str, QUICK.sizes))} tokens, view budget "
              f"{'/'.join(str(QUICK.budget(s)) for s in QUICK.sizes)}, methods {','.join(m.label for m in QUICK_METHODS)}"
-             f"; about {QUICK.minutes(len(QUICK_METHODS))} minutes on 2 CPU cores with the default model (one "
-             f"{QUICK.sizes[0]}-token prefill per session at ~150 tok/s, then a few seconds per method); without it: "
+             f"; about {QUICK.minutes(len(QUICK_METHODS))} minutes on 2 idle CPU cores with the default model (one "
+             f"{QUICK.sizes[0]}-token prefill per session at ~150 tok/s, then a few seconds per method; about 20 with "
+             f"other work on the second core); without it: "
              f"{len(FULL.session_sizes())} sessions of {FULL.sizes[0]}-{FULL.sizes[-1]} tokens, every method, hours")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--quick", action="store_true", help=f"the small run: {quick}")
