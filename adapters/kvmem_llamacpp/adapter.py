@@ -33,16 +33,21 @@ class LlamaCppAdapter:
 
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
-                 flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None) -> None:
+                 flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None,
+                 capture_context: bool = False) -> None:
         """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says;
-        ``chat_template`` replaces the model's own."""
+        ``chat_template`` replaces the model's own. ``capture_context`` captures queries in a second context,
+        so the view's own context runs without an eval callback (``_copy_view`` says what each costs)."""
         path = Path(model_path)
         init_backend()
         self.model = LlamaModel(path, n_gpu_layers=resolve_gpu_layers(n_gpu_layers, can_offload()))
         m = self.model
         self.capture = QueryCapture(m.n_layer, m.n_head, m.head_dim)
-        self.ctx = LlamaContext(m, view_tokens, resolve_threads(n_threads, n_threads_batch), n_batch=n_batch,
-                                flash_attn=flash_attn, f32_cache=f32_cache, gate=self.capture.gate)
+        threads = resolve_threads(n_threads, n_threads_batch)
+        self.ctx = LlamaContext(m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn, f32_cache=f32_cache,
+                                gate=None if capture_context else self.capture.gate)
+        self._capture_ctx = LlamaContext(m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
+                                         f32_cache=f32_cache, gate=self.capture.gate) if capture_context else None
         self.placement = describe(m.n_gpu_layers, m.n_layer)
         self.model_path = str(path)
         self.model_id = path.stem
@@ -107,24 +112,30 @@ class LlamaCppAdapter:
                 capture_from: int | None = None) -> ForwardOut:
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
+        ctx = self.ctx if capture_from is None or self._capture_ctx is None else self._capture_ctx
         if capture_from is not None:
             self.capture.arm()
-        step = self.ctx.n_batch
+        if ctx is not self.ctx:
+            _copy_view(self.ctx, ctx)
+        step = ctx.n_batch
         for i in range(0, len(tokens), step):
             last = i + step >= len(tokens)
             if capture_from is not None:
                 self.capture.next_chunk()
-            self.ctx.decode(tokens[i:i + step], positions[i:i + step], LlamaContext.VIEW, want_logits and last)
+            ctx.decode(tokens[i:i + step], positions[i:i + step], LlamaContext.VIEW, want_logits and last)
+        if ctx is not self.ctx:
+            _copy_view(ctx, self.ctx)
         self._view.update(int(p) for p in positions)
         queries = self.capture.take(capture_from) if capture_from is not None else None
-        return ForwardOut(self.ctx.last_logits() if want_logits else None, queries)
+        return ForwardOut(ctx.last_logits() if want_logits else None, queries)
 
     def view_free(self) -> int:
         return self.ctx.n_ctx - len(self._view)
 
     def set_threads(self, threads: Threads) -> None:
         """Compute with other thread counts from the next forward on (``kvmem bench speed``'s thread sweep)."""
-        self.ctx.set_threads(threads)
+        for ctx in self._contexts():
+            ctx.set_threads(threads)
 
     # ---- blocks -----------------------------------------------------------------------
 
@@ -185,8 +196,20 @@ class LlamaCppAdapter:
         self._view.clear()
 
     def close(self) -> None:
-        self.ctx.close()
+        for ctx in self._contexts():
+            ctx.close()
         self.model.close()
+
+    def _contexts(self) -> list[LlamaContext]:
+        return [self.ctx] if self._capture_ctx is None else [self.ctx, self._capture_ctx]
+
+
+def _copy_view(src: LlamaContext, dst: LlamaContext) -> None:
+    """Make ``dst``'s view the same cells as ``src``'s (the blob restores bit for bit). With any eval callback set,
+    llama.cpp's scheduler computes each split as a graph view and synchronizes after it, which costs a small
+    model ~10% of its GPU decode speed; the capture context keeps that off the view's own context."""
+    state = src.get_state(LlamaContext.VIEW)
+    dst.set_state(LlamaContext.VIEW, np.frombuffer(state, dtype=np.uint8), len(state))
 
 
 def _raise_template_error(message: str) -> None:

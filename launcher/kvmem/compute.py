@@ -1,6 +1,6 @@
 """The engine's compute flags: ``--threads`` and ``--threads-batch`` (both backends), ``--n-gpu-layers``
-(llama.cpp), ``--dtype`` (torch: the precision weights and KV are held in; llama.cpp computes in
-its file's own types).
+and ``--capture-context`` (llama.cpp), ``--dtype`` (torch: the precision weights and KV are held in;
+llama.cpp computes in its file's own types).
 
 Each reads its ``KVMEM_*`` variable when not given. Thread counts default to every core this
 process may use (``kvmem_core.threads``); GPU layers to all of them when the llama.cpp build
@@ -19,6 +19,8 @@ from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, parse_count, reso
 
 GPU_LAYERS_ENV = "KVMEM_N_GPU_LAYERS"
 DTYPE_ENV = "KVMEM_DTYPE"
+CAPTURE_CONTEXT_ENV = "KVMEM_CAPTURE_CONTEXT"
+SWITCH = ("on", "off")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ALL_LAYERS = -1
 
@@ -34,6 +36,10 @@ def add_compute_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                        help="llama.cpp: layers offloaded to the GPU with their KV cache, -1 all, 0 none (default: all "
                             f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})")
+    group.add_argument("--capture-context", choices=SWITCH, default=None,
+                       help="llama.cpp: capture retrieval queries in a second context, so the view's own decodes "
+                            "without an eval callback (which costs a small model ~10%% of its GPU decode); a "
+                            f"retrieval step then copies the view there and back (default off; env {CAPTURE_CONTEXT_ENV})")
     group.add_argument("--dtype", choices=DTYPES, default=None,
                        help=f"torch: weights and KV precision (default auto: bfloat16 on a GPU, float32 on the CPU; "
                             f"env {DTYPE_ENV})")
@@ -46,6 +52,8 @@ def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -
     opts: dict[str, Any] = {"n_threads": threads.decode, "n_threads_batch": threads.batch}
     if backend == "llama.cpp":
         opts["n_gpu_layers"] = gpu_layers(getattr(args, "n_gpu_layers", None), device)
+        if _switch(getattr(args, "capture_context", None), CAPTURE_CONTEXT_ENV) == "on":
+            opts["capture_context"] = True
     dtype = getattr(args, "dtype", None) or os.environ.get(DTYPE_ENV) or "auto"
     if dtype not in DTYPES:
         raise ConfigError(f"{DTYPE_ENV}={dtype!r}: choose from {', '.join(DTYPES)}")
@@ -77,7 +85,16 @@ def describe_compute(opts: dict[str, Any]) -> str:
     if "n_gpu_layers" not in opts:
         return line
     layers = opts["n_gpu_layers"]
-    return line + f", gpu layers {'auto' if layers is None else 'all' if layers == ALL_LAYERS else layers}"
+    line += f", gpu layers {'auto' if layers is None else 'all' if layers == ALL_LAYERS else layers}"
+    return line + (", capture context" if opts.get("capture_context") else "")
+
+
+def _switch(flag: str | None, env: str) -> str:
+    """An on/off flag, else its variable, else off; ConfigError naming the variable when it holds anything else."""
+    value = flag or os.environ.get(env) or "off"
+    if value not in SWITCH:
+        raise ConfigError(f"{env}={value!r}: choose on or off")
+    return value
 
 
 def _count(flag: str) -> Any:
