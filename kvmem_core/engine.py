@@ -21,7 +21,7 @@ from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
+from kvmem_core.prompt import MAX_QUERY_TOKENS, Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import Thinking, thinking_for
 from kvmem_core.retrieval import (MANDATORY_TAG, BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
                                   make_scorer)
@@ -33,8 +33,6 @@ from kvmem_core.workspace import Route, Workspace
 from kvmem_core.workspace_ops import WorkspaceOps
 
 log = logging.getLogger("kvmem.engine")
-MAX_QUERY_TOKENS = 512
-QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its cost grows with rows x workspace
 PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
@@ -120,7 +118,7 @@ class KVMemEngine(WorkspaceOps):
              on_start: OnStart | None, oracle: Sequence[int] | None, t0: float) -> StepResult:
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
-        limit = min(len(prompt.ids) - 1, _query_start(prompt) if scoring else len(prompt.ids))
+        limit = min(len(prompt.ids) - 1, prompt.query_from if scoring else len(prompt.ids))
         if not scoring and self.view.replayed_from is not None:  # that KV saw a selection, not this step's view
             limit = min(limit, self.view.replayed_from)
         ws, cached = self._open(prompt.ids, limit, Route(request.cache_key, request.workspace_id))
@@ -228,7 +226,7 @@ class KVMemEngine(WorkspaceOps):
     def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
                  cached: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
-        ids, q0 = prompt.ids, _scoring_start(prompt)
+        ids, q0 = prompt.ids, prompt.scored_from
         queries, out = [], None
         marks: tuple[int, ...] = ()
         if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
@@ -395,13 +393,3 @@ class KVMemEngine(WorkspaceOps):
                                    steer)
         return text, ids, finish, pending
 
-
-def _query_start(prompt: Prompt) -> int:
-    """First token of the step's query (the last user turn, capped): prefilled every step, never reused."""
-    return max(prompt.query_start, len(prompt.ids) - MAX_QUERY_TOKENS)
-
-
-def _scoring_start(prompt: Prompt) -> int:
-    """First token whose query features retrieval scores with: the query's last ``QUERY_WINDOW`` tokens (an
-    agent's turn may be a long tool result; what it asks is at its end)."""
-    return max(_query_start(prompt), len(prompt.ids) - QUERY_WINDOW)

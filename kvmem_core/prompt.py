@@ -28,6 +28,8 @@ from kvmem_core.groups import Span, covered, token_groups
 from kvmem_core.layout import BlockLayout
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
+MAX_QUERY_TOKENS = 512
+QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its cost grows with rows x workspace
 MAX_MESSAGES = 4096  # per request: an agent's transcript has hundreds; a flood of tiny ones only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
@@ -47,6 +49,18 @@ class Prompt:
     messages: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
     pinned: tuple[Span, ...] = ()
+
+    @property
+    def query_from(self) -> int:
+        """First token of the step's query (the last user turn, at most ``MAX_QUERY_TOKENS``): prefilled every
+        step, never reused from the cache."""
+        return max(self.query_start, len(self.ids) - MAX_QUERY_TOKENS)
+
+    @property
+    def scored_from(self) -> int:
+        """First token whose query features retrieval scores with: the query's last ``QUERY_WINDOW`` tokens (an
+        agent's turn may be a long tool result; what it asks is at its end)."""
+        return max(self.query_from, len(self.ids) - QUERY_WINDOW)
 
 
 def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:

@@ -78,7 +78,7 @@ def test_an_oracle_selection_puts_the_named_block_in_view(engine):
 def test_a_long_last_turn_scores_with_its_last_tokens(engine, monkeypatch):
     """A turn that pastes a long log before its question: the query's last QUERY_WINDOW tokens score (their
     cost grows with rows x workspace), and they hold the question."""
-    from kvmem_core.engine import QUERY_WINDOW
+    from kvmem_core.prompt import QUERY_WINDOW
 
     question = f"Here is the build log: {filler(4, 12)} What is the secret passkey? Reply with the number."
     transcript = [*TRANSCRIPT[:-1], {"role": "user", "content": question}]
