@@ -160,6 +160,7 @@ class LlamaContext:
         if not self.ptr:
             raise UnsupportedModelError("llama.cpp could not create a context for this model")
         self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.n_batch = L.llama_n_batch(self.ptr)  # llama.cpp caps it at the n_ctx asked for (before padding n_ctx up)
         self.mem = L.llama_get_memory(self.ptr)
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self._state = np.empty(0, dtype=np.uint8)

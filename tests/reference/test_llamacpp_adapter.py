@@ -96,3 +96,17 @@ def test_query_capture_is_pre_rope(adapter, ids):
     assert a.shape == (30, 10, 9, 64) and a.dtype == np.float32
     assert np.array_equal(a[0], b[0])  # layer 0 sees the tokens only: no position in its queries
     assert not np.array_equal(a[5], b[5])  # deeper layers attended over rotated keys
+
+
+def test_a_view_under_one_batch_forwards_all_its_cells():
+    """llama.cpp pads a 448-cell context to 512 cells but caps its batch at the 448 asked for: forwards follow
+    the cap (a larger batch aborts the process inside llama_decode)."""
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    small = LlamaCppAdapter(model_path(), view_tokens=448, block_tokens=64, n_threads=1)
+    try:
+        assert small.ctx.n_batch == 448 < small.view_free()
+        ids = small.tokenize(PARAGRAPH * 8)[:480]
+        assert small.forward(ids, list(range(len(ids)))).logits is not None
+    finally:
+        small.close()
