@@ -114,19 +114,19 @@ class LlamaCppAdapter:
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         ctx = self.ctx if capture_from is None or self._capture_ctx is None else self._capture_ctx
         if capture_from is not None:
-            self.capture.arm()
+            self.capture.arm(len(tokens), capture_from)
         if ctx is not self.ctx:
             _copy_view(self.ctx, ctx)
         step = ctx.n_batch
         for i in range(0, len(tokens), step):
             last = i + step >= len(tokens)
             if capture_from is not None:
-                self.capture.next_chunk()
+                self.capture.next_chunk(min(step, len(tokens) - i))
             ctx.decode(tokens[i:i + step], positions[i:i + step], LlamaContext.VIEW, want_logits and last)
         if ctx is not self.ctx:
             _copy_view(ctx, self.ctx)
         self._view.update(int(p) for p in positions)
-        queries = self.capture.take(capture_from) if capture_from is not None else None
+        queries = self.capture.take() if capture_from is not None else None
         return ForwardOut(ctx.last_logits() if want_logits else None, queries)
 
     def view_free(self) -> int:

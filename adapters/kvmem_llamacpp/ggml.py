@@ -90,13 +90,13 @@ def op_id(name: str) -> int:
     return next(i for i in range(256) if _base().ggml_op_name(i) == name.encode())
 
 
-def read_f32(t: GgmlTensor, t_ptr: int, rows: int, width: int) -> np.ndarray:
-    """A contiguous f32 tensor's first ``rows * width`` values as a new [rows, width] array, wherever its
-    buffer lives (host or device memory)."""
+def read_rows(t: GgmlTensor, t_ptr: int, first: int, out: np.ndarray) -> None:
+    """Copy rows ``first:first + len(out)`` of a contiguous f32 tensor whose rows are ``out``'s width into
+    ``out`` (a C-contiguous float32 [rows, width] array), wherever its buffer lives (host or device memory)."""
     assert t.type == GGML_TYPE_F32 and _is_contiguous(t), "expected a contiguous f32 tensor"
-    out = np.empty((rows, width), dtype=np.float32)
-    _base().ggml_backend_tensor_get(t_ptr, out.ctypes.data, 0, out.nbytes)
-    return out
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.ndim == 2
+    assert (first + out.shape[0]) * out.shape[1] <= t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3], "rows past the tensor"
+    _base().ggml_backend_tensor_get(t_ptr, out.ctypes.data, first * out.shape[1] * 4, out.nbytes)
 
 
 def _is_contiguous(t: GgmlTensor) -> bool:

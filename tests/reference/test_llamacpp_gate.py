@@ -54,6 +54,24 @@ def test_native_gate_and_python_fallback_capture_the_same_queries(monkeypatch: p
     assert np.array_equal(native, fallback)
 
 
+def test_capture_reads_only_the_rows_asked_for_across_batches() -> None:
+    """A forward split into 64-token batches, captured from token 100 (inside the second batch): its rows equal the
+    same forward's captured from 0 (same batches, so the same arithmetic)."""
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    a = LlamaCppAdapter(model_path(), view_tokens=256, block_tokens=64, n_gpu_layers=0, n_batch=64)
+    try:
+        ids = a.tokenize(PARAGRAPH * 12)[:200]
+        assert len(ids) == 200
+        whole = a.forward(ids, list(range(200)), capture_from=0).queries
+        a.clear_view()
+        part = a.forward(ids, list(range(200)), capture_from=100).queries
+    finally:
+        a.close()
+    assert whole.shape == (30, 200, 9, 64) and part.shape == (30, 100, 9, 64)
+    assert np.array_equal(part, whole[:, 100:])
+
+
 def test_thread_counts_reach_the_context() -> None:
     import llama_cpp as L
 
