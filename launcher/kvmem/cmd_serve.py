@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
 from kvmem.compute import add_compute_flags, compute_opts, describe_compute
-from kvmem.flags import add_chat_template_flag, add_kvmem_flags, add_list_flag, chat_template_opts, resolve_config
+from kvmem.flags import (add_chat_template_flag, add_kvmem_flags, add_list_flag, chat_template_opts, resolve_config,
+                         show_value)
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
@@ -165,15 +166,8 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
     ]
     width = max(len(name) for name in sources)
     for name, value in config.describe().items():
-        lines.append(f"  {name:<{width}}  {_knob_text(value):<24} ({sources[name]})")
+        lines.append(f"  {name:<{width}}  {show_value(value):<24} ({sources[name]})")
     return "\n".join(lines)
-
-
-def _knob_text(value: Any) -> str:
-    """A knob's value the way its flag takes it: switches read on/off, unset ones none."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "none" if value is None else str(value)
 
 
 def _ui_dir(args: argparse.Namespace) -> Path | None:

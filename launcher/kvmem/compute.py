@@ -14,13 +14,13 @@ import argparse
 import os
 from typing import Any
 
+from kvmem.flags import parse_switch
 from kvmem_core.errors import ConfigError
 from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, parse_count, resolve_threads, usable_cores
 
 GPU_LAYERS_ENV = "KVMEM_N_GPU_LAYERS"
 DTYPE_ENV = "KVMEM_DTYPE"
 CAPTURE_CONTEXT_ENV = "KVMEM_CAPTURE_CONTEXT"
-SWITCH = ("on", "off")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ALL_LAYERS = -1
 
@@ -36,7 +36,7 @@ def add_compute_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                        help="llama.cpp: layers offloaded to the GPU with their KV cache, -1 all, 0 none (default: all "
                             f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})")
-    group.add_argument("--capture-context", choices=SWITCH, default=None,
+    group.add_argument("--capture-context", type=parse_switch, default=None, metavar="{on,off}",
                        help="llama.cpp: capture retrieval queries in a second context, so the view's own decodes "
                             "without an eval callback (which costs a small model ~10%% of its GPU decode); a "
                             f"retrieval step then copies the view there and back (default off; env {CAPTURE_CONTEXT_ENV})")
@@ -52,7 +52,7 @@ def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -
     opts: dict[str, Any] = {"n_threads": threads.decode, "n_threads_batch": threads.batch}
     if backend == "llama.cpp":
         opts["n_gpu_layers"] = gpu_layers(getattr(args, "n_gpu_layers", None), device)
-        if _switch(getattr(args, "capture_context", None), CAPTURE_CONTEXT_ENV) == "on":
+        if capture_context(getattr(args, "capture_context", None)):
             opts["capture_context"] = True
     dtype = getattr(args, "dtype", None) or os.environ.get(DTYPE_ENV) or "auto"
     if dtype not in DTYPES:
@@ -89,12 +89,16 @@ def describe_compute(opts: dict[str, Any]) -> str:
     return line + (", capture context" if opts.get("capture_context") else "")
 
 
-def _switch(flag: str | None, env: str) -> str:
-    """An on/off flag, else its variable, else off; ConfigError naming the variable when it holds anything else."""
-    value = flag or os.environ.get(env) or "off"
-    if value not in SWITCH:
-        raise ConfigError(f"{env}={value!r}: choose on or off")
-    return value
+def capture_context(flag: bool | None) -> bool:
+    """``--capture-context``, else ``KVMEM_CAPTURE_CONTEXT``, else off; ConfigError naming the variable when it
+    holds neither on nor off."""
+    raw = os.environ.get(CAPTURE_CONTEXT_ENV)
+    if flag is not None or not raw:
+        return bool(flag)
+    try:
+        return parse_switch(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{CAPTURE_CONTEXT_ENV}={raw!r}: {exc}") from None
 
 
 def _count(flag: str) -> Any:

@@ -43,7 +43,8 @@ def _choice(choices: tuple[str, ...], aliases: tuple[str, ...] = ()) -> Callable
     return parse
 
 
-def _switch(text: str) -> bool:
+def parse_switch(text: str) -> bool:
+    """``on`` or ``off`` as a bool; argparse.ArgumentTypeError for anything else."""
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError("choose from on, off")
     return text == "on"
@@ -65,7 +66,7 @@ KNOBS = (
     Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),
     Knob("retention", "--kvmem-retention", _choice(RETENTIONS)),
     Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
-    Knob("groups", "--kvmem-groups", _switch),
+    Knob("groups", "--kvmem-groups", parse_switch),
     Knob("relevance", "--kvmem-relevance", float),
 )
 
@@ -77,7 +78,7 @@ def add_kvmem_flags(parser: argparse.ArgumentParser) -> None:
         default = getattr(_DEFAULTS, knob.field)
         group.add_argument(
             knob.flag, dest=knob.dest, type=knob.parse, default=None, metavar=knob.field.upper(),
-            help=f"{FIELD_HELP[knob.field]} (default: {_show(default)}; env {knob.env})",
+            help=f"{FIELD_HELP[knob.field]} (default: {show_value(default)}; env {knob.env})",
         )
 
 
@@ -142,7 +143,8 @@ def chat_template_opts(args: argparse.Namespace) -> dict[str, str]:
         raise ConfigError(f"--chat-template {path}: {exc}") from None
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A knob's value as help and ``--dry-run`` print it: switches on/off, unset ones ``unset``."""
     if value is None:
         return "unset"
     if isinstance(value, bool):

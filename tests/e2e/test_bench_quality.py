@@ -95,3 +95,24 @@ def test_the_command_prints_the_contract_as_its_last_line(server: LiveServer, tm
                                                    "accuracy_vs_depth.png"}
     detail = json.loads((tmp_path / "quality.json").read_text())
     assert len(detail["outcomes"]) == 3 and detail["plan"]["grid"][0][0] == 4096 and detail["chars_per_token"] > 2
+
+
+def test_an_interrupted_run_writes_the_sessions_it_finished(server: LiveServer, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from kvmem.bench import quality
+
+    def stop_after_the_first(line: str) -> None:
+        if line.startswith("[1/"):
+            raise KeyboardInterrupt  # as Ctrl-C (or SIGTERM, sigterm_as_interrupt) would, mid-run
+
+    parser = argparse.ArgumentParser()
+    quality.add_arguments(parser)
+    args = parser.parse_args(["--url", server.url, "--quick", "--limit", "2", "--methods", "recent",
+                              "--out", str(tmp_path)])
+    monkeypatch.setattr(quality, "_log", stop_after_the_first)
+    assert quality.run(args) == 130
+    detail = json.loads((tmp_path / "quality.json").read_text())
+    assert detail["complete"] is False and detail["model"].startswith("SmolLM2") and detail["chars_per_token"] > 2
+    assert len(detail["outcomes"]) == 1 and detail["outcomes"][0]["method"] == "recent"

@@ -32,7 +32,7 @@ def test_dry_run_shows_every_knob_with_its_source(server: LiveServer) -> None:
     assert lines["budget"].split()[1:] == ["2048", "(flag)"]
     assert lines["positions"].split()[1:] == ["auto", "(default)"]
     assert lines["groups"].split()[1:] == ["on", "(default)"]  # switches read as their flag takes them
-    assert lines["nvme_dir"].split()[1:] == ["none", "(default)"]
+    assert lines["nvme_dir"].split()[1:] == ["unset", "(default)"]
     assert "backend   llama.cpp" in done.stdout and "device    cpu" in done.stdout
     env_run = LiveServer(server.run_dir, "--dry-run", env={"KVMEM_RECENT_TOKENS": "384"}).command()
     assert "384" in env_run.stdout and "(env)" in env_run.stdout

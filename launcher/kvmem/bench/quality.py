@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,19 +240,19 @@ def run(args: argparse.Namespace) -> int:
     trained = None if args.url else trained_context(args.model or os.environ.get("KVMEM_MODEL"))
     budget = args.full_budget or (0 if trained is None else full_budget(plan.sizes, trained))
     args.out.mkdir(parents=True, exist_ok=True)
-    run_info: dict[str, Any] = {"model": "", "chars_per_token": 0.0}
-    outcomes: list[dict[str, Any]] = []
+    measured = Measured()
     complete = True
     with sigterm_as_interrupt():
         try:
-            measure_all(args, plan, methods, trained, budget, run_info, outcomes)
+            measure_all(args, plan, methods, trained, budget, measured)
         except KeyboardInterrupt:
             complete = False
+    outcomes = measured.outcomes
     if not outcomes:
         return 0 if complete else 130
-    result = {"model": run_info["model"], "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
+    result = {"model": measured.model, "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
     detail = {**result, "complete": complete, "plan": asdict(plan), "seed": args.seed, "trained_ctx": trained,
-              "full_budget": budget, "chars_per_token": run_info["chars_per_token"], "machine": machine(),
+              "full_budget": budget, "chars_per_token": measured.chars_per_token, "machine": machine(),
               "outcomes": outcomes}
     (args.out / "quality.json").write_text(json.dumps(detail, indent=1))
     plots.plot_quality(outcomes, args.out, trained)
@@ -272,20 +272,28 @@ def plan_for(args: argparse.Namespace) -> Plan:
     return plan.only_sizes(args.sizes) if args.sizes else plan
 
 
+@dataclass
+class Measured:
+    """What a run has measured so far: the served model's name, the tokenizer's fit the sessions were sized
+    with, and the outcomes of every finished session (appended as each ends, so an interrupted run keeps them)."""
+
+    model: str = ""
+    chars_per_token: float = 0.0
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+
+
 def measure_all(args: argparse.Namespace, plan: Plan, methods: tuple[Method, ...], trained: int | None,
-                budget: int, run_info: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
-    """Every session of the plan (the first ``--limit``), each on the server of its phase. Sets ``run_info``'s
-    ``model`` (the served name) and ``chars_per_token`` (the tokenizer's fit the sessions were sized with);
-    appends each finished session's outcomes to ``outcomes`` as it ends, so an interrupted run keeps them."""
+                budget: int, measured: Measured) -> None:
+    """Every session of the plan (the first ``--limit``), each on the server of its phase, into ``measured``."""
     sessions: list[Session] = []
     for phase in phases(plan.session_sizes()[:args.limit], trained):
         with _server(args, plan, phase, budget) as api:
-            run_info["model"] = api.model()
+            measured.model = api.model()
             if not sessions:
-                run_info["chars_per_token"] = fit_chars_per_token(api.count_tokens)
-                sessions = plan.sessions(args.seed, run_info["chars_per_token"])[:args.limit]
+                measured.chars_per_token = fit_chars_per_token(api.count_tokens)
+                sessions = plan.sessions(args.seed, measured.chars_per_token)[:args.limit]
             mine = [s for s in sessions if s.target_tokens in phase.sizes]
-            run_all(api, mine, plan, methods, budget, _log, lambda got: outcomes.extend(o.to_dict() for o in got))
+            run_all(api, mine, plan, methods, budget, _log, lambda got: measured.outcomes.extend(o.to_dict() for o in got))
 
 
 def select_methods(spec: str | None, default: tuple[Method, ...] = METHODS) -> tuple[Method, ...]:
