@@ -21,3 +21,19 @@ def decode_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, angl
     group = q.shape[0] // k.shape[1]
     return torch.stack([torch.softmax(k[:, h // group] @ q[h] / hd ** 0.5, 0) @ v[:, h // group]
                         for h in range(q.shape[0])])
+
+
+def gated_heads_model(dtype: torch.dtype, device: str = "cpu"):
+    """A small random qwen35 whose attention has the 27B head shape (256 wide, rotary 64: the decode kernels
+    serve it), with norm weights away from 1 so that every norm matters."""
+    from kvmem_torch.bench import qwen35_spec
+    from kvmem_torch.model import Model
+    from kvmem_torch.tiny import random_weights
+
+    spec = qwen35_spec("tiny")
+    weights = random_weights(spec, dtype, device, 0, std=0.1)
+    for name, t in weights.items():
+        if "norm" in name:
+            noise = torch.randn(t.shape, generator=torch.Generator().manual_seed(len(name)))
+            t.add_(0.5 * noise.to(t.device, t.dtype))
+    return Model(spec, weights)

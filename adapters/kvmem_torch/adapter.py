@@ -34,13 +34,14 @@ class TorchAdapter:
     """One model (GGUF file or HF directory) and its view of ``view_tokens`` cells."""
 
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
-                 device: str | None = None, dtype: torch.dtype | str | None = None, prefill_chunk: int = 512,
+                 device: str | None = None, dtype: torch.dtype | str | None = None, prefill_chunk: int | None = None,
                  cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
                  n_threads_batch: int | None = None, loaded: Loaded | None = None) -> None:
         """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``dtype`` (a torch dtype
         or its name; None: bfloat16 on CUDA, float32 elsewhere) holds weights and KV. ``loaded``: spec,
         weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
-        weights); ``model_path`` then only names the model."""
+        weights); ``model_path`` then only names the model. ``prefill_chunk``: most tokens per forward (None:
+        ``prefill_chunk_for(device)``)."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = resolve_threads(n_threads, n_threads_batch)
         self._on_cpu = device == "cpu"
@@ -55,7 +56,7 @@ class TorchAdapter:
         self.stager = BlockStager(self.runner.cache)
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
                                   block_tokens, _DTYPE_NAMES[dtype])
@@ -164,6 +165,12 @@ class TorchAdapter:
     def close(self) -> None:
         self.stager.wait()
         del self.runner, self.model
+
+
+def prefill_chunk_for(device: str) -> int:
+    """Tokens per prefill forward: 4096 on a GPU, where larger GEMMs and fewer passes over the view's keys pay
+    (measured at the 27B shape, docs/torch.md); 512 on the CPU, where they do not."""
+    return 4096 if device.startswith("cuda") else 512
 
 
 def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> Loaded:

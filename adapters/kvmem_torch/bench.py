@@ -2,7 +2,9 @@
 
 ``python -m kvmem_torch.bench --shape 27b --views 4096,32768`` prints one JSON object:
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
-writes) and decode / prefill speed next to the bandwidth floor of the bytes each step reads.
+writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
+from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
+measured in the same run).
 ``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
 tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
@@ -16,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvmem_torch.adapter import TorchAdapter
+from kvmem_torch.adapter import TorchAdapter, prefill_chunk_for
 from kvmem_torch.gguf_file import GGUFFile
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
@@ -100,6 +102,35 @@ def bandwidths(block_bytes: int) -> dict[str, float]:
     return {"hbm_copy_GBps": hbm, "pinned_h2d_GBps": h2d, "pinned_block_copies_GBps": k * block_bytes / timed(blocks, 3) / GB}
 
 
+def gemm_tflops(n: int = 8192) -> float:
+    """bf16 matmul throughput of this GPU (an n×n×n product), TFLOP/s: the compute floor's rate."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return 2 * n ** 3 / timed(lambda: a @ b, 10) / 1e12
+
+
+def prefill_flops(model: Model, n_tokens: int) -> float:
+    """FLOPs of prefilling ``n_tokens`` from empty: each token through every layer matrix, plus causal
+    attention (QK and PV over the keys before it). The LM head runs for the last token only."""
+    s = model.spec
+    params = sum(w.numel() for _, _, ws in model.layers for w in ws.values() if w.dim() == 2)
+    attention = 4 * s.n_heads * s.head_dim * n_tokens * (n_tokens + 1) / 2 * len(s.attention_layers)
+    return 2 * params * n_tokens + attention
+
+
+def prefill_speed(runner: Runner, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
+    """Prefill ``n_tokens`` random ids from empty in ``chunk``-token forwards, against the compute floor."""
+    runner.clear()
+    ids = torch.randint(0, runner.model.spec.vocab_size, (n_tokens,)).tolist()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    runner.prefill(ids, list(range(n_tokens)), chunk=chunk)
+    torch.cuda.synchronize()
+    sec = time.perf_counter() - t
+    runner.clear()
+    floor = prefill_flops(runner.model, n_tokens) / (tflops * 1e12)
+    return {"s": sec, "tok_s": n_tokens / sec, "floor_s": floor, "fraction_of_floor": floor / sec}
+
+
 def staging(runner: Runner, n_blocks: int) -> dict[str, float]:
     """Blocks inserted through the stager from pageable host tensors (host memcpy included), GB/s."""
     cache, stager = runner.cache, BlockStager(runner.cache)
@@ -172,8 +203,9 @@ def hf_decode_ms(spec: ModelSpec, prompt: int = 512, new: int = 16) -> float:
     return (many - one) / new * 1e3
 
 
-def profile(runner: Runner, n_view: int) -> str:
-    """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and one 2048-token prefill chunk."""
+def profile(runner: Runner, n_view: int, chunk: int) -> str:
+    """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and one ``chunk``-token prefill forward after
+    another."""
     from torch.profiler import ProfilerActivity, profile as prof
 
     graphs, runner.use_graphs = runner.use_graphs, False
@@ -184,13 +216,13 @@ def profile(runner: Runner, n_view: int) -> str:
         torch.cuda.synchronize()
     decode = p.key_averages().table(sort_by="cuda_time_total", row_limit=14)
     runner.clear()
-    runner.forward([1] * 2048, list(range(2048)))
+    runner.forward([1] * chunk, list(range(chunk)))
     with prof(activities=[ProfilerActivity.CUDA]) as p:
-        runner.forward([1] * 2048, list(range(2048, 4096)))
+        runner.forward([1] * chunk, list(range(chunk, 2 * chunk)))
         torch.cuda.synchronize()
     runner.use_graphs = graphs
     runner.clear()
-    return "decode x3\n" + decode + "\nprefill chunk 2048 at 2048\n" + p.key_averages().table(
+    return "decode x3\n" + decode + f"\nprefill chunk {chunk} at {chunk}\n" + p.key_averages().table(
         sort_by="cuda_time_total", row_limit=14)
 
 
@@ -199,7 +231,10 @@ def main() -> None:
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
     ap.add_argument("--views", default="4096,32768")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--prefill", type=int, default=4096)
+    ap.add_argument("--prefill", default="8192,16384,32768,65536", help="prefill sizes from empty (tokens)")
+    ap.add_argument("--chunk", type=int, default=prefill_chunk_for("cuda"), help="tokens per prefill forward")
+    ap.add_argument("--chunks", default="", help="also prefill --chunk-at tokens with each of these chunk sizes")
+    ap.add_argument("--chunk-at", type=int, default=32768)
     ap.add_argument("--profile", help="write a kernel profile to this file")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers generate on the same shape")
     args = ap.parse_args()
@@ -208,7 +243,8 @@ def main() -> None:
     model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
     weights = weight_bytes(model)
     out: dict[str, object] = {"shape": args.shape, "weights_GB": weights / GB, "build_s": time.perf_counter() - t}
-    runner = Runner(model, max(views) // 128 + 4, 128)
+    longest = max([*views, *(int(p) for p in args.prefill.split(",")), args.chunk_at])
+    runner = Runner(model, longest // 128 + 4, 128)
     out |= bandwidths(runner.cache.block_nbytes) | staging(runner, 64)
     kv_per_token = runner.cache.block_nbytes / 128
     for n in views:
@@ -225,16 +261,14 @@ def main() -> None:
     out[f"decode_{views[0]}_eager_ms"] = decode_speed(runner, views[0], 4) * 1e3
     runner.use_graphs = True
     runner.clear()
-    ids = torch.randint(0, spec.vocab_size, (args.prefill,)).tolist()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    runner.prefill(ids, list(range(args.prefill)), chunk=2048)
-    torch.cuda.synchronize()
-    out["prefill_tok_s"] = args.prefill / (time.perf_counter() - t)
-    runner.clear()
+    out["bf16_gemm_TFLOPs"] = tflops = gemm_tflops()
+    for n in (int(p) for p in args.prefill.split(",")):
+        out[f"prefill_{n}"] = prefill_speed(runner, n, args.chunk, tflops)
+    for chunk in (int(c) for c in args.chunks.split(",") if c):
+        out[f"prefill_{args.chunk_at}_chunk_{chunk}"] = prefill_speed(runner, args.chunk_at, chunk, tflops)
     if args.profile:
         with open(args.profile, "w") as f:
-            f.write(profile(runner, views[0]))
+            f.write(profile(runner, views[0], args.chunk))
     print(json.dumps(out, indent=1), flush=True)
     if args.hf:
         del runner, model

@@ -3,9 +3,14 @@
 Per sequence each layer keeps a fixed-size state: the conv tail [conv_dim, kernel-1] in the
 run dtype and the recurrent matrix [v_heads, k_dim, v_dim] in fp32. Prefill runs the
 chunked (WY) form of the delta rule, decode the recurrent one; both update the state in
-place so decode can be graph-captured.
+place so decode can be graph-captured. On CUDA, prefill runs flash-linear-attention's chunked
+kernels when the package (``fla-core``, the ``cuda`` extra) is installed: the torch form loops
+over 64-token chunks in Python, a few kernels per chunk and layer.
 """
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +70,29 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return out.reshape(h, n * chunk, dv)[:, :T]
 
 
+@functools.cache
+def fla_chunked_rule() -> Callable | None:
+    """flash-linear-attention's ``chunk_gated_delta_rule``, or None when it is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor) -> torch.Tensor:
+    """The chunked rule through flash-linear-attention, from the conv outputs as they are (no head repeat: its
+    value heads share key heads as ``repeat_interleave`` does). q,k [T, nk, dk] (L2-normalized in the
+    kernel, q scaled by dk^-1/2 there), v [T, nv, dv], g/beta [T, nv] fp32, state [nv, dk, dv] fp32
+    (updated). -> [T, nv, dv] in v's dtype."""
+    out, final = fla_chunked_rule()(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
+                                    initial_state=state[None], output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True)
+    state.copy_(final[0])
+    return out[0]
+
+
 class DeltaNet:
     """One Gated DeltaNet layer; ``__call__`` reads and updates (conv, recurrent) state in place."""
 
@@ -74,6 +102,8 @@ class DeltaNet:
         self.conv_dim = spec.conv_dim
         self.sizes = fuse(w, ("qkv", "z", "b", "a"), "in_fused")
         self.can_fuse = self.fused = kernels.eligible(w["in_fused"].device, self.dk, self.dv)
+        # half-precision runs only: fp32 keeps the exact torch form (the engine's reference runs)
+        self.fla = w["in_fused"].is_cuda and w["in_fused"].dtype != torch.float32 and fla_chunked_rule() is not None
 
     def __call__(self, x: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
         T, w = x.shape[0], self.w
@@ -83,16 +113,23 @@ class DeltaNet:
             return F.linear(core[None], w["out"])
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
-        rep = self.nv // self.nk
+        g, beta = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"]), torch.sigmoid(b.float())
+        if T > 1 and self.fla:
+            core = fla_delta_rule(q.view(T, self.nk, self.dk), k.view(T, self.nk, self.dk),
+                                  v.view(T, self.nv, self.dv), g, beta, rec_state)
+        else:
+            core = self.torch_rule(q, k, v, g, beta, rec_state).to(x.dtype)
+        return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
+
+    def torch_rule(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   rec_state: torch.Tensor) -> torch.Tensor:
+        """The delta rule in torch ops (fp32) from the conv outputs [T, ...]. -> [T, nv, dv] fp32"""
+        T, rep = q.shape[0], self.nv // self.nk
         q = l2norm(q.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk ** -0.5
         k = l2norm(k.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1)
         v = v.float().view(T, self.nv, self.dv)
-        beta = torch.sigmoid(b.float())
-        g = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"])
         rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
-        core = rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state)
-        core = core.transpose(0, 1).to(x.dtype)  # [T, nv, dv]
-        return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
+        return rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state).transpose(0, 1)
 
     def conv(self, mixed: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail."""

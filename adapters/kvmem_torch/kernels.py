@@ -7,9 +7,14 @@ step's shared cos/sin tables, and keeps an online softmax per split of the keys;
 torch epilogue merges the splits. Queries of one GQA group share a program, so K/V rows
 are read once per KV head.
 
+Around it, ``attention_prologue`` does one token's q/k norms, query RoPE and cache writes in one
+kernel, and the split merge applies the output gate in the same kernel: about 25 small torch
+kernels per attention layer become three.
+
 DeltaNet: the eager recurrent step is about forty small kernels (conv, norms, gates, three
 batched matmuls, the gated norm); ``deltanet_step`` is one kernel per layer that reads and
-writes each head's fp32 state once.
+writes each head's fp32 state once. ``add_rms_norm`` and ``silu_mul`` fuse the residual add with
+the next norm and the MLP's activation.
 
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
 how the unit tests check it against the eager path).
@@ -113,13 +118,15 @@ def _splits(S: int, n_kv: int) -> tuple[int, int]:
 
 
 def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor, k_off: int, v_off: int,
-                     cos: torch.Tensor, sin: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+                     cos: torch.Tensor, sin: torch.Tensor, n_keys: torch.Tensor,
+                     gate: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·R(pos)k/√d) v for one token over the first ``n_keys`` of the view's slots.
 
     q [heads, hd] already rotated; rows [R, kv, hd] the cache (pre-RoPE K); key_rows [S] the view's
     base rows (``PagedKV.base_rows``), read at ``+ k_off`` (K) and ``+ v_off`` (V); cos/sin [S, rd] for
-    the keys; n_keys a one-element integer tensor (device-side, so a captured graph can vary it).
-    -> [heads, hd] in q's dtype.
+    the keys; n_keys a one-element integer tensor (device-side, so a captured graph can vary it); gate
+    (qwen35's output gate): head h's gate at ``gate[h * 2 * hd:]`` (the fused projection's layout), applied
+    as ``out * sigmoid(gate)``. -> [heads, hd] in q's dtype.
     """
     n_heads, hd = q.shape
     n_kv, S, rd = rows.shape[1], key_rows.shape[0], cos.shape[1]
@@ -133,15 +140,110 @@ def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor
                                     acc, m, l, k_off, v_off, hd ** -0.5, S,
                                     SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd,
                                     RD=rd, BLOCK=BLOCK_N, num_warps=8)
-    return merge_splits(acc, m, l)[:, :G].reshape(n_heads, hd).to(q.dtype)
+    out = torch.empty(n_heads, hd, dtype=q.dtype, device=q.device)
+    _merge_kernel[(n_heads,)](acc, m, l, q if gate is None else gate, out, n_splits, G=G, G_PAD=G_PAD, HD=hd,
+                              GATE_STRIDE=2 * hd, GATED=gate is not None, SB=16, num_warps=4)
+    return out
 
 
-def merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """Combine per-split softmax partials [kv, splits, rows, hd] / [kv, splits, rows] -> [kv, rows, hd].
-    Splits that saw no key carry m = -inf and weigh nothing."""
-    m_max = m.amax(1, keepdim=True)
-    w = torch.exp(m - m_max)  # a split past the view's end has m = -inf: weight 0
-    return (acc * w[..., None]).sum(1) / (l * w).sum(1)[..., None]
+if triton is not None:
+
+    @triton.jit
+    def _merge_kernel(acc_ptr, m_ptr, l_ptr, gate_ptr, out_ptr, n_splits, G: tl.constexpr, G_PAD: tl.constexpr,
+                      HD: tl.constexpr, GATE_STRIDE: tl.constexpr, GATED: tl.constexpr, SB: tl.constexpr):
+        # one query head: its splits' partials weighed by exp(m - max m) (a split that saw no key has m = -inf and
+        # weighs nothing), then the sigmoid output gate, rounded where the torch path rounds
+        hq = tl.program_id(0)
+        kv, g = hq // G, hq % G
+        d, s = tl.arange(0, HD), tl.arange(0, SB)
+        m_max = tl.full((SB,), float("-inf"), tl.float32)
+        for s0 in range(0, n_splits, SB):
+            at = (kv * n_splits + s0 + s) * G_PAD + g
+            m_max = tl.maximum(m_max, tl.load(m_ptr + at, mask=s0 + s < n_splits, other=float("-inf")))
+        m_ref = tl.max(m_max, 0)
+        num = tl.zeros((HD,), tl.float32)
+        den = tl.zeros((SB,), tl.float32)
+        for s0 in range(0, n_splits, SB):
+            valid = s0 + s < n_splits
+            at = (kv * n_splits + s0 + s) * G_PAD + g
+            w = tl.exp(tl.load(m_ptr + at, mask=valid, other=float("-inf")) - m_ref)
+            den += tl.load(l_ptr + at, mask=valid, other=0.0) * w
+            num += tl.sum(tl.load(acc_ptr + at[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
+                          * w[:, None], 0)
+        out = num / tl.sum(den, 0)
+        if GATED:
+            dt = out_ptr.dtype.element_ty
+            gate = tl.sigmoid(tl.load(gate_ptr + hq * GATE_STRIDE + d).to(tl.float32)).to(dt).to(tl.float32)
+            out = out.to(dt).to(tl.float32) * gate
+        tl.store(out_ptr + hq * HD + d, out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _prologue_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, rows_ptr, new_row_ptr, q_out_ptr,
+                         k_off, v_off, eps, NH: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr,
+                         RD: tl.constexpr, Q_STRIDE: tl.constexpr, NORM: tl.constexpr):
+        # programs [0, NH): one query head, RMS-normed (qwen35) and rotated into q_out, rounded where the torch
+        # path rounds; [NH, NH + KV): one kv head, K normed and K/V written to the new token's cache rows
+        # (K pre-RoPE, as the cache holds it)
+        i = tl.program_id(0)
+        d = tl.arange(0, HD)
+        dt = q_out_ptr.dtype.element_ty
+        if i < NH:
+            half = RD // 2
+            rot = d < RD
+            partner = tl.where(rot, tl.where(d < half, d + half, d - half), d)
+            x = tl.load(qkv_ptr + i * Q_STRIDE + d).to(tl.float32)
+            x_p = tl.load(qkv_ptr + i * Q_STRIDE + partner).to(tl.float32)
+            if NORM:
+                r = tl.rsqrt(tl.sum(x * x, 0) / HD + eps)
+                x = (x * r * tl.load(q_norm_ptr + d)).to(dt).to(tl.float32)
+                x_p = (x_p * r * tl.load(q_norm_ptr + partner)).to(dt).to(tl.float32)
+            cos = tl.load(cos_ptr + d, mask=rot, other=1.0).to(tl.float32)
+            sin = tl.load(sin_ptr + d, mask=rot, other=0.0).to(tl.float32)
+            sign = tl.where(d < half, -1.0, 1.0)
+            rotated = (x * cos).to(dt).to(tl.float32) + (sign * x_p * sin).to(dt).to(tl.float32)
+            tl.store(q_out_ptr + i * HD + d, tl.where(rot, rotated, x).to(dt))
+        else:
+            h = i - NH
+            row = tl.load(new_row_ptr)
+            k = tl.load(qkv_ptr + NH * Q_STRIDE + h * HD + d).to(tl.float32)
+            if NORM:
+                k = k * tl.rsqrt(tl.sum(k * k, 0) / HD + eps) * tl.load(k_norm_ptr + d)
+            tl.store(rows_ptr + ((row + k_off) * KV + h) * HD + d, k.to(rows_ptr.dtype.element_ty))
+            v = tl.load(qkv_ptr + NH * Q_STRIDE + (KV + h) * HD + d)
+            tl.store(rows_ptr + ((row + v_off) * KV + h) * HD + d, v)
+
+    @triton.jit
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        dt = out_ptr.dtype.element_ty
+        gate = tl.load(gate_up_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gate_up_ptr + n + i, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + i, ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt), mask=mask)
+
+
+def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                       cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, new_row: torch.Tensor, k_off: int,
+                       v_off: int, eps: float, n_heads: int, gated: bool) -> torch.Tensor:
+    """One token's attention inputs from its fused projection row ``qkv`` (q heads, each followed by its gate
+    when ``gated``; then k, v): q/k RMS norms when given (both or neither), RoPE of q (cos/sin [rd] at its
+    position), K (pre-RoPE) and V written to cache row ``new_row`` (one-element tensor) + ``k_off``/``v_off``
+    of ``rows`` [R, kv, hd]. -> rotated q [n_heads, hd] in qkv's dtype."""
+    n_kv, hd = rows.shape[1], rows.shape[2]
+    q = torch.empty(n_heads, hd, dtype=qkv.dtype, device=qkv.device)
+    norm = q_norm is not None
+    _prologue_kernel[(n_heads + n_kv,)](qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, rows,
+                                        new_row, q, k_off, v_off, eps, NH=n_heads, KV=n_kv, HD=hd, RD=cos.shape[-1],
+                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, num_warps=4)
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for one token's fused MLP projection [1, 2n] (gate then up), rounded as the torch path."""
+    n = gate_up.shape[-1] // 2
+    out = torch.empty(1, n, dtype=gate_up.dtype, device=gate_up.device)
+    _silu_mul_kernel[(triton.cdiv(n, 1024),)](gate_up, out, n, BLOCK=1024, num_warps=4)
+    return out
 
 
 if triton is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from kvmem_torch import kernels
 from kvmem_torch.paged import PagedKV
@@ -54,7 +55,8 @@ class StepContext:
 
     new_rows: torch.Tensor  # [T] base row (see PagedKV.base_rows) of each new token
     key_rows: torch.Tensor  # [S] base rows of the view's slots, in view order
-    mask: torch.Tensor  # [group * T, S] True where the query may attend (rows repeat per GQA group member)
+    mask: torch.Tensor | None  # [group * T, S] True where the query may attend (rows repeat per GQA group
+    # member); None for more than SMALL_QUERY new tokens, which are the view's last and attend causally
     q_cos: torch.Tensor  # [T, rd]
     q_sin: torch.Tensor
     k_cos: torch.Tensor  # [S, rd]
@@ -63,25 +65,38 @@ class StepContext:
     n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
 
 
-_PREFILL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+_PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 SMALL_QUERY = 64
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked attention [1, kv, rows, hd] x [1, kv, S, hd]. Few query rows (decode): two matmuls that read
-    K and V once; more rows: SDPA without the cuDNN backend, which builds a plan for every new key count."""
-    if q.shape[2] <= SMALL_QUERY:
-        scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
-        return probs @ v
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Few query rows (decode, short forwards), GQA folded into the rows: [1, kv, rows, hd] x [1, kv, S, hd].
+    Two matmuls that read K and V once."""
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
+    return probs @ v
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [1, heads, T, hd] are the last T of the S keys [1, kv, S, hd]: causal attention aligned to the last
+    key, with no mask tensor, so CUDA runs flash (bf16/fp16) or memory-efficient attention. K/V are widened to
+    the query heads first: flash's lower-right causal path takes equal head counts."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    bias = causal_lower_right(q.shape[2], k.shape[2])
     if not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     with sdpa_kernel(_PREFILL_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-def mlp(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-    gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+def mlp(x: torch.Tensor, w: dict[str, torch.Tensor], fused: bool = False) -> torch.Tensor:
+    """SwiGLU; ``fused``: one token's silu(gate) * up in one kernel."""
+    gate_up = F.linear(x, w["gate_up"])
+    if fused and x.shape[0] == 1:
+        return F.linear(kernels.silu_mul(gate_up), w["down"])
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, w["down"])
 
 
@@ -109,7 +124,10 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         T, w = x.shape[0], self.w
-        q, k, v = F.linear(x, w["qkv_fused"], w.get("qkv_bias")).split(self.sizes, dim=-1)
+        qkv = F.linear(x, w["qkv_fused"], w.get("qkv_bias"))
+        if ctx.n_keys is not None and self.fused and ctx.capture is None:
+            return F.linear(self.decode_fused(qkv[0], ctx, cache)[None], w["o"])
+        q, k, v = qkv.split(self.sizes, dim=-1)
         gate = None
         if self.gated:
             q, gate = q.view(T, self.n_heads, 2 * self.hd).split(self.hd, dim=-1)
@@ -127,20 +145,26 @@ class Attention:
             out = out * torch.sigmoid(gate)
         return F.linear(out, w["o"])
 
+    def decode_fused(self, qkv: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
+        """One token from its projection row to the gated attention output [heads * hd], in three kernels."""
+        k_off, v_off = cache.k_offset(self.cache_layer), cache.v_offset(self.cache_layer)
+        q = kernels.attention_prologue(qkv, self.w.get("q_norm"), self.w.get("k_norm"), ctx.q_cos[0], ctx.q_sin[0],
+                                       cache.rows, ctx.new_rows, k_off, v_off, self.eps, self.n_heads, self.gated)
+        gate = qkv[self.hd:] if self.gated else None
+        return kernels.decode_attention(q, cache.rows, ctx.key_rows, k_off, v_off, ctx.k_cos, ctx.k_sin, ctx.n_keys,
+                                        gate).reshape(-1)
+
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""
-        if ctx.n_keys is not None and self.fused:
-            q = apply_rope(q, ctx.q_cos, ctx.q_sin)[0]
-            out = kernels.decode_attention(q, cache.rows, ctx.key_rows, cache.k_offset(self.cache_layer),
-                                           cache.v_offset(self.cache_layer), ctx.k_cos, ctx.k_sin, ctx.n_keys)
-            return out[None]
         keys = cache.rows.index_select(0, ctx.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
         values = cache.rows.index_select(0, ctx.key_rows + cache.v_offset(self.cache_layer))
         T, g = q.shape[0], self.n_heads // self.n_kv
-        # GQA folded into the query length: each kv head serves its group's queries, K/V are not expanded
-        q = apply_rope(q, ctx.q_cos, ctx.q_sin).view(T, self.n_kv, g, self.hd).permute(1, 2, 0, 3)
-        q = q.reshape(1, self.n_kv, g * T, self.hd)
+        q = apply_rope(q, ctx.q_cos, ctx.q_sin)
         keys = apply_rope(keys, ctx.k_cos, ctx.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]
         values = values.transpose(0, 1)[None]
-        out = sdpa(q, keys, values, ctx.mask)  # [1, kv, g*T, hd]
+        if ctx.mask is None:
+            return causal_attention(q.transpose(0, 1)[None], keys, values)[0].transpose(0, 1)
+        # GQA folded into the query length: each kv head serves its group's queries, K/V are not expanded
+        q = q.view(T, self.n_kv, g, self.hd).permute(1, 2, 0, 3).reshape(1, self.n_kv, g * T, self.hd)
+        out = masked_attention(q, keys, values, ctx.mask)  # [1, kv, g*T, hd]
         return out.view(self.n_kv, g, T, self.hd).permute(2, 0, 1, 3).reshape(T, self.n_heads, self.hd)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kvmem_torch import kernels
 from kvmem_torch.deltanet import DeltaNet
-from kvmem_torch.layers import Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
+from kvmem_torch.layers import SMALL_QUERY, Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
 
@@ -58,7 +58,7 @@ class Model:
         self.lm_head = weights.get("lm_head", self.embed)
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.inv_freq = rope_inv_freq(spec, self.device)
-        self.can_fuse_norm = self.fused_norm = kernels.eligible(self.device)
+        self.can_fuse_ops = self.fused_ops = kernels.eligible(self.device)
         self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
         attn_i = 0
         for i, kind in enumerate(spec.layer_kinds):
@@ -76,7 +76,7 @@ class Model:
     def use_kernels(self, on: bool) -> None:
         """Run single-token decode through the Triton kernels where a layer can (the default) or through
         torch ops. Decode graphs captured before keep the path they were captured with."""
-        self.fused_norm = on and self.can_fuse_norm
+        self.fused_ops = on and self.can_fuse_ops
         for _, mixer, _ in self.layers:
             mixer.fused = on and mixer.can_fuse
 
@@ -99,8 +99,10 @@ class Model:
                        positions: torch.Tensor, capture: bool = False) -> StepContext:
         """Device-side part of the context (no host sync): positions written, mask and RoPE tables built."""
         cache.pos.index_copy_(0, slots, positions)
-        mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
-        mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
+        mask = None
+        if q_index.shape[0] <= SMALL_QUERY:
+            mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
+            mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
         q_cos, q_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         k_cos, k_sin = rope_cos_sin(cache.pos.index_select(0, key_slots), self.inv_freq, self.dtype)
         n_keys = q_index + 1 if positions.shape[0] == 1 else None
@@ -121,12 +123,12 @@ class Model:
                 h = mixer(h, state.conv[dn_i], state.rec[dn_i])
                 dn_i += 1
             x, h = self.add_norm(x, h, w["mlp_norm"])
-            x, h = self.add_norm(x, mlp(h, w), next_norm)
+            x, h = self.add_norm(x, mlp(h, w, self.fused_ops), next_norm)
         return F.linear(h[-1:] if last_only else h, self.lm_head)
 
     def add_norm(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + h, its RMS norm): the residual stream and the next sublayer's input."""
-        if x.shape[0] == 1 and self.fused_norm:
+        if x.shape[0] == 1 and self.fused_ops:
             return kernels.add_rms_norm(x, h, weight, self.spec.rms_eps)
         x = x + h
         return x, rms_norm(x, weight, self.spec.rms_eps)

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
-from attention_reference import decode_attention_f64, rope_angles  # noqa: E402
+from attention_reference import decode_attention_f64, gated_heads_model, rope_angles  # noqa: E402
 from kvmem_torch.kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
@@ -36,10 +36,13 @@ def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: 
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("arch", ("llama", "qwen35"))
+@pytest.mark.parametrize("arch", ("llama", "qwen35", "qwen35-27b-heads"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_fused_graph_decode_equals_eager_torch_decode(arch: str, dtype: torch.dtype) -> None:
-    model = Model(*tiny_spec_weights(tiny_hf_model(arch, seed=3).cuda(), dtype, "cuda"))
+    if arch == "qwen35-27b-heads":  # gated attention with q/k norms through the fused kernels
+        model = gated_heads_model(dtype, "cuda")
+    else:
+        model = Model(*tiny_spec_weights(tiny_hf_model(arch, seed=3).cuda(), dtype, "cuda"))
     ids = torch.randint(0, 160, (90,), generator=torch.Generator().manual_seed(4)).tolist()
     outs = {}
     for fused in (False, True):

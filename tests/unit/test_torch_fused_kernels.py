@@ -39,12 +39,16 @@ print(__import__("json").dumps(out))
 
 DECODE_FUSED_VS_EAGER = """
 import torch
+from attention_reference import gated_heads_model
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
 from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights
 out = {}
-for arch in ("llama", "qwen35"):
-    model = Model(*tiny_spec_weights(tiny_hf_model(arch, seed=3)))
+for arch in ("llama", "qwen35", "qwen35-27b-heads"):
+    if arch == "qwen35-27b-heads":
+        model = gated_heads_model(torch.float32)
+    else:
+        model = Model(*tiny_spec_weights(tiny_hf_model(arch, seed=3)))
     toks = torch.randint(0, 160, (70,), generator=torch.Generator().manual_seed(1)).tolist()
     logits, states = {}, {}
     for fused in (False, True):
@@ -83,8 +87,9 @@ def test_paged_decode_attention_matches_float64_over_a_scattered_masked_view() -
 
 def test_fused_decode_equals_the_eager_decode_on_tiny_models() -> None:
     errors = interpreted(DECODE_FUSED_VS_EAGER)
-    assert errors["llama"] <= 1e-4 and errors["qwen35"] <= 1e-4, errors
-    # every llama attention layer and every qwen35 DeltaNet layer ran a kernel (its rotary dim 8 is too narrow
-    # for the attention kernel's matmul, so those layers keep the torch ops)
+    assert max(errors[a] for a in ("llama", "qwen35", "qwen35-27b-heads")) <= 1e-4, errors
+    # every llama attention layer and every qwen35 DeltaNet layer ran a kernel (the tiny qwen35's rotary dim 8 is
+    # too narrow for the attention kernel's matmul, so those layers keep the torch ops; at 27B heads they fuse)
     assert errors["llama_kernel_layers"] == ["attention"] * 3 and errors["qwen35_kernel_layers"] == ["deltanet"] * 2
+    assert errors["qwen35-27b-heads_kernel_layers"] == ["deltanet"] * 3 + ["attention"]
     assert errors["rec_state"] <= 1e-6 and errors["conv_state"] <= 1e-5, errors  # inputs differ by rounding

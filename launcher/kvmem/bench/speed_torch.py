@@ -47,7 +47,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
     template the random weights get; None: the default model."""
     from kvmem.models import resolve_model
-    from kvmem_torch.bench import random_adapter, weight_bytes
+    from kvmem_torch.bench import gemm_tflops, random_adapter, weight_bytes
 
     cuda = torch.cuda.is_available()
     shape = shape or ("27b" if cuda else "tiny")
@@ -60,6 +60,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
     try:
         bw = bandwidths(adapter.layout.kv_bytes_per_block, cuda)
+        bw["bf16_gemm_TFLOPs"] = gemm_tflops() if cuda else None
         log(f"bandwidths {bw}")
         points, transcripts = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
@@ -69,6 +70,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     for size, point, ids in zip(plan["sizes"], points, transcripts):
         add_floors(point, weights, kv_token, config.view_tokens, bw["hbm_copy_GBps"])
         add_stateless(point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens, log))
+        add_prefill_floor(point, model, len(ids), bw["bf16_gemm_TFLOPs"])
     out = {**headline("torch", engine.model_id, points, transfer), "ttft_speedup": _largest_ttft_speedup(points),
            "shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu", "plan": plan,
            "config": {"budget": config.budget, "gen_budget": config.gen_budget, "recent_tokens": config.recent_tokens,
@@ -124,6 +126,16 @@ def add_stateless(point: dict[str, Any], plain: dict[str, float | None]) -> None
     point["ttft_speedup"] = ratio(point["reprefill_ttft_s"], point["reuse_ttft_s"])
     point["decode_vs_full"] = speedup = ratio(point["kvmem_tok_s"], point["full_tok_s"])
     point["fraction_of_theory"] = None if speedup is None else speedup / point["theoretical_ratio"]
+
+
+def add_prefill_floor(point: dict[str, Any], model: Any, n_tokens: int, tflops: float | None) -> None:
+    """The re-prefill's compute floor (``kvmem_torch.bench.prefill_flops`` at ``tflops``) and the fraction of it
+    reached; None where the plain engine did not run or no GEMM rate was measured (CPU)."""
+    from kvmem_torch.bench import prefill_flops
+
+    floor = prefill_flops(model, n_tokens) / (tflops * 1e12) if tflops else None
+    point["reprefill_floor_s"] = floor
+    point["reprefill_fraction_of_floor"] = ratio(floor, point["reprefill_ttft_s"]) if floor else None
 
 
 def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], chunk: int, block_tokens: int,

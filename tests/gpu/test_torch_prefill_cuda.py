@@ -1,0 +1,63 @@
+"""The prefill kernels on CUDA at the 27B shape, against float64: causal attention over a view that already
+holds keys (flash / memory-efficient, aligned to the last key) and flash-linear-attention's chunked delta rule."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from kvmem_torch.deltanet import DeltaNet, chunked_delta_rule, fla_chunked_rule, fla_delta_rule, l2norm  # noqa: E402
+from kvmem_torch.layers import causal_attention  # noqa: E402
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return (got.double() - ref).abs().max().item() / ref.abs().max().item()
+
+
+@pytest.mark.parametrize("prefix,new", ((0, 4096), (6000, 2048)))
+def test_causal_attention_after_a_prefix_matches_float64(prefix: int, new: int) -> None:
+    torch.manual_seed(0)
+    S = prefix + new
+    q = torch.randn(1, 24, new, 256, device="cuda").bfloat16()
+    k, v = (torch.randn(1, 4, S, 256, device="cuda").bfloat16() for _ in range(2))
+    got = causal_attention(q, k, v)
+    mask = torch.arange(S, device="cuda")[None, :] <= torch.arange(prefix, S, device="cuda")[:, None]
+    ref = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(6, 1),
+                                         v.double().repeat_interleave(6, 1), attn_mask=mask)
+    assert relative_error(got, ref) <= 2e-2
+
+
+def test_fla_delta_rule_matches_the_float64_chunked_rule() -> None:
+    """Qwen3.6-27B's DeltaNet heads (16 key / 48 value heads of 128), 1,000 tokens from a non-zero state."""
+    if fla_chunked_rule() is None:
+        pytest.skip("flash-linear-attention is not installed")
+    torch.manual_seed(0)
+    T, nk, nv, d = 1000, 16, 48, 128
+    q, k = (torch.randn(T, nk, d, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(T, nv, d, device="cuda").bfloat16()
+    g = -F.softplus(torch.randn(T, nv, device="cuda"))
+    beta = torch.rand(T, nv, device="cuda")
+    state = 0.1 * torch.randn(nv, d, d, device="cuda")
+    ref_state = state.double()
+    qr = l2norm(q.double()).repeat_interleave(3, 1) * d ** -0.5
+    kr = l2norm(k.double()).repeat_interleave(3, 1)
+    ref = chunked_delta_rule(qr.transpose(0, 1), kr.transpose(0, 1), v.double().transpose(0, 1), g.double().T,
+                             beta.double().T, ref_state).transpose(0, 1)
+    got = fla_delta_rule(q, k, v, g, beta, state)
+    assert relative_error(got, ref) <= 2e-2
+    assert relative_error(state, ref_state) <= 1e-2
+
+
+def test_bf16_deltanet_prefill_runs_through_fla() -> None:
+    from kvmem_torch.bench import qwen35_spec
+    from kvmem_torch.tiny import random_weights
+
+    spec = qwen35_spec("small")
+    weights = random_weights(spec, torch.bfloat16, "cuda", 0)
+    layer = spec.deltanet_layers[0]
+    w = {n[len(f"layers.{layer}."):]: t for n, t in weights.items() if n.startswith(f"layers.{layer}.")}
+    assert DeltaNet(spec, w).fla == (fla_chunked_rule() is not None)
