@@ -118,9 +118,12 @@ def prefill_flops(model: Model, n_tokens: int) -> float:
 
 
 def prefill_speed(runner: Runner, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
-    """Prefill ``n_tokens`` random ids from empty in ``chunk``-token forwards, against the compute floor."""
-    runner.clear()
+    """Prefill ``n_tokens`` random ids from empty in ``chunk``-token forwards, against the compute floor. Two
+    chunks first, untimed: the first forwards of a shape compile and autotune Triton kernels."""
     ids = torch.randint(0, runner.model.spec.vocab_size, (n_tokens,)).tolist()
+    runner.clear()
+    runner.prefill(ids[:2 * chunk], list(range(min(n_tokens, 2 * chunk))), chunk=chunk)
+    runner.clear()
     torch.cuda.synchronize()
     t = time.perf_counter()
     runner.prefill(ids, list(range(n_tokens)), chunk=chunk)

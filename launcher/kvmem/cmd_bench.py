@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suites = parser.add_subparsers(dest="suite", required=True)
     speed = suites.add_parser("speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers")
     speed.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
-    speed.add_argument("--model", default=None, help=f"{MODEL_HELP}: the llama.cpp session and either backend's thread sweep")
+    speed.add_argument("--model", default=None, help=f"{MODEL_HELP}: the llama.cpp session, either backend's thread "
+                       "sweep, and the tokenizer and chat template of torch's random weights")
     speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
     speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
@@ -45,7 +46,7 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     from kvmem.bench.speed_common import table
 
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    opts = {"shape": args.shape} if args.backend == "torch" and args.shape else {}
+    opts = {"shape": args.shape, "tokenizer": args.model} if args.backend == "torch" else {}
     result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log,
                        compute=compute_opts(args, args.backend), **opts)
     if args.json:
