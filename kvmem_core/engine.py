@@ -307,11 +307,12 @@ class KVMemEngine(WorkspaceOps):
             index = self._index(ws.id, metas)
             scorer = self._scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
             scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
-        sel = Selector.from_config(cfg).select(self._spans(cfg, prompt, metas), scores, n - len(metas) * bt, method)
         r0 = self._replay_start(cfg, prompt)
         kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
         recompute = kept is None
         r0 = r0 if recompute else kept
+        spans = self._spans(cfg, prompt, metas, ((r0 - 1, r0),) if r0 > 0 and not recompute else ())
+        sel = Selector.from_config(cfg).select(spans, scores, n - len(metas) * bt, method)
         target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
         changed = self._materialize(mode, target, len(metas))
         replayed = n - r0 if changed else 0
@@ -330,13 +331,17 @@ class KVMemEngine(WorkspaceOps):
             out["oracle_blocks"] = sorted(oracle)
         return logits, out
 
-    def _spans(self, cfg: KVMemConfig, prompt: Prompt, metas: list[BlockMeta]) -> BlockSpans:
+    def _spans(self, cfg: KVMemConfig, prompt: Prompt, metas: list[BlockMeta], keep: Sequence[Span]) -> BlockSpans:
         """The stored blocks' spans plus this step's: mandatory ranges (system, tool definitions, pinned
-        messages; stored tags know only what was mandatory when a block was stored) and, with
-        ``cfg.groups``, the message groups of the transcript (``kvmem_core.groups``)."""
+        messages, ``keep``; stored tags know only what was mandatory when a block was stored) and, with
+        ``cfg.groups``, the message groups of the transcript (``kvmem_core.groups``). ``keep`` holds the token
+        before the replay start: the replay's first position must follow a resident one (llama.cpp rejects a
+        forward that does not continue its sequence), and when the replay starts on a block edge the recent
+        window does not hold that token."""
         n, bt = len(metas), self.layout.block_tokens
         turns = block_groups(prompt.groups, n, bt) if cfg.groups else None
-        return BlockSpans.from_metas(metas).for_step(overlapping(prompt.mandatory + prompt.pinned, n, bt), turns)
+        mandatory = overlapping([*prompt.mandatory, *prompt.pinned, *keep], n, bt)
+        return BlockSpans.from_metas(metas).for_step(mandatory, turns)
 
     def _scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> Any:
         """The adapter's own scorer for ``name`` (``make_scorer``, e.g. on its GPU), else the core's."""

@@ -25,6 +25,10 @@ GGML_TYPE_F16 = 1
 _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
 _backend_ready = False
 
+# llama_decode's return codes (llama.h)
+_DECODE_ERRORS = {1: "no free cells in the view for the batch",
+                  -1: "invalid batch: its first position must follow the last one the view holds"}
+
 
 def init_backend() -> None:
     """Quiet llama.cpp's log and initialize its backends once per process."""
@@ -180,7 +184,7 @@ class LlamaContext:
         b.logits[n - 1] = int(want_logits)
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
-            raise RuntimeError(f"llama_decode failed (rc={rc}, view free cells may be exhausted)")
+            raise RuntimeError(f"llama_decode failed (rc={rc}: {_DECODE_ERRORS.get(rc, 'compute error')})")
 
     def set_threads(self, threads: Threads) -> None:
         """Compute with other thread counts from the next ``decode`` on."""

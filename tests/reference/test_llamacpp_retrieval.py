@@ -96,3 +96,23 @@ def test_a_long_last_turn_scores_with_its_last_tokens(engine, monkeypatch):
     found = engine.step(chat(transcript, max_tokens=12), lambda piece: True)
     assert sum(scored) == QUERY_WINDOW
     assert key_block in found.selection["blocks"] and PASSKEY in found.text
+
+
+def test_a_replay_from_a_block_edge_continues_from_a_resident_token(engine):
+    """The replay after a selection starts ``recent_tokens`` before the prompt's end. On a block edge, the block
+    before it is outside the recent window, and llama.cpp decodes only a batch that continues the view's last
+    position: that block must stay in the view."""
+    bt, question = CFG.block_tokens, f"{filler(5, 30)} What is the secret passkey? Reply with the number."
+    for pad in range(2 * bt):
+        messages = [*TRANSCRIPT[:2], {"role": "user", "content": f"More notes: {filler(3, 38)}" + " ok" * pad},
+                    TRANSCRIPT[3], {"role": "user", "content": question}]
+        n = len(engine.tokenize(engine.adapter.render_chat(messages)))
+        if n % bt == 0:
+            break
+    query_start = len(engine.tokenize(engine.adapter.render_chat(messages[:4], add_generation_prompt=False)))
+    r0 = n - CFG.recent_tokens
+    assert n % bt == 0 and query_start < r0, "the replay must start on a block edge"
+    # sink + recent window + four oracle blocks fill the budget: nothing else would bring the block before r0
+    out = engine.step(chat(messages, max_tokens=4, blocks=[1, 2, 3, 4], groups=False), lambda piece: True)
+    assert r0 // bt - 1 in out.selection["blocks"]
+    assert out.selection["replayed_tokens"] == CFG.recent_tokens
