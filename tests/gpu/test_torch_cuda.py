@@ -21,6 +21,21 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
 
+@pytest.fixture(scope="module", autouse=True)
+def hf_delta_rule_in_torch() -> object:
+    """HF's qwen3_5 swaps its delta rule for flash-linear-attention's when that package imports, whose fp32
+    products run in TF32: the reference keeps HF's own torch implementation (its ``__wrapped__`` original)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen35
+
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    saved = {name: getattr(hf_qwen35, name) for name in names}
+    for name, fn in saved.items():
+        setattr(hf_qwen35, name, getattr(fn, "__wrapped__", fn))
+    yield
+    for name, fn in saved.items():
+        setattr(hf_qwen35, name, fn)
+
+
 @pytest.fixture(scope="module", params=("llama", "qwen35"))
 def hf(request: pytest.FixtureRequest) -> object:
     return tiny_hf_model(request.param, seed=3).cuda()
