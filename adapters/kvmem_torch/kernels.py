@@ -14,7 +14,7 @@ kernels per attention layer become three.
 DeltaNet: the eager recurrent step is about forty small kernels (conv, norms, gates, three
 batched matmuls, the gated norm); ``deltanet_step`` is one kernel per layer that reads and
 writes each head's fp32 state once. ``add_rms_norm`` and ``silu_mul`` fuse the residual add with
-the next norm and the MLP's activation.
+the next norm and the MLP's activation, for any number of rows (prefill too).
 
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
 how the unit tests check it against the eager path).
@@ -214,6 +214,8 @@ if triton is not None:
 
     @triton.jit
     def _silu_mul_kernel(gate_up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        row = tl.program_id(1).to(tl.int64)
+        gate_up_ptr, out_ptr = gate_up_ptr + row * 2 * n, out_ptr + row * n
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = i < n
         dt = out_ptr.dtype.element_ty
@@ -239,10 +241,10 @@ def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: t
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for one token's fused MLP projection [1, 2n] (gate then up), rounded as the torch path."""
-    n = gate_up.shape[-1] // 2
-    out = torch.empty(1, n, dtype=gate_up.dtype, device=gate_up.device)
-    _silu_mul_kernel[(triton.cdiv(n, 1024),)](gate_up, out, n, BLOCK=1024, num_warps=4)
+    """silu(gate) * up for fused MLP projections [T, 2n] (each row gate then up), rounded as the torch path."""
+    T, n = gate_up.shape[0], gate_up.shape[-1] // 2
+    out = torch.empty(T, n, dtype=gate_up.dtype, device=gate_up.device)
+    _silu_mul_kernel[(triton.cdiv(n, 1024), T)](gate_up.contiguous(), out, n, BLOCK=1024, num_warps=4)
     return out
 
 
@@ -314,6 +316,8 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, h_ptr, w_ptr, sum_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * n
+        x_ptr, h_ptr, sum_ptr, out_ptr = x_ptr + row, h_ptr + row, sum_ptr + row, out_ptr + row
         i = tl.arange(0, BLOCK)
         mask = i < n
         s = tl.load(x_ptr + i, mask=mask, other=0.0) + tl.load(h_ptr + i, mask=mask, other=0.0)
@@ -324,9 +328,10 @@ if triton is not None:
 
 
 def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + h, rms_norm(x + h) * weight) for one token's hidden row [1, H]: the residual add and the next
-    norm in one kernel. The sum is rounded to the run dtype, the norm computed in fp32, as the torch path."""
+    """(x + h, rms_norm(x + h) * weight) for hidden rows [T, H]: the residual add and the next norm in one
+    kernel, a program per row. The sum is rounded to the run dtype, the norm computed in fp32, as the torch path."""
+    x, h = x.contiguous(), h.contiguous()
     total, normed = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm_kernel[(1,)](x, h, weight, total, normed, x.shape[-1], eps,
+    _add_rms_norm_kernel[(x.shape[0],)](x, h, weight, total, normed, x.shape[-1], eps,
                                BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=8)
     return total, normed

@@ -74,8 +74,9 @@ class Model:
                 self.layers.append((kind, DeltaNet(spec, w), w))
 
     def use_kernels(self, on: bool) -> None:
-        """Run single-token decode through the Triton kernels where a layer can (the default) or through
-        torch ops. Decode graphs captured before keep the path they were captured with."""
+        """Run single-token decode, and every forward's residual norms and MLP activations, through the Triton
+        kernels where a layer can (the default) or through torch ops. Decode graphs captured before keep the path
+        they were captured with."""
         self.fused_ops = on and self.can_fuse_ops
         for _, mixer, _ in self.layers:
             mixer.fused = on and mixer.can_fuse
@@ -128,7 +129,7 @@ class Model:
 
     def add_norm(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + h, its RMS norm): the residual stream and the next sublayer's input."""
-        if x.shape[0] == 1 and self.fused_ops:
+        if self.fused_ops:
             return kernels.add_rms_norm(x, h, weight, self.spec.rms_eps)
         x = x + h
         return x, rms_norm(x, weight, self.spec.rms_eps)
