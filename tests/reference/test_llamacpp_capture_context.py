@@ -3,7 +3,8 @@ eval callback) equal the ones captured in the view's context, and so does everyt
 
 The copy between the contexts is exact but packs the view's cells together, and llama.cpp's attention adds over
 cells in slot order: where the view has holes (dropped blocks) the two ways round differently (up to ~0.4 in a
-logit, measured), like prefilling in other chunks does. Where the cells are contiguous they are bit-identical."""
+logit on the CPU, up to 1.31 of logits near 20 on an H200), like prefilling in other chunks does. Where the cells are
+contiguous they are bit-identical."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,12 @@ def engines():
         engine.close()
 
 
-def test_a_retrieval_step_is_bit_identical_with_either_capture(engines):
+def test_a_retrieval_step_answers_the_same_with_either_capture(engines):
     one, two = (engines[s].step(chat(TRANSCRIPT, max_tokens=12), lambda piece: True) for s in (False, True))
     assert one.selection["blocks"] == two.selection["blocks"]
     assert one.token_ids == two.token_ids and PASSKEY in two.text
-    assert np.abs(engines[False].last_logits - engines[True].last_logits).max() < 1.0
+    ref = engines[False].last_logits
+    assert np.abs(ref - engines[True].last_logits).max() < 0.1 * np.abs(ref).max()  # summation order, see above
 
 
 def test_captured_queries_and_the_view_after_them_are_identical(engines):
