@@ -30,6 +30,7 @@ class Capabilities:
     recurrent_state: bool = False  # True: hybrid model with checkpoints to save/restore
     async_copies: bool = False
     devices: tuple[str, ...] = ("cpu",)
+    prefill_chunk: int = 512  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
 
 
 @dataclass(frozen=True, eq=False)

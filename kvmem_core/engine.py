@@ -33,7 +33,7 @@ from kvmem_core.workspace import Route, Workspace
 from kvmem_core.workspace_ops import WorkspaceOps
 
 log = logging.getLogger("kvmem.engine")
-PREFILL_CHUNK = 512  # tokens per prefill forward: blocks are archived and progress reported between chunks
+PREFILL_CHUNK = 512  # tokens per prefill forward unless the adapter asks for more (``_prefill_chunk``)
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
@@ -208,7 +208,7 @@ class KVMemEngine(WorkspaceOps):
     def _streaming_blocks(self, cfg: KVMemConfig, n_blocks: int) -> list[int]:
         bt = self.layout.block_tokens
         sink = -(-cfg.sink_tokens // bt)
-        recent = max(1, (cfg.view_tokens - PREFILL_CHUNK - cfg.sink_tokens) // bt - 1)
+        recent = max(1, (cfg.view_tokens - self._prefill_chunk(cfg) - cfg.sink_tokens) // bt - 1)
         return sorted(set(range(min(sink, n_blocks))) | set(range(max(0, n_blocks - recent), n_blocks)))
 
     def _materialize(self, mode: str, target: Sequence[int], n_blocks: int) -> int:
@@ -232,7 +232,7 @@ class KVMemEngine(WorkspaceOps):
         if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
             edge = len(ids) // self.layout.block_tokens * self.layout.block_tokens
             marks = (prompt.query_start, self._replay_start(cfg, prompt), edge)
-        cuts = chunk_cuts(cached, len(ids), PREFILL_CHUNK, marks)
+        cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks)
         for s, e in zip(cuts, cuts[1:]):
             chunk = ids[s:e]
             if not fits:
@@ -250,6 +250,13 @@ class KVMemEngine(WorkspaceOps):
                 self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
         assert out is not None and out.logits is not None
         return out.logits, np.concatenate(queries, axis=1) if queries else None
+
+    def _prefill_chunk(self, cfg: KVMemConfig) -> int:
+        """Tokens per prefill forward: ``PREFILL_CHUNK``, or what the adapter asks for up to a quarter of the view
+        (whole blocks), so a streaming prefill still sees most of the recent history. Blocks are archived and
+        progress reported between forwards."""
+        bt = self.layout.block_tokens
+        return max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))
 
     def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
         """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""

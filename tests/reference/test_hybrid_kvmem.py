@@ -104,6 +104,21 @@ def test_turns_and_fork_equal_hf(model) -> None:
     assert_matches_hf(hf, engine, r4, turn3)
 
 
+def test_an_adapter_asking_for_longer_forwards_prefills_in_them(model) -> None:
+    """A GPU adapter asks for 4096-token forwards: the engine prefills in up to a quarter of the view (whole
+    blocks), 576 tokens of a 2,304-token view here, and the step still equals HF."""
+    hf, path = model
+    cfg = FITS.replace(budget=2048, gen_budget=256)
+    adapter = TorchAdapter(path, view_tokens=cfg.view_tokens, block_tokens=B, device="cpu", progress=False,
+                           prefill_chunk=4096)
+    engine, sizes, forward = make_engine(path, cfg, adapter), [], adapter.forward
+    adapter.forward = lambda ids, positions, **kw: sizes.append(len(ids)) or forward(ids, positions, **kw)
+    ids = tokens(1500, seed=8)
+    result = step(engine, ids)
+    assert max(sizes) == 576 and sum(sizes) >= len(ids)
+    assert_matches_hf(hf, engine, result, ids)
+
+
 def turn_then_restart(model, tmp_path: Path, seed: int) -> tuple[KVMemEngine, list[int]]:
     """One 50-token turn on an engine with an NVMe tier, then a fresh engine over the same directory and
     weights (a restart). -> (the new engine, the second turn's prompt)."""
