@@ -17,6 +17,8 @@ import numpy as np
 
 from kvmem_core.layout import BlockKV, BlockLayout
 
+PREFILL_CHUNK = 512  # tokens per prefill forward unless the adapter asks for more
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -30,7 +32,7 @@ class Capabilities:
     recurrent_state: bool = False  # True: hybrid model with checkpoints to save/restore
     async_copies: bool = False
     devices: tuple[str, ...] = ("cpu",)
-    prefill_chunk: int = 512  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
+    prefill_chunk: int = PREFILL_CHUNK  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
 
 
 @dataclass(frozen=True, eq=False)

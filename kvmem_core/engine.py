@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter
+from kvmem_core.adapter import PREFILL_CHUNK, EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
@@ -33,7 +33,6 @@ from kvmem_core.workspace import Route, Workspace
 from kvmem_core.workspace_ops import WorkspaceOps
 
 log = logging.getLogger("kvmem.engine")
-PREFILL_CHUNK = 512  # tokens per prefill forward unless the adapter asks for more (``_prefill_chunk``)
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 

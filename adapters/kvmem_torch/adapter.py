@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
+from kvmem_core.adapter import PREFILL_CHUNK, Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
@@ -171,8 +171,8 @@ class TorchAdapter:
 
 def prefill_chunk_for(device: str) -> int:
     """Tokens per prefill forward: 4096 on a GPU, where larger GEMMs and fewer passes over the view's keys pay
-    (measured at the 27B shape, docs/torch.md); 512 on the CPU, where they do not."""
-    return 4096 if device.startswith("cuda") else 512
+    (measured at the 27B shape, docs/torch.md); the core's default on the CPU, where they do not."""
+    return 4096 if device.startswith("cuda") else PREFILL_CHUNK
 
 
 def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> Loaded:

@@ -52,12 +52,30 @@ def test_fla_delta_rule_matches_the_float64_chunked_rule() -> None:
     assert relative_error(state, ref_state) <= 1e-2
 
 
-def test_bf16_deltanet_prefill_runs_through_fla() -> None:
+def test_bf16_deltanet_prefill_runs_through_fla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 layer's prefill goes through fla (when installed) and answers as the layer's torch form does."""
+    from kvmem_torch import deltanet
     from kvmem_torch.bench import qwen35_spec
     from kvmem_torch.tiny import random_weights
 
     spec = qwen35_spec("small")
-    weights = random_weights(spec, torch.bfloat16, "cuda", 0)
+    weights = random_weights(spec, torch.bfloat16, "cuda", 0, std=0.1)
     layer = spec.deltanet_layers[0]
     w = {n[len(f"layers.{layer}."):]: t for n, t in weights.items() if n.startswith(f"layers.{layer}.")}
-    assert DeltaNet(spec, w).fla == (fla_chunked_rule() is not None)
+    net = DeltaNet(spec, w)
+    assert net.fla == (fla_chunked_rule() is not None)
+    if not net.fla:
+        pytest.skip("flash-linear-attention is not installed")
+    calls = []
+    monkeypatch.setattr(deltanet, "fla_delta_rule", lambda *a: calls.append(1) or fla_delta_rule(*a))
+    x = torch.randn(300, spec.hidden_size, device="cuda").bfloat16()
+    outs, states = [], []
+    for fla in (True, False):
+        net.fla = fla
+        conv = torch.zeros(spec.conv_dim, spec.conv_kernel - 1, dtype=torch.bfloat16, device="cuda")
+        rec = torch.zeros(spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim, device="cuda")
+        outs.append(net(x, conv, rec).float())
+        states.append(rec)
+    assert len(calls) == 1
+    assert relative_error(outs[0], outs[1].double()) <= 5e-2
+    assert relative_error(states[0], states[1].double()) <= 2e-2
