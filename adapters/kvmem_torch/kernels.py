@@ -31,9 +31,13 @@ try:
 except ImportError:  # the eager path serves when Triton is absent
     triton = None
 
-BLOCK_N = 32
-MIN_SPLIT = 256
-MAX_PROGRAMS = 1024
+# launch shapes (measured on an H200 at the Qwen3.6-27B shape: docs/torch.md)
+BLOCK_N = 32  # keys per attention tile
+MIN_SPLIT = 256  # keys per attention program, at least
+MAX_PROGRAMS = 1024  # attention programs per layer, at most
+ATTENTION_WARPS, ATTENTION_STAGES = 8, 3
+MERGE_DIMS = 64  # head dims per merge program
+DELTANET_COLUMNS, DELTANET_WARPS = 32, 4  # value columns of one head's state per program
 
 
 def eligible(device: torch.device, *dims: int) -> bool:
@@ -139,10 +143,12 @@ def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor
     _split_kernel[(n_kv, n_splits)](q.contiguous(), rows, key_rows, cos.contiguous(), sin.contiguous(), n_keys,
                                     acc, m, l, k_off, v_off, hd ** -0.5, S,
                                     SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd,
-                                    RD=rd, BLOCK=BLOCK_N, num_warps=8)
+                                    RD=rd, BLOCK=BLOCK_N, num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES)
     out = torch.empty(n_heads, hd, dtype=q.dtype, device=q.device)
-    _merge_kernel[(n_heads,)](acc, m, l, q if gate is None else gate, out, n_splits, G=G, G_PAD=G_PAD, HD=hd,
-                              GATE_STRIDE=2 * hd, GATED=gate is not None, SB=16, num_warps=4)
+    dims = min(MERGE_DIMS, hd)
+    _merge_kernel[(n_heads, hd // dims)](acc, m, l, q if gate is None else gate, out, n_splits, G=G, G_PAD=G_PAD,
+                                         HD=hd, DB=dims, GATE_STRIDE=2 * hd, GATED=gate is not None, SB=16,
+                                         num_warps=4)
     return out
 
 
@@ -150,18 +156,19 @@ if triton is not None:
 
     @triton.jit
     def _merge_kernel(acc_ptr, m_ptr, l_ptr, gate_ptr, out_ptr, n_splits, G: tl.constexpr, G_PAD: tl.constexpr,
-                      HD: tl.constexpr, GATE_STRIDE: tl.constexpr, GATED: tl.constexpr, SB: tl.constexpr):
-        # one query head: its splits' partials weighed by exp(m - max m) (a split that saw no key has m = -inf and
-        # weighs nothing), then the sigmoid output gate, rounded where the torch path rounds
-        hq = tl.program_id(0)
+                      HD: tl.constexpr, DB: tl.constexpr, GATE_STRIDE: tl.constexpr, GATED: tl.constexpr,
+                      SB: tl.constexpr):
+        # one query head's dims [c*DB, (c+1)*DB): its splits' partials weighed by exp(m - max m) (a split that saw
+        # no key has m = -inf and weighs nothing), then the sigmoid output gate, rounded where the torch path rounds
+        hq, c = tl.program_id(0), tl.program_id(1)
         kv, g = hq // G, hq % G
-        d, s = tl.arange(0, HD), tl.arange(0, SB)
+        d, s = c * DB + tl.arange(0, DB), tl.arange(0, SB)
         m_max = tl.full((SB,), float("-inf"), tl.float32)
         for s0 in range(0, n_splits, SB):
             at = (kv * n_splits + s0 + s) * G_PAD + g
             m_max = tl.maximum(m_max, tl.load(m_ptr + at, mask=s0 + s < n_splits, other=float("-inf")))
         m_ref = tl.max(m_max, 0)
-        num = tl.zeros((HD,), tl.float32)
+        num = tl.zeros((DB,), tl.float32)
         den = tl.zeros((SB,), tl.float32)
         for s0 in range(0, n_splits, SB):
             valid = s0 + s < n_splits
@@ -267,13 +274,14 @@ if triton is not None:
         return (acc * tl.sigmoid(acc)).to(x.dtype).to(tl.float32)
 
     @triton.jit
-    def _deltanet_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, next_ptr, state_ptr, ssm_a_ptr,
-                         dt_bias_ptr, norm_w_ptr, out_ptr, eps, NK: tl.constexpr, DK: tl.constexpr,
-                         DV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr):
-        h = tl.program_id(0)
+    def _deltanet_kernel(mixed_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, next_ptr, state_ptr, ssm_a_ptr,
+                         dt_bias_ptr, core_ptr, NK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                         BV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr):
+        # one value head's columns [j*BV, (j+1)*BV) of its state: the delta rule is independent per value column
+        h, j = tl.program_id(0), tl.program_id(1)
         kh = h // REP
-        dk, dv = tl.arange(0, DK), tl.arange(0, DV)
-        rank = h % REP  # the key head's first program writes its q/k conv tails
+        dk, dv = tl.arange(0, DK), j * BV + tl.arange(0, BV)
+        rank = h % REP + j  # the key head's first program writes its q/k conv tails
         q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, kh * DK + dk, rank, KC)
         k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, (NK + kh) * DK + dk, rank, KC)
         v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, 2 * NK * DK + h * DV + dv, 0, KC)
@@ -287,11 +295,19 @@ if triton is not None:
         delta = (v - tl.sum(k[:, None] * state, 0)) * beta
         state += k[:, None] * delta[None, :]
         tl.store(state_ptr + at, state)
-        core = tl.sum(q[:, None] * state, 0).to(out_ptr.dtype.element_ty).to(tl.float32)
-        normed = (core * tl.rsqrt(tl.sum(core * core, 0) / DV + eps)).to(out_ptr.dtype.element_ty)
+        tl.store(core_ptr + h * DV + dv, tl.sum(q[:, None] * state, 0).to(core_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _gated_norm_kernel(core_ptr, z_ptr, norm_w_ptr, out_ptr, eps, DV: tl.constexpr):
+        # one head: RMS norm of its output (plain weight), gated by silu(z), rounded where the torch path rounds
+        h = tl.program_id(0)
+        dv = tl.arange(0, DV)
+        dt = out_ptr.dtype.element_ty
+        core = tl.load(core_ptr + h * DV + dv).to(tl.float32)
+        normed = (core * tl.rsqrt(tl.sum(core * core, 0) / DV + eps)).to(dt)
         scaled = (tl.load(norm_w_ptr + dv) * normed).to(tl.float32)
         z = tl.load(z_ptr + h * DV + dv).to(tl.float32)
-        tl.store(out_ptr + h * DV + dv, (scaled * z * tl.sigmoid(z)).to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + h * DV + dv, (scaled * z * tl.sigmoid(z)).to(dt))
 
 
 def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
@@ -303,11 +319,13 @@ def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torc
     ``ssm_norm``. -> [hv*dv] in the run dtype, ready for the output projection.
     """
     hv, dk, dv = rec_state.shape
+    bv = min(DELTANET_COLUMNS, dv)
     nxt = torch.empty_like(conv_state)
-    out = torch.empty_like(z)
-    _deltanet_kernel[(hv,)](mixed, z, b, a, conv_state, w["conv"], nxt, rec_state, w["ssm_a"], w["dt_bias"],
-                            w["ssm_norm"], out, eps, NK=n_k_heads, DK=dk, DV=dv, REP=hv // n_k_heads,
-                            KC=conv_state.shape[1] + 1, num_warps=8)
+    core, out = torch.empty_like(z), torch.empty_like(z)
+    _deltanet_kernel[(hv, dv // bv)](mixed, b, a, conv_state, w["conv"], nxt, rec_state, w["ssm_a"], w["dt_bias"],
+                                     core, NK=n_k_heads, DK=dk, DV=dv, BV=bv, REP=hv // n_k_heads,
+                                     KC=conv_state.shape[1] + 1, num_warps=DELTANET_WARPS)
+    _gated_norm_kernel[(hv,)](core, z, w["ssm_norm"], out, eps, DV=dv, num_warps=4)
     conv_state.copy_(nxt)
     return out
 

@@ -139,14 +139,40 @@ def add_prefill_floor(point: dict[str, Any], model: Any, n_tokens: int, tflops: 
 
 
 def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], chunk: int, block_tokens: int,
-                 log: Callable[[str], None]) -> dict[str, float | None]:
-    """``stateless`` for the transcript measured at plan size ``size`` if the plan re-prefills that size, else
-    ``NOT_RUN``."""
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """``stateless`` for the transcript measured at plan size ``size`` if the plan re-prefills that size; past
+    ``stateless_max``, dense decode over a view of the transcript's length with random KV (``dense_decode``)
+    where it fits in GPU memory, else ``NOT_RUN``."""
     if size > plan["stateless_max"]:
-        return NOT_RUN
+        dense = dense_decode(model, len(ids), plan["decode"], block_tokens)
+        if dense["full_tok_s"] is not None:
+            log(f"workspace {len(ids)}: dense decode over a synthesized view {dense['full_tok_s']:.1f} tok/s")
+        return dense
     plain = stateless(model, ids, plan["decode"], chunk, block_tokens)
     log(f"workspace {len(ids)}: re-prefill {plain['reprefill_ttft_s']:.2f} s, full decode {plain['full_tok_s']:.1f} tok/s")
     return plain
+
+
+def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int) -> dict[str, Any]:
+    """Decode tok/s of the plain engine over ``n_tokens`` of random KV (``kvmem_torch.bench.decode_speed``): what
+    dense attention over the whole transcript reads per token, without prefilling it (quadratic at 1M tokens).
+    ``NOT_RUN`` where the view does not fit in free GPU memory (or on the CPU)."""
+    from kvmem_torch.bench import decode_speed
+    from kvmem_torch.runner import Runner
+
+    if not torch.cuda.is_available():
+        return NOT_RUN
+    n_blocks = n_tokens // block_tokens + 4
+    need = n_blocks * model.new_cache(1, block_tokens).block_nbytes
+    if need > 0.9 * torch.cuda.mem_get_info()[0]:
+        return NOT_RUN
+    runner = Runner(model, n_blocks, block_tokens)
+    try:
+        sec = decode_speed(runner, n_tokens // block_tokens * block_tokens, max(4, decode))
+        return {"reprefill_ttft_s": None, "full_tok_s": 1 / sec, "full_decode": "synthesized view"}
+    finally:
+        del runner
+        torch.cuda.empty_cache()
 
 
 def stateless(model: Any, ids: list[int], decode: int, chunk: int, block_tokens: int) -> dict[str, float]:
