@@ -7,14 +7,17 @@ sequence 1, restored and copied into the view (import). Every buffer is reused.
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jinja2.sandbox
 import llama_cpp as L
 import numpy as np
 
 from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
+from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_llamacpp import blob
 from kvmem_core.threads import Threads, resolve_threads
@@ -26,6 +29,7 @@ from kvmem_llamacpp.rope import rotate
 # ChatML, the common default of instruction-tuned GGUFs that carry no template
 CHATML_TEMPLATE = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
                    "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
+log = logging.getLogger("kvmem.llamacpp")
 
 
 class LlamaCppAdapter:
@@ -34,20 +38,21 @@ class LlamaCppAdapter:
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
                  flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None,
-                 capture_context: bool = False) -> None:
+                 capture_context: bool | None = None) -> None:
         """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says;
         ``chat_template`` replaces the model's own. ``capture_context`` captures queries in a second context,
-        so the view's own context runs without an eval callback (``_copy_view`` says what each costs)."""
+        so the view's own context runs without an eval callback (``_copy_view`` says what each costs); None: on
+        when layers are offloaded to a GPU (where the callback costs decode most), off on the CPU."""
         path = Path(model_path)
         init_backend()
         self.model = LlamaModel(path, n_gpu_layers=resolve_gpu_layers(n_gpu_layers, can_offload()))
         m = self.model
         self.capture = QueryCapture(m.n_layer, m.n_head, m.head_dim)
         threads = resolve_threads(n_threads, n_threads_batch)
-        self.ctx = LlamaContext(m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn, f32_cache=f32_cache,
-                                gate=None if capture_context else self.capture.gate)
-        self._capture_ctx = LlamaContext(m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
-                                         f32_cache=f32_cache, gate=self.capture.gate) if capture_context else None
+        context = functools.partial(LlamaContext, m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
+                                    f32_cache=f32_cache)
+        self.ctx, self._capture_ctx = self._make_contexts(context, m.n_gpu_layers != 0 if capture_context is None
+                                                          else capture_context, capture_context is None)
         self.placement = describe(m.n_gpu_layers, m.n_layer)
         self.model_path = str(path)
         self.model_id = path.stem
@@ -62,6 +67,22 @@ class LlamaCppAdapter:
         self._view: set[int] = set()
         self.chat_template = chat_template or self.model.meta("tokenizer.chat_template") or CHATML_TEMPLATE
         self._template = self._compile_template()
+
+    def _make_contexts(self, context: Callable[..., LlamaContext], separate: bool,
+                       optional: bool) -> tuple[LlamaContext, LlamaContext | None]:
+        """(view context, capture context or None). An ``optional`` capture context that cannot be made (GPU
+        memory for a second view) leaves capture on the view's own context."""
+        if not separate:
+            return context(gate=self.capture.gate), None
+        view = context(gate=None)
+        try:
+            return view, context(gate=self.capture.gate)
+        except UnsupportedModelError:
+            view.close()
+            if not optional:
+                raise
+            log.warning("no room for a capture context: queries are captured in the view's own context")
+            return context(gate=self.capture.gate), None
 
     # ---- text -------------------------------------------------------------------------
 

@@ -160,6 +160,7 @@ class LlamaContext:
         if gate is not None:
             p.cb_eval, p.cb_eval_user_data = gate.callback, gate.user_data
         self.model, self.n_batch, self.threads = model, n_batch, threads
+        self.gate = gate  # the eval callback's front, None without one
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise UnsupportedModelError("llama.cpp could not create a context for this model")

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from kvmem_core.errors import UnsupportedModelError
+
 from kvmem_torch.gguf_file import GGUFFile
 from kvmem_torch.spec import ModelSpec, spec_from_gguf
 
@@ -81,6 +83,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str =
               progress: bool = True) -> tuple[ModelSpec, dict[str, torch.Tensor], dict[str, Any]]:
     """Spec, internal weights (``dtype`` on ``device``; DeltaNet scalars fp32) and the file's metadata."""
     f = GGUFFile(path)
+    if "token_embd.weight" not in f.tensors:
+        f.close()
+        raise UnsupportedModelError(f"{f.path.name} holds no weights (a tokenizer-only GGUF)")
     vocab = len(f.meta.get("tokenizer.ggml.tokens", [])) or f.tensors["token_embd.weight"].shape[0]
     freqs = f.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in f.tensors else None
     spec = spec_from_gguf(f.meta, vocab, has_output="output.weight" in f.tensors, rope_freqs=freqs)

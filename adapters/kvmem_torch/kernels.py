@@ -33,9 +33,9 @@ except ImportError:  # the eager path serves when Triton is absent
 
 # launch shapes (measured on an H200 at the Qwen3.6-27B shape: docs/torch.md)
 BLOCK_N = 32  # keys per attention tile
-MIN_SPLIT = 256  # keys per attention program, at least
+MIN_SPLIT = 512  # keys per attention program, at least
 MAX_PROGRAMS = 1024  # attention programs per layer, at most
-ATTENTION_WARPS, ATTENTION_STAGES = 8, 3
+ATTENTION_WARPS, ATTENTION_STAGES = 4, 3
 MERGE_DIMS = 64  # head dims per merge program
 DELTANET_COLUMNS, DELTANET_WARPS = 32, 4  # value columns of one head's state per program
 

@@ -38,8 +38,9 @@ def add_compute_flags(parser: argparse.ArgumentParser) -> None:
                             f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})")
     group.add_argument("--capture-context", type=parse_switch, default=None, metavar="{on,off}",
                        help="llama.cpp: capture retrieval queries in a second context, so the view's own decodes "
-                            "without an eval callback (which costs a small model ~10%% of its GPU decode); a "
-                            f"retrieval step then copies the view there and back (default off; env {CAPTURE_CONTEXT_ENV})")
+                            "without an eval callback (which costs a small model ~6-10%% of its GPU decode); a "
+                            "retrieval step then copies the view there and back, and the view's KV is held twice "
+                            f"(default: on when layers are offloaded to a GPU, off on the CPU; env {CAPTURE_CONTEXT_ENV})")
     group.add_argument("--dtype", choices=DTYPES, default=None,
                        help=f"torch: weights and KV precision (default auto: bfloat16 on a GPU, float32 on the CPU; "
                             f"env {DTYPE_ENV})")
@@ -52,8 +53,9 @@ def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -
     opts: dict[str, Any] = {"n_threads": threads.decode, "n_threads_batch": threads.batch}
     if backend == "llama.cpp":
         opts["n_gpu_layers"] = gpu_layers(getattr(args, "n_gpu_layers", None), device)
-        if capture_context(getattr(args, "capture_context", None)):
-            opts["capture_context"] = True
+        choice = capture_context(getattr(args, "capture_context", None))
+        if choice is not None:
+            opts["capture_context"] = choice
     dtype = getattr(args, "dtype", None) or os.environ.get(DTYPE_ENV) or "auto"
     if dtype not in DTYPES:
         raise ConfigError(f"{DTYPE_ENV}={dtype!r}: choose from {', '.join(DTYPES)}")
@@ -86,15 +88,16 @@ def describe_compute(opts: dict[str, Any]) -> str:
         return line
     layers = opts["n_gpu_layers"]
     line += f", gpu layers {'auto' if layers is None else 'all' if layers == ALL_LAYERS else layers}"
-    return line + (", capture context" if opts.get("capture_context") else "")
+    capture = opts.get("capture_context")
+    return line + ("" if capture is None else ", capture context " + ("on" if capture else "off"))
 
 
-def capture_context(flag: bool | None) -> bool:
-    """``--capture-context``, else ``KVMEM_CAPTURE_CONTEXT``, else off; ConfigError naming the variable when it
-    holds neither on nor off."""
+def capture_context(flag: bool | None) -> bool | None:
+    """``--capture-context``, else ``KVMEM_CAPTURE_CONTEXT``, else None (the adapter decides by placement);
+    ConfigError naming the variable when it holds neither on nor off."""
     raw = os.environ.get(CAPTURE_CONTEXT_ENV)
     if flag is not None or not raw:
-        return bool(flag)
+        return flag
     try:
         return parse_switch(raw)
     except argparse.ArgumentTypeError as exc:

@@ -48,3 +48,29 @@ def test_captured_queries_and_the_view_after_them_are_identical(engines):
     (q1, l1, n1), (q2, l2, n2) = outs
     assert q1.shape == q2.shape == (a.model.n_layer, 40, a.model.n_head, a.model.head_dim)
     assert np.array_equal(q1, q2) and np.array_equal(l1, l2) and np.array_equal(n1, n2)
+
+
+def test_by_default_the_capture_context_follows_the_placement_and_gives_way_to_memory(engines):
+    from kvmem_core.errors import UnsupportedModelError
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+    from kvmem_llamacpp.lowlevel import LlamaContext
+
+    on_cpu = LlamaCppAdapter(model_path(), view_tokens=256, n_gpu_layers=0)
+    try:
+        assert on_cpu._capture_ctx is None and on_cpu.ctx.gate is not None  # no GPU layers: the callback is cheap
+        made = []
+
+        def context(gate):  # the second context asked for finds no memory
+            made.append(gate)
+            if len(made) == 2:
+                raise UnsupportedModelError("llama.cpp could not create a context for this model")
+            return LlamaContext(on_cpu.model, 256, on_cpu.ctx.threads, gate=gate)
+
+        view, capture = on_cpu._make_contexts(context, True, optional=True)
+        assert capture is None and view.gate is not None and made[0] is None and len(made) == 3
+        view.close()
+        made.clear()
+        with pytest.raises(UnsupportedModelError):
+            on_cpu._make_contexts(context, True, optional=False)  # asked for explicitly: the error stands
+    finally:
+        on_cpu.close()

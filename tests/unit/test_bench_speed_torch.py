@@ -56,3 +56,22 @@ def test_plain_engine_runs_up_to_its_limit(result: dict) -> None:
     assert first["fraction_of_theory"] == pytest.approx(first["decode_vs_full"] / first["theoretical_ratio"])
     assert last["reprefill_ttft_s"] is None and last["full_tok_s"] is None and last["ttft_speedup"] is None
     assert result["capacity"]["largest_dense_run"] == first["workspace_tokens"]
+
+
+def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(tmp_path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from kvmem.bench import speed_threads
+    from kvmem_core.errors import UnsupportedModelError
+    from kvmem_torch.adapter import TorchAdapter
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "b"])
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="holds no weights"):
+        TorchAdapter(path, view_tokens=256, device="cpu", progress=False)
+    lines: list[str] = []
+    swept = speed_threads.run("torch", str(path), {}, quick=True, log=lines.append)
+    assert "holds no weights" in swept["skipped"] and "rows" not in swept and "not measured" in lines[0]

@@ -84,12 +84,13 @@ def test_gpu_layers_follow_flag_env_and_device(monkeypatch: pytest.MonkeyPatch) 
 def test_the_capture_context_is_a_llama_cpp_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     opts = compute_opts(parse("--threads", "2", "--threads-batch", "2", "--n-gpu-layers", "-1", "--capture-context", "on"),
                         "llama.cpp")
-    assert opts["capture_context"] is True and describe_compute(opts) == "threads 2 (batch 2), gpu layers all, capture context"
-    assert "capture_context" not in compute_opts(parse("--threads", "2"), "llama.cpp")  # off unless asked
+    assert opts["capture_context"] is True
+    assert describe_compute(opts) == "threads 2 (batch 2), gpu layers all, capture context on"
+    assert "capture_context" not in compute_opts(parse("--threads", "2"), "llama.cpp")  # the adapter decides
     assert "capture_context" not in compute_opts(parse("--threads", "2", "--capture-context", "on"), "torch")
     monkeypatch.setenv("KVMEM_CAPTURE_CONTEXT", "on")
     assert compute_opts(parse("--threads", "2"), "llama.cpp")["capture_context"] is True
-    assert "capture_context" not in compute_opts(parse("--threads", "2", "--capture-context", "off"), "llama.cpp")
+    assert compute_opts(parse("--threads", "2", "--capture-context", "off"), "llama.cpp")["capture_context"] is False
     monkeypatch.setenv("KVMEM_CAPTURE_CONTEXT", "yes")
     with pytest.raises(ConfigError, match="KVMEM_CAPTURE_CONTEXT='yes'"):
         compute_opts(parse("--threads", "2"), "llama.cpp")

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.threads import Threads, usable_cores
 
 TEXT = "The relay station logged every packet, its source, its size and the time it took to arrive. "
@@ -29,12 +30,17 @@ def thread_counts(cores: int) -> list[int]:
 def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Rows of ``{threads, prefill_tok_s, decode_tok_s}`` for every count up to the usable cores, on ``model``
-    (a known model's name or a path; None: the default model)."""
+    (a known model's name or a path; None: the default model); ``skipped`` with the reason instead when the
+    backend cannot load it."""
     from kvmem.engines import adapter_factory
     from kvmem.models import resolve_model
 
     path = resolve_model(model)
-    adapter = adapter_factory(backend)(str(path), CONFIG, **opts)
+    try:
+        adapter = adapter_factory(backend)(str(path), CONFIG, **opts)
+    except UnsupportedModelError as exc:  # the torch bench may name a tokenizer-only GGUF: its figures stand
+        log(f"threads: not measured ({exc})")
+        return {"model": path.name, "skipped": str(exc)}
     try:
         rows = [measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
                 for n in thread_counts(usable_cores())]
