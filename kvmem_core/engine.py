@@ -387,7 +387,7 @@ class KVMemEngine(WorkspaceOps):
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
         except where the view must make room, which drops only archived blocks."""
-        self.last_logits = logits
+        self.last_logits = logits.copy()  # the adapter's logits live until its next forward
         mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
 
