@@ -12,8 +12,9 @@ kernel, and the split merge applies the output gate in the same kernel: about 25
 kernels per attention layer become three.
 
 DeltaNet: the eager recurrent step is about forty small kernels (conv, norms, gates, three
-batched matmuls, the gated norm); ``deltanet_step`` is one kernel per layer that reads and
-writes each head's fp32 state once. ``add_rms_norm`` and ``silu_mul`` fuse the residual add with
+batched matmuls, the gated norm); ``deltanet_step`` is two: the step itself, a program per slice
+of a head's value columns (the delta rule is independent per column) reading and writing that
+slice of the fp32 state once, then the gated norm, which needs the whole head. ``add_rms_norm`` and ``silu_mul`` fuse the residual add with
 the next norm and the MLP's activation, for any number of rows (prefill too).
 
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
