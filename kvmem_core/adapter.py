@@ -49,7 +49,7 @@ class ForwardOut:
     """Result of a forward over the view.
 
     ``logits``: float32 ``[vocab]`` of the last token (None when not asked for); it may be a read-only view of
-    the engine's own buffer, valid until the adapter's next ``forward``: copy it to keep it longer.
+    the backend's own buffer, valid until the adapter's next ``forward``: copy it to keep it longer.
     ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
     for the tokens asked for with ``capture_from`` (None otherwise): the query projection
     without its bias (the bias pulls every query toward the same keys, whatever it asks).

@@ -16,7 +16,6 @@ import torch
 from tqdm import tqdm
 
 from kvmem_core.errors import UnsupportedModelError
-
 from kvmem_torch.gguf_file import GGUFFile
 from kvmem_torch.spec import ModelSpec, spec_from_gguf
 
