@@ -2,6 +2,8 @@
 and chat template (CPU): every figure present, consistent, and produced by the engine's steps."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from model_support import small_model
@@ -75,3 +77,18 @@ def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(
     lines: list[str] = []
     swept = speed_threads.run("torch", str(path), {}, quick=True, log=lines.append)
     assert "holds no weights" in swept["skipped"] and "rows" not in swept and "not measured" in lines[0]
+
+
+def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monkeypatch) -> None:
+    from kvmem.bench import speed, speed_threads
+
+    def sweep_fails(*args, **kwargs):
+        raise RuntimeError("thread sweep failed")
+
+    monkeypatch.setattr(speed_threads, "run", sweep_fails)
+    torch.set_num_threads(1)
+    with pytest.raises(RuntimeError, match="thread sweep failed"):
+        speed.run_speed("torch", str(small_model()), quick=True, out_dir=tmp_path, log=lambda line: None,
+                        shape="tiny", plan=PLAN, tokenizer=str(small_model()))
+    written = json.loads((tmp_path / "speed.json").read_text())
+    assert [p["workspace_tokens"] >= size for p, size in zip(written["points"], PLAN["sizes"])] == [True, True]
