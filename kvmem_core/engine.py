@@ -252,10 +252,12 @@ class KVMemEngine(WorkspaceOps):
 
     def _prefill_chunk(self, cfg: KVMemConfig) -> int:
         """Tokens per prefill forward: ``PREFILL_CHUNK``, or what the adapter asks for up to a quarter of the view
-        (whole blocks), so a streaming prefill still sees most of the recent history. Blocks are archived and
-        progress reported between forwards."""
+        (whole blocks), so a streaming prefill still sees most of the recent history; never more than
+        ``_make_room`` can always free (the view less its sink blocks and a partial tail block). Blocks are
+        archived and progress reported between forwards."""
         bt = self.layout.block_tokens
-        return max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))
+        room = cfg.view_tokens - (-(-cfg.sink_tokens // bt) + 1) * bt
+        return max(1, min(room, max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))))
 
     def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
         """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""

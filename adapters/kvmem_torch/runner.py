@@ -29,6 +29,7 @@ class Runner:
         self.positions: list[int] = []  # ascending, parallel to cells
         self.live: dict[int, int] = {}  # block -> live cells in it
         self.tail: list[int] = []  # free slots of the block new tokens fill
+        self.holes: set[int] = set()  # free slots in blocks that still hold live cells: filled before the tail
         self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -45,12 +46,13 @@ class Runner:
         return len(self.cells)
 
     def view_free(self) -> int:
-        """Cells that can still be appended."""
-        return len(self.tail) + self.cache.num_free * self.B
+        """Cells that can still be appended: every slot no live cell holds (dropping part of a block leaves
+        its freed slots usable, so the view never loses room to fragmentation)."""
+        return len(self.holes) + len(self.tail) + self.cache.num_free * self.B
 
     def _take_slots(self, n: int) -> list[int]:
         assert n <= self.view_free(), f"view full: {n} cells wanted, {self.view_free()} free"
-        out = []
+        out = [self.holes.pop() for _ in range(min(n, len(self.holes)))]  # which slot a cell takes changes nothing
         while len(out) < n:
             if not self.tail:
                 block = self.cache.allocate(1)[0]
@@ -154,6 +156,7 @@ class Runner:
         pos_t = torch.tensor(list(positions) + [0] * (self.B - n), dtype=torch.long).to(self.model.device, non_blocking=True)
         self.cache.write_block(block, k, v, pos_t)
         self.live[block] = n
+        self.holes.update(range(block * self.B + n, (block + 1) * self.B))
         i = bisect.bisect_left(self.positions, positions[0])
         self.cells[i:i] = list(range(block * self.B, block * self.B + n))
         self.positions[i:i] = list(positions[:n])
@@ -178,6 +181,7 @@ class Runner:
         i, j = self.cells_at(p0, p1)
         for s in self.cells[i:j]:
             self.live[s // self.B] -= 1
+        self.holes.update(self.cells[i:j])
         del self.cells[i:j], self.positions[i:j]
         self.synced = min(self.synced, i)
         self._free_dead()
@@ -187,6 +191,7 @@ class Runner:
         dead = [b for b, n in self.live.items() if n == 0 and b != tail_block]
         for b in dead:
             del self.live[b]
+            self.holes.difference_update(range(b * self.B, (b + 1) * self.B))
         self.cache.release(dead)
 
     def clear(self) -> None:
@@ -197,6 +202,7 @@ class Runner:
             self.live.pop(block, None)
             self.cache.release([block])
             self.tail = []
+        self.holes.clear()
         self.state.reset()
 
 

@@ -92,3 +92,14 @@ def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monke
                         shape="tiny", plan=PLAN, tokenizer=str(small_model()))
     written = json.loads((tmp_path / "speed.json").read_text())
     assert [p["workspace_tokens"] >= size for p, size in zip(written["points"], PLAN["sizes"])] == [True, True]
+
+
+def test_tool_results_longer_than_the_view_stream_through_it_turn_after_turn() -> None:
+    # ~1.7K-token turns through a 640-token view (512 budget, 128 reserve, 64-token blocks, 128 sink tokens): each
+    # prefill forward must fit in what dropping every non-sink block frees, and the repeated steps of the bench
+    # (the same request again) must find room for their replay
+    torch.set_num_threads(1)
+    plan = dict(PLAN, sizes=(1500, 3000), lines=60, decode=2, stateless_max=1)
+    out = run(quick=True, shape="tiny", plan=plan, tokenizer=str(small_model()), log=lambda line: None)
+    assert [p["prefill_tokens"] > 1500 for p in out["points"]] == [True, True]
+    assert all(p["kvmem_tok_s"] > 0 for p in out["points"])

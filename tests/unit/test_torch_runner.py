@@ -99,3 +99,22 @@ def test_capture_returns_pre_rope_queries(model: Model) -> None:
     spec = model.spec
     assert sorted(q) == list(spec.attention_layers)
     assert q[spec.attention_layers[0]].shape == (20, spec.n_heads, spec.head_dim)
+
+
+def test_cells_dropped_from_part_of_a_block_are_reused_and_attend_as_before(model: Model) -> None:
+    r, toks = prefilled(model, 48)
+    state = r.state.snapshot()
+    kept = [(p0, *r.read_cells(p0, n)) for p0, n in ((0, 16), (16, 4), (40, 8))]
+    r.drop(20, 40)  # blocks 1 and 2 keep 4 and 8 live cells: their freed slots are not lost
+    assert r.view_free() == r.max_view_tokens - r.length == 12 * B - 28
+    extra = ids(r.view_free(), seed=3)
+    got, _ = r.forward(extra[:30], list(range(48, 78)))  # fills the freed slots of blocks 1 and 2 first
+    assert all(c // B in (1, 2) for c in r.cells[-30:-10])
+    ref_runner = Runner(model, 12, B)  # the same cells, each in a block of its own
+    for p0, k, v in kept:
+        ref_runner.insert_block(k, v, list(range(p0, p0 + k.shape[1])))
+    ref_runner.state.restore(state)
+    ref, _ = ref_runner.forward(extra[:30], list(range(48, 78)))
+    assert (got - ref).abs().max().item() <= 1e-6
+    r.forward(extra[30:], list(range(78, 78 + len(extra) - 30)))  # every slot in use, none twice
+    assert r.view_free() == 0 and len(set(r.cells)) == r.length == 12 * B
