@@ -256,8 +256,9 @@ class KVMemEngine(WorkspaceOps):
         ``_make_room`` can always free (the view less its sink blocks and a partial tail block). Blocks are
         archived and progress reported between forwards."""
         bt = self.layout.block_tokens
+        asked = max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))
         room = cfg.view_tokens - (-(-cfg.sink_tokens // bt) + 1) * bt
-        return max(1, min(room, max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))))
+        return max(1, min(asked, room))
 
     def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
         """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""

@@ -58,7 +58,6 @@ class TorchAdapter:
         self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
-        self._logits_host: torch.Tensor | None = None
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
                                   block_tokens, _DTYPE_NAMES[dtype])
         self.caps = Capabilities(
@@ -100,16 +99,8 @@ class TorchAdapter:
             if capture:
                 captured.append(torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a):])
         queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
-        return ForwardOut(self._host_logits(logits[-1]) if want_logits else None, queries)
-
-    def _host_logits(self, row: torch.Tensor) -> np.ndarray:
-        """The last token's logits as float32 on the host: on a GPU through one page-locked buffer reused every
-        forward (a pageable copy costs a decode step more than the bytes), so valid until the next forward."""
-        if not row.is_cuda:
-            return row.float().numpy()
-        if self._logits_host is None:
-            self._logits_host = torch.empty(row.shape, dtype=torch.float32, pin_memory=True)
-        return self._logits_host.copy_(row).numpy()
+        # page-locked on a GPU: a pageable copy of the vocabulary costs a decode step more than the bytes
+        return ForwardOut(_to_host(logits[-1].float()).numpy() if want_logits else None, queries)
 
     def view_free(self) -> int:
         return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())

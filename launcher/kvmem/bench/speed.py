@@ -30,7 +30,7 @@ def run_speed(backend: str, model_path: str | None, *, quick: bool, out_dir: Pat
 
         result = speed_torch.run(quick=quick, log=log, **opts)
     if out_dir is not None:  # the session's figures first: a later phase that fails must not take them along
-        speed_common.write_outputs(result, out_dir)
+        speed_common.write_json(result, out_dir)
     result["threads"] = speed_threads.run(backend, model_path, compute, quick=quick, log=log)
     result["goals"] = speed_common.goals(result, quick)
     if out_dir is not None:

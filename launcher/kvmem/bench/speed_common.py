@@ -84,12 +84,18 @@ def table(points: Sequence[dict[str, Any]]) -> str:
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
 
 
-def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """``speed.json`` plus the PNG plots in ``out_dir``; returns the paths written. A separate ``ttft`` list
-    (history_tokens, reuse_ttft_s, reprefill_ttft_s), as the torch backend measures it, feeds the TTFT plot."""
+def write_json(result: dict[str, Any], out_dir: Path) -> Path:
+    """``speed.json`` in ``out_dir`` (made if missing); -> its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "speed.json"
     path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``speed.json`` plus the PNG plots in ``out_dir``; returns the paths written. A separate ``ttft`` list
+    (history_tokens, reuse_ttft_s, reprefill_ttft_s), as the torch backend measures it, feeds the TTFT plot."""
+    path = write_json(result, out_dir)
     ttft = [{"workspace_tokens": t["history_tokens"], **t} for t in result.get("ttft", ())] or result["points"]
     return [path, *plot_speed(result["points"], result["backend"], out_dir, ttft)]
 

@@ -60,8 +60,8 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
     try:
         bw = bandwidths(adapter.layout.kv_bytes_per_block, cuda)
-        bw["bf16_gemm_TFLOPs"] = gemm_tflops() if cuda else None
-        log(f"bandwidths {bw}")
+        tflops = gemm_tflops() if cuda else None
+        log(f"bandwidths {bw}, bf16 GEMM {tflops} TFLOP/s")
         points, transcripts = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
     finally:
@@ -69,13 +69,15 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     config, kv_token = engine.config, adapter.layout.bytes_per_token
     for size, point, ids in zip(plan["sizes"], points, transcripts):
         add_floors(point, weights, kv_token, config.view_tokens, bw["hbm_copy_GBps"])
-        add_stateless(point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens, log))
-        add_prefill_floor(point, model, len(ids), bw["bf16_gemm_TFLOPs"])
+        add_stateless(point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens,
+                                          kv_token, log))
+        add_prefill_floor(point, model, len(ids), tflops)
     out = {**headline("torch", engine.model_id, points, transfer), "ttft_speedup": _largest_ttft_speedup(points),
            "shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu", "plan": plan,
            "config": {"budget": config.budget, "gen_budget": config.gen_budget, "recent_tokens": config.recent_tokens,
                       "block_tokens": config.block_tokens, "heads": [list(h) for h in engine.heads]},
-           "weights_GB": weights / GB, "kv_bytes_per_token": kv_token, "bandwidths": bw, "points": points,
+           "weights_GB": weights / GB, "kv_bytes_per_token": kv_token, "bandwidths": bw, "bf16_gemm_TFLOPs": tflops,
+           "points": points,
            "transfer": transfer, "capacity": capacity(weights, kv_token, points)}
     if plan["hf"] and cuda:
         spec = model.spec
@@ -139,12 +141,12 @@ def add_prefill_floor(point: dict[str, Any], model: Any, n_tokens: int, tflops: 
 
 
 def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], chunk: int, block_tokens: int,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+                 kv_token: int, log: Callable[[str], None]) -> dict[str, Any]:
     """``stateless`` for the transcript measured at plan size ``size`` if the plan re-prefills that size; past
     ``stateless_max``, dense decode over a view of the transcript's length with random KV (``dense_decode``)
     where it fits in GPU memory, else ``NOT_RUN``."""
     if size > plan["stateless_max"]:
-        dense = dense_decode(model, len(ids), plan["decode"], block_tokens)
+        dense = dense_decode(model, len(ids), plan["decode"], block_tokens, kv_token)
         if dense["full_tok_s"] is not None:
             log(f"workspace {len(ids)}: dense decode over a synthesized view {dense['full_tok_s']:.1f} tok/s")
         return dense
@@ -153,18 +155,17 @@ def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], ch
     return plain
 
 
-def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int) -> dict[str, Any]:
+def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_token: int) -> dict[str, Any]:
     """Decode tok/s of the plain engine over ``n_tokens`` of random KV (``kvmem_torch.bench.decode_speed``): what
     dense attention over the whole transcript reads per token, without prefilling it (quadratic at 1M tokens).
-    ``NOT_RUN`` where the view does not fit in free GPU memory (or on the CPU)."""
+    ``NOT_RUN`` where the view (``kv_token`` bytes a token) does not fit in free GPU memory (or on the CPU)."""
     from kvmem_torch.bench import decode_speed
     from kvmem_torch.runner import Runner
 
     if not torch.cuda.is_available():
         return NOT_RUN
     n_blocks = n_tokens // block_tokens + 4
-    need = n_blocks * model.new_cache(1, block_tokens).block_nbytes
-    if need > 0.9 * torch.cuda.mem_get_info()[0]:
+    if n_blocks * block_tokens * kv_token > 0.9 * torch.cuda.mem_get_info()[0]:
         return NOT_RUN
     runner = Runner(model, n_blocks, block_tokens)
     try:
