@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kvmem_torch import kernels
+from kvmem_torch.gemv import NormedSum, project
 from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
 
@@ -105,9 +106,10 @@ class DeltaNet:
         # half-precision runs only: fp32 keeps the exact torch form (the engine's reference runs)
         self.fla = w["in_fused"].is_cuda and w["in_fused"].dtype != torch.float32 and fla_chunked_rule() is not None
 
-    def __call__(self, x: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
-        T, w = x.shape[0], self.w
-        mixed, z, b, a = F.linear(x, w["in_fused"]).split(self.sizes, dim=-1)
+    def __call__(self, x: torch.Tensor | NormedSum, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        mixed, z, b, a = project(x, w["in_fused"]).split(self.sizes, dim=-1)
+        T = mixed.shape[0]
         if T == 1 and self.fused:
             core = kernels.deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
             return F.linear(core[None], w["out"])
@@ -118,7 +120,7 @@ class DeltaNet:
             core = fla_delta_rule(q.view(T, self.nk, self.dk), k.view(T, self.nk, self.dk),
                                   v.view(T, self.nv, self.dv), g, beta, rec_state)
         else:
-            core = self.torch_rule(q, k, v, g, beta, rec_state).to(x.dtype)
+            core = self.torch_rule(q, k, v, g, beta, rec_state).to(z.dtype)
         return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
 
     def torch_rule(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

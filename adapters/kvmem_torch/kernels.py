@@ -13,9 +13,12 @@ kernels per attention layer become three.
 
 DeltaNet: the eager recurrent step is about forty small kernels (conv, norms, gates, three
 batched matmuls, the gated norm); ``deltanet_step`` is two: the step itself, a program per slice
-of a head's value columns (the delta rule is independent per column) reading and writing that
-slice of the fp32 state once, then the gated norm, which needs the whole head. ``add_rms_norm`` and ``silu_mul`` fuse the residual add with
-the next norm and the MLP's activation, for any number of rows (prefill too).
+of a head's value columns (the delta rule is independent per value column) reading and writing that
+slice of the fp32 state once, then the gated norm, which needs the whole head. The conv tails move on
+in place: a value channel's in the step (one program reads it), a key head's q/k channels' in the gated
+norm (every program of the key head reads them in the step). ``add_rms_norm`` and ``silu_mul`` fuse the
+residual add with the next norm and the MLP's activation for forwards of several tokens; at one token both
+ride in the next projection (``gemv``).
 
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
 how the unit tests check it against the eager path).
@@ -259,33 +262,48 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, ch, rank, KC: tl.constexpr):
+    def _conv_tails(conv_ptr, ch, KC: tl.constexpr, TP: tl.constexpr):
+        """The conv tails of channels ``ch`` as a [channels, TP] tile (TP >= KC - 1, the padding zero)."""
+        t = tl.arange(0, TP)
+        return tl.load(conv_ptr + ch[:, None] * (KC - 1) + t[None, :], mask=(t < KC - 1)[None, :], other=0.0)
+
+    @triton.jit
+    def _shift_tails(conv_ptr, ch, tails, x, KC: tl.constexpr, TP: tl.constexpr):
+        """Move the tails of channels ``ch`` on by the new values ``x``, in place. Threads of a program hold
+        copies of the same channels, so every load of the program comes before its first store (a barrier)."""
+        t = tl.arange(0, TP)
+        tl.debug_barrier()
+        tl.store(conv_ptr + ch[:, None] * (KC - 1) + t[None, :] - 1, tails, mask=((t >= 1) & (t < KC - 1))[None, :])
+        tl.store(conv_ptr + ch * (KC - 1) + KC - 2, x.to(conv_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, ch, SHIFT: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr):
         """Causal depthwise conv over (tail, new value) of channels ``ch`` + SiLU, rounded as the run dtype;
-        writes the shifted tail to ``next_ptr`` if ``rank`` is 0 (one writer per channel)."""
+        with ``SHIFT`` (the program is the channels' only reader) their tails move on, in place."""
         x = tl.load(mixed_ptr + ch)
-        write = (ch * 0 + rank) == 0  # built from the block: a scalar-derived mask is not a valid store mask
+        t = tl.arange(0, TP)
+        tails = _conv_tails(conv_ptr, ch, KC, TP)
+        w = tl.load(conv_w_ptr + ch[:, None] * KC + t[None, :], mask=(t < KC - 1)[None, :], other=0.0)
         acc = x.to(tl.float32) * tl.load(conv_w_ptr + ch * KC + KC - 1).to(tl.float32)
-        for j in tl.static_range(KC - 1):
-            tail = tl.load(conv_ptr + ch * (KC - 1) + j)
-            acc += tail.to(tl.float32) * tl.load(conv_w_ptr + ch * KC + j).to(tl.float32)
-            if j > 0:
-                tl.store(next_ptr + ch * (KC - 1) + j - 1, tail, mask=write)
-        tl.store(next_ptr + ch * (KC - 1) + KC - 2, x.to(next_ptr.dtype.element_ty), mask=write)
+        acc += tl.sum(tails.to(tl.float32) * w.to(tl.float32), 1)
+        if SHIFT:
+            _shift_tails(conv_ptr, ch, tails, x, KC, TP)
         acc = acc.to(x.dtype).to(tl.float32)
         return (acc * tl.sigmoid(acc)).to(x.dtype).to(tl.float32)
 
     @triton.jit
-    def _deltanet_kernel(mixed_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, next_ptr, state_ptr, ssm_a_ptr,
+    def _deltanet_kernel(mixed_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, state_ptr, ssm_a_ptr,
                          dt_bias_ptr, core_ptr, NK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                         BV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr):
-        # one value head's columns [j*BV, (j+1)*BV) of its state: the delta rule is independent per value column
+                         BV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr):
+        # one value head's columns [j*BV, (j+1)*BV) of its state: the delta rule is independent per value column.
+        # Its v channels have no other reader, so their conv tails move on here; the q/k tails, read by every
+        # program of the key head, move on in the gated-norm kernel that runs after this one
         h, j = tl.program_id(0), tl.program_id(1)
         kh = h // REP
         dk, dv = tl.arange(0, DK), j * BV + tl.arange(0, BV)
-        rank = h % REP + j  # the key head's first program writes its q/k conv tails
-        q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, kh * DK + dk, rank, KC)
-        k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, (NK + kh) * DK + dk, rank, KC)
-        v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, next_ptr, 2 * NK * DK + h * DV + dv, 0, KC)
+        q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, kh * DK + dk, False, KC, TP)
+        k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, (NK + kh) * DK + dk, False, KC, TP)
+        v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, 2 * NK * DK + h * DV + dv, True, KC, TP)
         q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK ** -0.5)
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         beta = tl.sigmoid(tl.load(b_ptr + h).to(tl.float32))
@@ -299,9 +317,16 @@ if triton is not None:
         tl.store(core_ptr + h * DV + dv, tl.sum(q[:, None] * state, 0).to(core_ptr.dtype.element_ty))
 
     @triton.jit
-    def _gated_norm_kernel(core_ptr, z_ptr, norm_w_ptr, out_ptr, eps, DV: tl.constexpr):
-        # one head: RMS norm of its output (plain weight), gated by silu(z), rounded where the torch path rounds
+    def _gated_norm_kernel(core_ptr, z_ptr, norm_w_ptr, out_ptr, mixed_ptr, conv_ptr, eps, NK: tl.constexpr,
+                           DK: tl.constexpr, DV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr,
+                           TP: tl.constexpr):
+        # one head: RMS norm of its output (plain weight), gated by silu(z), rounded where the torch path rounds;
+        # a key head's first value head moves on that key head's q and k conv tails
         h = tl.program_id(0)
+        if h % REP == 0:
+            qk = (h // REP * DK + tl.arange(0, DK))[None, :] + tl.arange(0, 2)[:, None] * NK * DK  # q row, k row
+            qk = tl.reshape(qk, (2 * DK,))
+            _shift_tails(conv_ptr, qk, _conv_tails(conv_ptr, qk, KC, TP), tl.load(mixed_ptr + qk), KC, TP)
         dv = tl.arange(0, DV)
         dt = out_ptr.dtype.element_ty
         core = tl.load(core_ptr + h * DV + dv).to(tl.float32)
@@ -320,14 +345,14 @@ def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torc
     ``ssm_norm``. -> [hv*dv] in the run dtype, ready for the output projection.
     """
     hv, dk, dv = rec_state.shape
-    bv = min(DELTANET_COLUMNS, dv)
-    nxt = torch.empty_like(conv_state)
+    bv, rep, kc = min(DELTANET_COLUMNS, dv), hv // n_k_heads, conv_state.shape[1] + 1
+    tp = triton.next_power_of_2(kc - 1)
     core, out = torch.empty_like(z), torch.empty_like(z)
-    _deltanet_kernel[(hv, dv // bv)](mixed, b, a, conv_state, w["conv"], nxt, rec_state, w["ssm_a"], w["dt_bias"],
-                                     core, NK=n_k_heads, DK=dk, DV=dv, BV=bv, REP=hv // n_k_heads,
-                                     KC=conv_state.shape[1] + 1, num_warps=DELTANET_WARPS)
-    _gated_norm_kernel[(hv,)](core, z, w["ssm_norm"], out, eps, DV=dv, num_warps=4)
-    conv_state.copy_(nxt)
+    _deltanet_kernel[(hv, dv // bv)](mixed, b, a, conv_state, w["conv"], rec_state, w["ssm_a"], w["dt_bias"],
+                                     core, NK=n_k_heads, DK=dk, DV=dv, BV=bv, REP=rep, KC=kc, TP=tp,
+                                     num_warps=DELTANET_WARPS)
+    _gated_norm_kernel[(hv,)](core, z, w["ssm_norm"], out, mixed, conv_state, eps, NK=n_k_heads, DK=dk, DV=dv,
+                              REP=rep, KC=kc, TP=tp, num_warps=4)
     return out
 
 

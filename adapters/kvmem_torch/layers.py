@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from kvmem_torch import kernels
+from kvmem_torch.gemv import NormedSum, project
 from kvmem_torch.paged import PagedKV
 from kvmem_torch.spec import ModelSpec
 
@@ -122,9 +123,10 @@ class Attention:
             fuse(w, ("q_bias", "k_bias", "v_bias"), "qkv_bias")
         self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
 
-    def __call__(self, x: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
-        T, w = x.shape[0], self.w
-        qkv = F.linear(x, w["qkv_fused"], w.get("qkv_bias"))
+    def __call__(self, x: torch.Tensor | NormedSum, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
+        w = self.w
+        qkv = project(x, w["qkv_fused"], w.get("qkv_bias"))
+        T = qkv.shape[0]
         if ctx.n_keys is not None and self.fused and ctx.capture is None:
             return F.linear(self.decode_fused(qkv[0], ctx, cache)[None], w["o"])
         q, k, v = qkv.split(self.sizes, dim=-1)

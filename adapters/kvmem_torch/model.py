@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kvmem_torch import kernels
 from kvmem_torch.deltanet import DeltaNet
+from kvmem_torch.gemv import NormedSum, project, silu_linear
 from kvmem_torch.layers import SMALL_QUERY, Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
@@ -112,20 +113,37 @@ class Model:
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
                 last_only: bool = True) -> torch.Tensor:
-        """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``)."""
+        """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``).
+        One token with the kernels on folds each residual add + norm and the MLP activation into the next
+        projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
         x = F.embedding(tokens, self.embed)
         h = rms_norm(x, self.layers[0][2]["attn_norm"], self.spec.rms_eps)
         norms = [w["attn_norm"] for _, _, w in self.layers[1:]] + [self.norm]
+        fold = self.fused_ops and tokens.shape[0] == 1
         dn_i = 0
         for (kind, mixer, w), next_norm in zip(self.layers, norms):
             if kind == ATTENTION:
-                h = mixer(h, ctx, cache)
+                out = mixer(h, ctx, cache)
             else:
-                h = mixer(h, state.conv[dn_i], state.rec[dn_i])
+                out = mixer(h, state.conv[dn_i], state.rec[dn_i])
                 dn_i += 1
-            x, h = self.add_norm(x, h, w["mlp_norm"])
-            x, h = self.add_norm(x, mlp(h, w, self.fused_ops), next_norm)
-        return F.linear(h[-1:] if last_only else h, self.lm_head)
+            if isinstance(h, NormedSum):
+                x = h.total
+            x, h = self.mlp_block(x, out, w, next_norm, fold)
+        return project(h if fold or not last_only else h[-1:], self.lm_head)
+
+    def mlp_block(self, x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], next_norm: torch.Tensor,
+                  fold: bool) -> tuple[torch.Tensor, torch.Tensor | NormedSum]:
+        """After a mixer's output: residual add, the MLP, residual add. -> (residual stream, the next sublayer's
+        input, normed by ``next_norm``; with ``fold`` a ``NormedSum`` whose residual is the stream after the
+        MLP, the returned one being the stream before it)."""
+        eps = self.spec.rms_eps
+        if not fold:
+            x, h = self.add_norm(x, out, w["mlp_norm"])
+            return self.add_norm(x, mlp(h, w, self.fused_ops), next_norm)
+        mid = NormedSum(x, out, w["mlp_norm"], eps)
+        gate_up = mid.linear(w["gate_up"])
+        return mid.total, NormedSum(mid.total, silu_linear(gate_up, w["down"]), next_norm, eps)
 
     def add_norm(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + h, its RMS norm): the residual stream and the next sublayer's input."""

@@ -1,5 +1,6 @@
-"""The Triton decode kernels compiled on CUDA: against float64 at the 27B attention shape, and the
-fused decode (graphs on) against the eager torch decode on the tiny HF models."""
+"""The Triton decode kernels compiled on CUDA: against float64 at the 27B attention and projection shapes
+(with the launch shapes the GPU runs), and the fused decode (graphs on) against the eager torch decode on the
+tiny HF models."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 from attention_reference import decode_attention_f64, gated_heads_model, rope_angles  # noqa: E402
+from kvmem_torch.gemv import NormedSum, silu_linear  # noqa: E402
 from kvmem_torch.kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
@@ -34,6 +36,26 @@ def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: 
     k, v = cache.rows[rows + cache.k_offset(1)][:n_keys], cache.rows[rows + cache.v_offset(1)][:n_keys]
     ref = decode_attention_f64(q, k, v, angles[:n_keys])
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("n,k", ((16480, 5120), (5120, 17408)))  # a DeltaNet input projection; the MLP's down
+def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int) -> None:
+    torch.manual_seed(0)
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+    if k == 5120:
+        x, delta, norm = torch.randn(1, k, device="cuda").bfloat16(), torch.randn(1, k, device="cuda").bfloat16(), \
+            torch.rand(k, device="cuda") + 0.5
+        s = NormedSum(x, delta, norm, 1e-6)
+        got = s.linear(w)
+        assert torch.equal(s.total, x + delta)
+        total = (x + delta).double()
+        ref = (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()) @ w.double().T
+    else:
+        gate_up = torch.randn(1, 2 * k, device="cuda").bfloat16()
+        got = silu_linear(gate_up, w)
+        gate, up = gate_up.double().chunk(2, -1)
+        ref = (torch.nn.functional.silu(gate) * up) @ w.double().T
+    assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()  # bf16 inputs and output
 
 
 @pytest.mark.parametrize("arch", ("llama", "qwen35", "qwen35-27b-heads"))

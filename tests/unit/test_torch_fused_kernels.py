@@ -67,6 +67,28 @@ for arch in ("llama", "qwen35", "qwen35-27b-heads"):
 print(__import__("json").dumps(out))
 """
 
+FOLDED_PROJECTIONS_VS_FLOAT64 = """
+import torch
+import torch.nn.functional as F
+from kvmem_torch.gemv import NormedSum, project, silu_linear
+torch.manual_seed(0)
+out = {}
+for n, k in ((40, 96), (33, 1030)):  # rows not a multiple of a program's, columns not of a load's
+    x, delta, w = torch.randn(1, k), torch.randn(1, k), torch.randn(n, k) / k ** 0.5
+    norm, bias = torch.rand(k) + 0.5, torch.randn(n)
+    s = NormedSum(x, delta, norm, 1e-6)
+    got = s.linear(w, bias)
+    total = (x + delta).double()
+    normed = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()
+    out[f"norm {n}x{k}"] = (got.double() - (normed @ w.double().T + bias.double())).abs().max().item()
+    out[f"total {n}x{k}"] = (s.total - (x + delta)).abs().max().item()
+    gate_up = torch.randn(1, 2 * k)
+    gate, up = gate_up.double().chunk(2, -1)
+    out[f"silu {n}x{k}"] = (silu_linear(gate_up, w).double() - (F.silu(gate) * up) @ w.double().T).abs().max().item()
+    out[f"plain {n}x{k}"] = (project(x, w) - F.linear(x, w)).abs().max().item()
+print(__import__("json").dumps(out))
+"""
+
 
 def interpreted(script: str) -> dict[str, float]:
     """Run ``script`` with Triton's interpreter; -> the JSON object it prints."""
@@ -93,3 +115,9 @@ def test_fused_decode_equals_the_eager_decode_on_tiny_models() -> None:
     assert errors["llama_kernel_layers"] == ["attention"] * 3 and errors["qwen35_kernel_layers"] == ["deltanet"] * 2
     assert errors["qwen35-27b-heads_kernel_layers"] == ["deltanet"] * 3 + ["attention"]
     assert errors["rec_state"] <= 1e-6 and errors["conv_state"] <= 1e-5, errors  # inputs differ by rounding
+
+
+def test_folded_projections_match_float64() -> None:
+    """A projection of rms_norm(x + delta) * w (writing x + delta) and one of silu(gate) * up, each one kernel."""
+    errors = interpreted(FOLDED_PROJECTIONS_VS_FLOAT64)
+    assert len(errors) == 8 and max(errors.values()) <= 1e-5, errors

@@ -1,0 +1,121 @@
+"""One token's projections with the op before them folded into the weight stream.
+
+At one token every projection is a matrix-vector product bound by reading its weights. Between
+them sit ops that touch a few kilobytes: the residual add with the next RMS norm before each
+sublayer, silu(gate) * up before the MLP's down projection. As kernels of their own they are
+about 190 launches per token at the Qwen3.6-27B shape (a few microseconds each plus the gap
+between kernels). Here the projection derives its input as it streams its rows of the weight:
+every program recomputes the input chunk by chunk from the small vectors (they stay in L2) and
+reads each weight row once. The RMS norm's scale, which needs the whole sum, multiplies the dot
+products at the end: rms_norm(s) * w . W = rsqrt(mean(s^2) + eps) * ((s * w) . W).
+
+``NormedSum`` stands for a sublayer input not yet computed (the residual stream plus a
+sublayer's output, normed); ``project`` is ``F.linear`` for a tensor or for a ``NormedSum``.
+Used for single-token forwards on CUDA (``kernels.eligible``); ``TRITON_INTERPRET=1`` runs it on
+the CPU for the unit tests.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvmem_torch.kernels import triton
+
+if triton is not None:
+    import triton.language as tl
+
+# launch shapes (rows of the weight per program, columns per load, warps, pipeline stages), measured on an H200
+# at the Qwen3.6-27B shape (docs/torch.md): long rows (the MLP's down projection) take fewer columns per load.
+# Triton's interpreter runs programs one after another, so the unit tests run it with wide programs.
+WIDE_K = 8192
+WIDE_SHAPE = (4, 512, 4, 3)
+NARROW_SHAPE = (2, 1024, 4, 3)
+INTERPRETED_SHAPE = (16, 512, 4, 3)
+
+if triton is not None:
+
+    @triton.jit
+    def _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM: tl.constexpr,
+                     SILU: tl.constexpr):
+        """Columns ``k`` of the input as fp32, rounded as the eager ops round, and their squares for the norm."""
+        dt = x_ptr.dtype.element_ty
+        if NORM:  # x + h, then its norm
+            s = (tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+                 + tl.load(h_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dt)
+            tl.store(total_ptr + k, s, mask=k_mask & write)
+            s = s.to(tl.float32)
+            return (s * tl.load(norm_ptr + k, mask=k_mask, other=0.0)).to(dt).to(tl.float32), s * s
+        if SILU:  # silu(gate) * up, gate and up halves of x
+            gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            return x, x
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        return x, x
+
+    @triton.jit
+    def _gemv_kernel(w_ptr, x_ptr, h_ptr, norm_ptr, bias_ptr, out_ptr, total_ptr, N, K, eps,
+                     NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+        # rows [pid * ROWS, +ROWS) of out = W . input; program 0 also writes the residual sum (NORM)
+        pid = tl.program_id(0)
+        n = pid * ROWS + tl.arange(0, ROWS)
+        n_mask = n < N
+        rows = w_ptr + n.to(tl.int64)[:, None] * K
+        acc = tl.zeros((ROWS, COLS), tl.float32)
+        squares = tl.zeros((COLS,), tl.float32)
+        for k0 in range(0, K, COLS):
+            k = k0 + tl.arange(0, COLS)
+            k_mask = k < K
+            write = (k * 0 + pid) == 0  # built from the block: a scalar-derived mask is not a valid store mask
+            x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM, SILU)
+            w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            acc += w.to(tl.float32) * x[None, :]
+            squares += sq
+        out = tl.sum(acc, 1)
+        if NORM:
+            out = out * tl.rsqrt(tl.sum(squares, 0) / K + eps)
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + n, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _gemv(weight: torch.Tensor, x: torch.Tensor, k: int, h: torch.Tensor | None = None,
+          norm: torch.Tensor | None = None, eps: float = 0.0, bias: torch.Tensor | None = None,
+          total: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
+    """out [1, N] = weight [N, k] . input: x (plain), rms_norm(x + h) * norm (with ``total`` = x + h written),
+    or silu(x[:k]) * x[k:] (``silu``)."""
+    n = weight.shape[0]
+    rows, cols, warps, stages = (INTERPRETED_SHAPE if weight.device.type == "cpu" else
+                                 WIDE_SHAPE if k > WIDE_K else NARROW_SHAPE)
+    out = torch.empty(1, n, dtype=weight.dtype, device=weight.device)
+    _gemv_kernel[(triton.cdiv(n, rows),)](
+        weight, x, x if h is None else h, x if norm is None else norm, x if bias is None else bias, out,
+        x if total is None else total, n, k, eps, NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
+        ROWS=rows, COLS=cols, num_warps=warps, num_stages=stages)
+    return out
+
+
+class NormedSum:
+    """A sublayer input not yet materialized: ``rms_norm(x + delta) * weight`` for one token [1, H], whose
+    ``x + delta`` is the next residual stream. ``linear`` computes a projection of it in one kernel and fills
+    ``total`` (x + delta, rounded to the run dtype) as it goes; ``total`` is valid once a projection ran."""
+
+    def __init__(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        assert x.shape[0] == 1, "a single token"
+        self.x, self.delta, self.weight, self.eps = x.contiguous(), delta.contiguous(), weight, eps
+        self.total = torch.empty_like(self.x)
+
+    def linear(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """F.linear(rms_norm(x + delta) * weight, w, bias) -> [1, N], with ``total`` written."""
+        return _gemv(w, self.x, w.shape[1], self.delta, self.weight, self.eps, bias, self.total)
+
+
+def project(x: torch.Tensor | NormedSum, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` for a tensor, or for a ``NormedSum`` materialized inside the product."""
+    return x.linear(w, bias) if isinstance(x, NormedSum) else F.linear(x, w, bias)
+
+
+def silu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(silu(gate) * up, w) for one token's fused MLP projection [1, 2n] (gate then up). -> [1, N]"""
+    return _gemv(w, gate_up.contiguous(), w.shape[1], silu=True)
