@@ -35,27 +35,25 @@ INTERPRETED_SHAPE = (16, 512, 4, 3)
 if triton is not None:
 
     @triton.jit
-    def _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM: tl.constexpr,
-                     SILU: tl.constexpr):
-        """Columns ``k`` of the input as fp32, rounded as the eager ops round, and their squares for the norm."""
+    def _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM: tl.constexpr):
+        """Columns ``k`` of the input as fp32, rounded as the eager ops round, and their squares for the norm:
+        with ``NORM`` rms_norm(x + h) * norm before its scale (x + h stored where ``write``), else
+        silu(gate) * up with gate and up the two halves of x."""
         dt = x_ptr.dtype.element_ty
-        if NORM:  # x + h, then its norm
+        if NORM:
             s = (tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
                  + tl.load(h_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dt)
             tl.store(total_ptr + k, s, mask=k_mask & write)
             s = s.to(tl.float32)
             return (s * tl.load(norm_ptr + k, mask=k_mask, other=0.0)).to(dt).to(tl.float32), s * s
-        if SILU:  # silu(gate) * up, gate and up halves of x
-            gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
-            x = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-            return x, x
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+        x = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
         return x, x
 
     @triton.jit
     def _gemv_kernel(w_ptr, x_ptr, h_ptr, norm_ptr, bias_ptr, out_ptr, total_ptr, N, K, eps,
-                     NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+                     NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
         # rows [pid * ROWS, +ROWS) of out = W . input; program 0 also writes the residual sum (NORM)
         pid = tl.program_id(0)
         n = pid * ROWS + tl.arange(0, ROWS)
@@ -67,7 +65,7 @@ if triton is not None:
             k = k0 + tl.arange(0, COLS)
             k_mask = k < K
             write = (k * 0 + pid) == 0  # built from the block: a scalar-derived mask is not a valid store mask
-            x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM, SILU)
+            x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM)
             w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
                         eviction_policy="evict_first")
             acc += w.to(tl.float32) * x[None, :]
@@ -80,18 +78,17 @@ if triton is not None:
         tl.store(out_ptr + n, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _gemv(weight: torch.Tensor, x: torch.Tensor, k: int, h: torch.Tensor | None = None,
-          norm: torch.Tensor | None = None, eps: float = 0.0, bias: torch.Tensor | None = None,
-          total: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
-    """out [1, N] = weight [N, k] . input: x (plain), rms_norm(x + h) * norm (with ``total`` = x + h written),
-    or silu(x[:k]) * x[k:] (``silu``)."""
-    n = weight.shape[0]
+def _gemv(weight: torch.Tensor, x: torch.Tensor, h: torch.Tensor | None = None, norm: torch.Tensor | None = None,
+          eps: float = 0.0, bias: torch.Tensor | None = None, total: torch.Tensor | None = None) -> torch.Tensor:
+    """out [1, N] = weight [N, K] . input: rms_norm(x + h) * norm with ``total`` = x + h written when ``norm`` is
+    given, else silu(x[:K]) * x[K:]."""
+    n, k = weight.shape
     rows, cols, warps, stages = (INTERPRETED_SHAPE if weight.device.type == "cpu" else
                                  WIDE_SHAPE if k > WIDE_K else NARROW_SHAPE)
     out = torch.empty(1, n, dtype=weight.dtype, device=weight.device)
     _gemv_kernel[(triton.cdiv(n, rows),)](
         weight, x, x if h is None else h, x if norm is None else norm, x if bias is None else bias, out,
-        x if total is None else total, n, k, eps, NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
+        x if total is None else total, n, k, eps, NORM=norm is not None, HAS_BIAS=bias is not None,
         ROWS=rows, COLS=cols, num_warps=warps, num_stages=stages)
     return out
 
@@ -108,7 +105,7 @@ class NormedSum:
 
     def linear(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear(rms_norm(x + delta) * weight, w, bias) -> [1, N], with ``total`` written."""
-        return _gemv(w, self.x, w.shape[1], self.delta, self.weight, self.eps, bias, self.total)
+        return _gemv(w, self.x, self.delta, self.weight, self.eps, bias, self.total)
 
 
 def project(x: torch.Tensor | NormedSum, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -118,4 +115,4 @@ def project(x: torch.Tensor | NormedSum, w: torch.Tensor, bias: torch.Tensor | N
 
 def silu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(silu(gate) * up, w) for one token's fused MLP projection [1, 2n] (gate then up). -> [1, N]"""
-    return _gemv(w, gate_up.contiguous(), w.shape[1], silu=True)
+    return _gemv(w, gate_up.contiguous())
