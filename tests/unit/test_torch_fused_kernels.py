@@ -85,7 +85,8 @@ for n, k in ((40, 96), (33, 1030)):  # rows not a multiple of a program's, colum
     gate_up = torch.randn(1, 2 * k)
     gate, up = gate_up.double().chunk(2, -1)
     out[f"silu {n}x{k}"] = (silu_linear(gate_up, w).double() - (F.silu(gate) * up) @ w.double().T).abs().max().item()
-    out[f"plain {n}x{k}"] = (project(x, w) - F.linear(x, w)).abs().max().item()
+    projected = project(NormedSum(x, delta, norm, 1e-6), w).double()  # a NormedSum through the dispatch
+    out[f"project {n}x{k}"] = (projected - normed @ w.double().T).abs().max().item()
 print(__import__("json").dumps(out))
 """
 
