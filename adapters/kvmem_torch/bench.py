@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvmem_torch import kernels
 from kvmem_torch.adapter import TorchAdapter, prefill_chunk_for
 from kvmem_torch.gguf_file import GGUFFile
 from kvmem_torch.model import Model
@@ -259,6 +260,10 @@ def main() -> None:
     runner.drop_graphs()
     out[f"decode_{views[0]}_torch_ops_ms"] = decode_speed(runner, views[0], args.steps) * 1e3
     model.use_kernels(True)
+    kernels.DEPENDENT_LAUNCH = False  # every kernel waits for the one before to end: what dependent launch saves
+    runner.drop_graphs()
+    out[f"decode_{views[0]}_independent_launch_ms"] = decode_speed(runner, views[0], args.steps) * 1e3
+    kernels.DEPENDENT_LAUNCH = True
     runner.drop_graphs()
     runner.use_graphs = False
     out[f"decode_{views[0]}_eager_ms"] = decode_speed(runner, views[0], 4) * 1e3

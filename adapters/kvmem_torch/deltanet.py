@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kvmem_torch import kernels
-from kvmem_torch.gemv import NormedSum, project
+from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
 
@@ -112,7 +112,7 @@ class DeltaNet:
         T = mixed.shape[0]
         if T == 1 and self.fused:
             core = kernels.deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
-            return F.linear(core[None], w["out"])
+            return output_projection(core[None], w["out"])
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"]), torch.sigmoid(b.float())

@@ -19,26 +19,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvmem_torch.kernels import triton
+from kvmem_torch.kernels import dependent_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-# launch shapes (rows of the weight per program, columns per load, warps, pipeline stages), measured on an H200
-# at the Qwen3.6-27B shape (docs/torch.md): long rows (the MLP's down projection) take fewer columns per load.
+    from kvmem_torch.kernels import _let_next_start, _wait_previous
+
+# launch shape (rows of the weight per program, columns per load, warps, pipeline stages), measured on an H200 at
+# the Qwen3.6-27B shape with dependent launches (docs/torch.md): decode 14.61-14.69 ms a token; the down
+# projection at (4, 512) 14.99, (2, 2048) 15.01; every projection at (2, 2048) 17.2, (1, 2048) 20.8.
 # Triton's interpreter runs programs one after another, so the unit tests run it with wide programs.
-WIDE_K = 8192
-WIDE_SHAPE = (4, 512, 4, 3)
-NARROW_SHAPE = (2, 1024, 4, 3)
+LAUNCH_SHAPE = (2, 1024, 4, 3)
 INTERPRETED_SHAPE = (16, 512, 4, 3)
 
 if triton is not None:
 
     @triton.jit
-    def _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM: tl.constexpr):
+    def _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM: tl.constexpr,
+                     SILU: tl.constexpr):
         """Columns ``k`` of the input as fp32, rounded as the eager ops round, and their squares for the norm:
-        with ``NORM`` rms_norm(x + h) * norm before its scale (x + h stored where ``write``), else
-        silu(gate) * up with gate and up the two halves of x."""
+        ``NORM`` rms_norm(x + h) * norm before its scale (x + h stored where ``write``), ``SILU`` silu(gate) * up
+        with gate and up the two halves of x, else x."""
         dt = x_ptr.dtype.element_ty
         if NORM:
             s = (tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
@@ -46,30 +48,40 @@ if triton is not None:
             tl.store(total_ptr + k, s, mask=k_mask & write)
             s = s.to(tl.float32)
             return (s * tl.load(norm_ptr + k, mask=k_mask, other=0.0)).to(dt).to(tl.float32), s * s
-        gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
-        x = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        if SILU:
+            gate = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            return x, x
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
         return x, x
 
     @triton.jit
     def _gemv_kernel(w_ptr, x_ptr, h_ptr, norm_ptr, bias_ptr, out_ptr, total_ptr, N, K, eps,
-                     NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-        # rows [pid * ROWS, +ROWS) of out = W . input; program 0 also writes the residual sum (NORM)
+                     NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+                     COLS: tl.constexpr, PDL: tl.constexpr):
+        # rows [pid * ROWS, +ROWS) of out = W . input; program 0 also writes the residual sum (NORM). Each
+        # iteration loads the next chunk of weight rows, so the first is in flight before the wait for the
+        # previous kernel (weights have no producer)
         pid = tl.program_id(0)
         n = pid * ROWS + tl.arange(0, ROWS)
         n_mask = n < N
         rows = w_ptr + n.to(tl.int64)[:, None] * K
+        k = tl.arange(0, COLS)
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        _wait_previous(PDL)
         acc = tl.zeros((ROWS, COLS), tl.float32)
         squares = tl.zeros((COLS,), tl.float32)
         for k0 in range(0, K, COLS):
             k = k0 + tl.arange(0, COLS)
-            k_mask = k < K
             write = (k * 0 + pid) == 0  # built from the block: a scalar-derived mask is not a valid store mask
-            x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k_mask, K, write, NORM)
-            w = tl.load(rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                        eviction_policy="evict_first")
+            x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k < K, K, write, NORM, SILU)
             acc += w.to(tl.float32) * x[None, :]
             squares += sq
+            w = tl.load(rows + COLS + k[None, :], mask=n_mask[:, None] & (k + COLS < K)[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        _let_next_start(PDL)
         out = tl.sum(acc, 1)
         if NORM:
             out = out * tl.rsqrt(tl.sum(squares, 0) / K + eps)
@@ -79,17 +91,18 @@ if triton is not None:
 
 
 def _gemv(weight: torch.Tensor, x: torch.Tensor, h: torch.Tensor | None = None, norm: torch.Tensor | None = None,
-          eps: float = 0.0, bias: torch.Tensor | None = None, total: torch.Tensor | None = None) -> torch.Tensor:
+          eps: float = 0.0, bias: torch.Tensor | None = None, total: torch.Tensor | None = None,
+          silu: bool = False) -> torch.Tensor:
     """out [1, N] = weight [N, K] . input: rms_norm(x + h) * norm with ``total`` = x + h written when ``norm`` is
-    given, else silu(x[:K]) * x[K:]."""
+    given, silu(x[:K]) * x[K:] with ``silu``, else x."""
     n, k = weight.shape
-    rows, cols, warps, stages = (INTERPRETED_SHAPE if weight.device.type == "cpu" else
-                                 WIDE_SHAPE if k > WIDE_K else NARROW_SHAPE)
+    rows, cols, warps, stages = INTERPRETED_SHAPE if weight.device.type == "cpu" else LAUNCH_SHAPE
     out = torch.empty(1, n, dtype=weight.dtype, device=weight.device)
+    pdl = dependent_launch(weight.device)
     _gemv_kernel[(triton.cdiv(n, rows),)](
         weight, x, x if h is None else h, x if norm is None else norm, x if bias is None else bias, out,
-        x if total is None else total, n, k, eps, NORM=norm is not None, HAS_BIAS=bias is not None,
-        ROWS=rows, COLS=cols, num_warps=warps, num_stages=stages)
+        x if total is None else total, n, k, eps, NORM=norm is not None, SILU=silu,
+        HAS_BIAS=bias is not None, ROWS=rows, COLS=cols, PDL=pdl, num_warps=warps, num_stages=stages, launch_pdl=pdl)
     return out
 
 
@@ -113,6 +126,13 @@ def project(x: torch.Tensor | NormedSum, w: torch.Tensor, bias: torch.Tensor | N
     return x.linear(w, bias) if isinstance(x, NormedSum) else F.linear(x, w, bias)
 
 
+def output_projection(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)`` for a mixer's output, one token [1, K], on the GEMV: it launches as a dependent of the
+    kernel before it, as cuBLAS cannot (measured on an H200: as fast as cuBLAS alone, 0.3 ms a token faster
+    in the dependent chain)."""
+    return _gemv(w, x.contiguous())
+
+
 def silu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(silu(gate) * up, w) for one token's fused MLP projection [1, 2n] (gate then up). -> [1, N]"""
-    return _gemv(w, gate_up.contiguous())
+    return _gemv(w, gate_up.contiguous(), silu=True)

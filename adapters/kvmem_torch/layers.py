@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from kvmem_torch import kernels
-from kvmem_torch.gemv import NormedSum, project
+from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.paged import PagedKV
 from kvmem_torch.spec import ModelSpec
 
@@ -57,7 +57,8 @@ class StepContext:
     new_rows: torch.Tensor  # [T] base row (see PagedKV.base_rows) of each new token
     key_rows: torch.Tensor  # [S] base rows of the view's slots, in view order
     mask: torch.Tensor | None  # [group * T, S] True where the query may attend (rows repeat per GQA group
-    # member); None for more than SMALL_QUERY new tokens, which are the view's last and attend causally
+    # member); None for more than SMALL_QUERY new tokens, which are the view's last and attend causally, and for
+    # one token through the decode kernels (they stop at n_keys)
     q_cos: torch.Tensor  # [T, rd]
     q_sin: torch.Tensor
     k_cos: torch.Tensor  # [S, rd]
@@ -128,7 +129,7 @@ class Attention:
         qkv = project(x, w["qkv_fused"], w.get("qkv_bias"))
         T = qkv.shape[0]
         if ctx.n_keys is not None and self.fused and ctx.capture is None:
-            return F.linear(self.decode_fused(qkv[0], ctx, cache)[None], w["o"])
+            return output_projection(self.decode_fused(qkv[0], ctx, cache)[None], w["o"])
         q, k, v = qkv.split(self.sizes, dim=-1)
         gate = None
         if self.gated:

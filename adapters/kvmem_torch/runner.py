@@ -16,6 +16,8 @@ import torch
 from kvmem_core.step import chunk_cuts
 from kvmem_torch.model import Model, RecurrentState
 
+GRAPH_ARGS = ("tok", "pos", "slot", "q")
+
 
 class Runner:
     """The model plus one view (paged KV cells), its recurrent state and decode graphs."""
@@ -34,7 +36,11 @@ class Runner:
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.static = {n: torch.zeros(1, dtype=torch.long, device=model.device) for n in ("tok", "pos", "slot", "q")}
+        # a decode graph's inputs (token, position, slot, view index) in one device tensor, sent in one copy
+        self.args = torch.zeros(len(GRAPH_ARGS), dtype=torch.long, device=model.device)
+        self.static = {name: self.args[i:i + 1] for i, name in enumerate(GRAPH_ARGS)}
+        self._args_host = torch.zeros_like(self.args, device="cpu", pin_memory=self.use_graphs)
+        self._args_sent = torch.cuda.Event() if self.use_graphs else None  # the last copy has read _args_host
         self._pool = None
 
     @property
@@ -109,12 +115,14 @@ class Runner:
     def _decode_graph(self, token: int, position: int) -> torch.Tensor:
         """One decode step through a CUDA graph captured for the view's size bucket."""
         slot = self._take_slots(1)[0]
+        self._sync()
         self.cells.append(slot)
         self.positions.append(position)
-        self._sync()
-        s = self.static
-        for name, value in (("tok", token), ("pos", position), ("slot", slot), ("q", len(self.cells) - 1)):
-            s[name].fill_(value)
+        self._args_sent.synchronize()
+        self._args_host.numpy()[:] = (token, position, slot, len(self.cells) - 1)
+        self.args.copy_(self._args_host, non_blocking=True)
+        self._args_sent.record()
+        self.synced = len(self.cells)  # the graph mirrors the new slot itself
         bucket = self._bucket(len(self.cells))
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
@@ -131,6 +139,7 @@ class Runner:
         s, snap = self.static, self.state.snapshot()
 
         def step() -> torch.Tensor:
+            self.slots_dev.index_copy_(0, s["q"], s["slot"])
             ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
             return self.model.forward(s["tok"], ctx, self.cache, self.state)
 

@@ -80,7 +80,9 @@ def run_replicas_cmd(args: argparse.Namespace) -> int:
 
 
 def thread_table(threads: dict[str, Any]) -> str:
-    """Prefill and decode tok/s against the thread count, one row per count."""
+    """Prefill and decode tok/s against the thread count, one row per count (or why the sweep did not run)."""
+    if "skipped" in threads:
+        return f"threads  not measured: {threads['skipped']}"
     lines = [f"threads on {threads['device']} ({threads['model']}, {threads['usable_cores']} usable cores)",
              "threads  prefill tok/s  decode tok/s"]
     lines += [f"{r['threads']:7d}  {r['prefill_tok_s']:13.1f}  {r['decode_tok_s']:12.1f}" for r in threads["rows"]]

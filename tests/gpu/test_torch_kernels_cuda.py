@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 from attention_reference import decode_attention_f64, gated_heads_model, rope_angles  # noqa: E402
-from kvmem_torch.gemv import NormedSum, silu_linear  # noqa: E402
+from kvmem_torch.gemv import NormedSum, output_projection, silu_linear  # noqa: E402
 from kvmem_torch.kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
@@ -38,11 +38,15 @@ def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: 
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("n,k", ((16480, 5120), (5120, 17408)))  # a DeltaNet input projection; the MLP's down
+# a DeltaNet input projection; the MLP's down; a DeltaNet output projection
+@pytest.mark.parametrize("n,k", ((16480, 5120), (5120, 17408), (5120, 6144)))
 def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int) -> None:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
-    if k == 5120:
+    if k == 6144:
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        got, ref = output_projection(x, w), x.double() @ w.double().T
+    elif k == 5120:
         x, delta, norm = torch.randn(1, k, device="cuda").bfloat16(), torch.randn(1, k, device="cuda").bfloat16(), \
             torch.rand(k, device="cuda") + 0.5
         s = NormedSum(x, delta, norm, 1e-6)

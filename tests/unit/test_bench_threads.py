@@ -59,3 +59,8 @@ def test_decode_vs_plain_is_a_goal_only_where_it_was_measured() -> None:
     assert "decode_vs_plain>=0.95" not in goals(base, quick=True)
     assert goals({**base, "decode_vs_plain": 0.97}, quick=True)["decode_vs_plain>=0.95"] is True
     assert goals({**base, "decode_vs_plain": 0.90}, quick=True)["decode_vs_plain>=0.95"] is False
+
+
+def test_thread_table_says_why_a_sweep_was_skipped() -> None:
+    text = thread_table({"model": "tok.gguf", "skipped": "tok.gguf holds no weights (a tokenizer-only GGUF)"})
+    assert text == "threads  not measured: tok.gguf holds no weights (a tokenizer-only GGUF)"

@@ -70,7 +70,7 @@ print(__import__("json").dumps(out))
 FOLDED_PROJECTIONS_VS_FLOAT64 = """
 import torch
 import torch.nn.functional as F
-from kvmem_torch.gemv import NormedSum, project, silu_linear
+from kvmem_torch.gemv import NormedSum, output_projection, project, silu_linear
 torch.manual_seed(0)
 out = {}
 for n, k in ((40, 96), (33, 1030)):  # rows not a multiple of a program's, columns not of a load's
@@ -87,6 +87,7 @@ for n, k in ((40, 96), (33, 1030)):  # rows not a multiple of a program's, colum
     out[f"silu {n}x{k}"] = (silu_linear(gate_up, w).double() - (F.silu(gate) * up) @ w.double().T).abs().max().item()
     projected = project(NormedSum(x, delta, norm, 1e-6), w).double()  # a NormedSum through the dispatch
     out[f"project {n}x{k}"] = (projected - normed @ w.double().T).abs().max().item()
+    out[f"plain {n}x{k}"] = (output_projection(x, w).double() - x.double() @ w.double().T).abs().max().item()
 print(__import__("json").dumps(out))
 """
 
@@ -119,6 +120,7 @@ def test_fused_decode_equals_the_eager_decode_on_tiny_models() -> None:
 
 
 def test_folded_projections_match_float64() -> None:
-    """A projection of rms_norm(x + delta) * w (writing x + delta) and one of silu(gate) * up, each one kernel."""
+    """A projection of rms_norm(x + delta) * w (writing x + delta), one of silu(gate) * up and one of a plain
+    input, each one kernel."""
     errors = interpreted(FOLDED_PROJECTIONS_VS_FLOAT64)
-    assert len(errors) == 8 and max(errors.values()) <= 1e-5, errors
+    assert len(errors) == 10 and max(errors.values()) <= 1e-5, errors
