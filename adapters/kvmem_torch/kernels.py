@@ -63,7 +63,8 @@ DEPENDENT_LAUNCH = True  # off: every kernel waits for the previous one to finis
 
 @functools.cache
 def _hopper_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """An NVIDIA GPU of compute capability 9 or more (ROCm reports its own architecture numbers there)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def dependent_launch(device: torch.device) -> bool:

@@ -124,3 +124,19 @@ def test_folded_projections_match_float64() -> None:
     input, each one kernel."""
     errors = interpreted(FOLDED_PROJECTIONS_VS_FLOAT64)
     assert len(errors) == 10 and max(errors.values()) <= 1e-5, errors
+
+
+def test_dependent_launch_only_on_nvidia_gpus_of_hopper_or_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programmatic dependent launch is an NVIDIA sm_90+ feature; ROCm reports gfx9xx as capability 9.x. No such
+    GPU here: the capability and the HIP version are stand-ins."""
+    import torch
+
+    from kvmem_torch import kernels
+
+    assert not kernels.dependent_launch(torch.device("cpu"))
+    for hip, capability, wanted in ((None, (9, 0), True), (None, (8, 9), False), ("6.2", (9, 4), False)):
+        kernels._hopper_or_later.cache_clear()
+        monkeypatch.setattr(torch.version, "hip", hip)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        assert kernels.dependent_launch(torch.device("cuda", 0)) is wanted
+    kernels._hopper_or_later.cache_clear()
