@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kvmem_torch import kernels
+from kvmem_torch.deltanet_kernels import deltanet_step
 from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
@@ -111,7 +112,7 @@ class DeltaNet:
         mixed, z, b, a = project(x, w["in_fused"]).split(self.sizes, dim=-1)
         T = mixed.shape[0]
         if T == 1 and self.fused:
-            core = kernels.deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
+            core = deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
             return output_projection(core[None], w["out"])
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
