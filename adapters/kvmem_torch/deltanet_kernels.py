@@ -19,7 +19,7 @@ from kvmem_torch.kernels import dependent_launch, triton
 if triton is not None:
     import triton.language as tl
 
-    from kvmem_torch.kernels import _wait_previous
+    from kvmem_torch.kernels import wait_previous
 
 # launch shape (measured on an H200 at the Qwen3.6-27B shape: docs/torch.md)
 DELTANET_COLUMNS, DELTANET_WARPS = 32, 4  # value columns of one head's state per program
@@ -69,7 +69,7 @@ if triton is not None:
         dk, dv = tl.arange(0, DK), j * BV + tl.arange(0, BV)
         at = h * DK * DV + dk[:, None] * DV + dv[None, :]
         state = tl.load(state_ptr + at)  # only this kernel writes the layer's state: read before the wait
-        _wait_previous(PDL)
+        wait_previous(PDL)
         q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, kh * DK + dk, False, KC, TP)
         k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, (NK + kh) * DK + dk, False, KC, TP)
         v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, 2 * NK * DK + h * DV + dv, True, KC, TP)
@@ -90,7 +90,7 @@ if triton is not None:
                            TP: tl.constexpr, PDL: tl.constexpr):
         # one head: RMS norm of its output (plain weight), gated by silu(z), rounded where the torch path rounds;
         # a key head's first value head moves on that key head's q and k conv tails
-        _wait_previous(PDL)
+        wait_previous(PDL)
         h = tl.program_id(0)
         if h % REP == 0:
             qk = (h // REP * DK + tl.arange(0, DK))[None, :] + tl.arange(0, 2)[:, None] * NK * DK  # q row, k row

@@ -24,7 +24,7 @@ from kvmem_torch.kernels import dependent_launch, triton
 if triton is not None:
     import triton.language as tl
 
-    from kvmem_torch.kernels import _let_next_start, _wait_previous
+    from kvmem_torch.kernels import let_next_start, wait_previous
 
 # launch shape (rows of the weight per program, columns per load, warps, pipeline stages), measured on an H200 at
 # the Qwen3.6-27B shape with dependent launches (docs/torch.md): decode 14.61-14.69 ms a token; the down
@@ -70,7 +70,7 @@ if triton is not None:
         k = tl.arange(0, COLS)
         w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
                     eviction_policy="evict_first")
-        _wait_previous(PDL)
+        wait_previous(PDL)
         acc = tl.zeros((ROWS, COLS), tl.float32)
         squares = tl.zeros((COLS,), tl.float32)
         for k0 in range(0, K, COLS):
@@ -81,7 +81,7 @@ if triton is not None:
             squares += sq
             w = tl.load(rows + COLS + k[None, :], mask=n_mask[:, None] & (k + COLS < K)[None, :], other=0.0,
                         eviction_policy="evict_first")
-        _let_next_start(PDL)
+        let_next_start(PDL)
         out = tl.sum(acc, 1)
         if NORM:
             out = out * tl.rsqrt(tl.sum(squares, 0) / K + eps)

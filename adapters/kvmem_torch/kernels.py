@@ -17,7 +17,7 @@ ride in the next projection (``gemv``).
 
 On Hopper and later every decode kernel (here, ``gemv``, ``deltanet_kernels``) launches as a programmatic dependent of the kernel
 before it: its programs are placed while the previous kernel's last ones run and wait for its results at
-``_wait_previous``. What a program reads that no kernel of the step writes (a projection's first weight chunk,
+``wait_previous``. What a program reads that no kernel of the step writes (a projection's first weight chunk,
 a DeltaNet layer's state, which only its own step kernel writes) it loads before that wait.
 
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
@@ -64,23 +64,23 @@ def _hopper_or_later(index: int) -> bool:
 def dependent_launch(device: torch.device) -> bool:
     """Whether the kernels on ``device`` launch as programmatic dependents of the kernel before them (Hopper
     and later): their programs start while the previous kernel's last ones run and wait for its results in
-    ``_wait_previous``, so the launch gap and the previous kernel's tail overlap the next one's start."""
+    ``wait_previous``, so the launch gap and the previous kernel's tail overlap the next one's start."""
     return DEPENDENT_LAUNCH and device.type == "cuda" and _hopper_or_later(device.index or 0)
 
 
 if triton is not None:
 
     @triton.jit
-    def _let_next_start(PDL: tl.constexpr):
+    def let_next_start(PDL: tl.constexpr):
         """Under a dependent launch, let the next kernel launch once every program of this one passed here (its
-        programs then take the SMs this kernel's last ones leave and wait in ``_wait_previous``). Called after a
+        programs then take the SMs this kernel's last ones leave and wait in ``wait_previous``). Called after a
         program's main loop: triggered at the start, the next kernel's waiting programs held the SMs for long and
         decode ran 17% slower on an H200. A kernel that never calls it lets the next one launch as it ends."""
         if PDL:
             gdc_launch_dependents()
 
     @triton.jit
-    def _wait_previous(PDL: tl.constexpr):
+    def wait_previous(PDL: tl.constexpr):
         """Under a dependent launch, wait until the previous kernel finished and its writes are visible. Every
         program passes here before it reads anything an earlier kernel wrote and before its first store (a kernel
         that finished waited for its own predecessor, so every earlier kernel is done too)."""
@@ -98,7 +98,7 @@ if triton is not None:
                       PDL: tl.constexpr):
         # scores = q_pass·k (dims >= RD, straight from the cache) + q_rot·rope(k[:RD]) (a narrow fp32 tile),
         # so only the rotary dims are widened and rotated
-        _wait_previous(PDL)
+        wait_previous(PDL)
         head, part = tl.program_id(0), tl.program_id(1)
         n_splits = tl.num_programs(1)
         g, d, r = tl.arange(0, G_PAD), tl.arange(0, HD), tl.arange(0, RD)
@@ -205,7 +205,7 @@ if triton is not None:
                       SB: tl.constexpr, PDL: tl.constexpr):
         # one query head's dims [c*DB, (c+1)*DB): its splits' partials weighed by exp(m - max m) (a split that saw
         # no key has m = -inf and weighs nothing), then the sigmoid output gate, rounded where the torch path rounds
-        _wait_previous(PDL)
+        wait_previous(PDL)
         hq, c = tl.program_id(0), tl.program_id(1)
         kv, g = hq // G, hq % G
         d, s = c * DB + tl.arange(0, DB), tl.arange(0, SB)
@@ -237,7 +237,7 @@ if triton is not None:
         # programs [0, NH): one query head, RMS-normed (qwen35) and rotated into q_out, rounded where the torch
         # path rounds; [NH, NH + KV): one kv head, K normed and K/V written to the new token's cache rows
         # (K pre-RoPE, as the cache holds it)
-        _wait_previous(PDL)
+        wait_previous(PDL)
         i = tl.program_id(0)
         d = tl.arange(0, HD)
         dt = q_out_ptr.dtype.element_ty

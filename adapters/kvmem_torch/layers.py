@@ -128,7 +128,7 @@ class Attention:
         w = self.w
         qkv = project(x, w["qkv_fused"], w.get("qkv_bias"))
         T = qkv.shape[0]
-        if ctx.n_keys is not None and self.fused and ctx.capture is None:
+        if self.decodes_in_kernels(T, ctx.capture is not None):
             return output_projection(self.decode_fused(qkv[0], ctx, cache)[None], w["o"])
         q, k, v = qkv.split(self.sizes, dim=-1)
         gate = None
@@ -147,6 +147,11 @@ class Attention:
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return F.linear(out, w["o"])
+
+    def decodes_in_kernels(self, n_new: int, capture: bool) -> bool:
+        """Whether a forward of ``n_new`` tokens runs this layer through the decode kernels (one token, the
+        kernels on, no query capture); they stop at ``StepContext.n_keys`` and need no mask."""
+        return n_new == 1 and self.fused and not capture
 
     def decode_fused(self, qkv: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """One token from its projection row to the gated attention output [heads * hd], in three kernels."""

@@ -102,8 +102,9 @@ class Model:
         """Device-side part of the context (no host sync): positions written, mask and RoPE tables built."""
         cache.pos.index_copy_(0, slots, positions)
         mask = None
-        one_fused = positions.shape[0] == 1 and not capture and self.attention_fused()
-        if q_index.shape[0] <= SMALL_QUERY and not one_fused:  # the decode kernel masks by n_keys
+        kernels_only = all(mixer.decodes_in_kernels(positions.shape[0], capture)
+                           for kind, mixer, _ in self.layers if kind == ATTENTION)
+        if q_index.shape[0] <= SMALL_QUERY and not kernels_only:
             mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
             mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
         q_cos, q_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
@@ -111,10 +112,6 @@ class Model:
         n_keys = q_index + 1 if positions.shape[0] == 1 else None
         return StepContext(cache.base_rows(slots), cache.base_rows(key_slots), mask, q_cos, q_sin, k_cos, k_sin,
                            {} if capture else None, n_keys)
-
-    def attention_fused(self) -> bool:
-        """Whether every attention layer runs one token through the decode kernels (which need no mask)."""
-        return all(mixer.fused for kind, mixer, _ in self.layers if kind == ATTENTION)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
                 last_only: bool = True) -> torch.Tensor:
