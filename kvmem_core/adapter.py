@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -44,19 +44,29 @@ class Placement:
     dst_pos: int
 
 
-@dataclass(frozen=True, eq=False)
 class ForwardOut:
     """Result of a forward over the view.
 
     ``logits``: float32 ``[vocab]`` of the last token (None when not asked for); it may be a read-only view of
-    the backend's own buffer, valid until the adapter's next ``forward``: copy it to keep it longer.
+    the backend's own buffer, valid until the adapter's next ``forward``: copy it to keep it longer. A forward
+    may return while the device still computes them (``read``, a call that waits for them): the first access
+    of ``logits`` waits, so the caller's host work can overlap the device's. Read them before the next forward.
     ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
     for the tokens asked for with ``capture_from`` (None otherwise): the query projection
     without its bias (the bias pulls every query toward the same keys, whatever it asks).
     """
 
-    logits: np.ndarray | None
-    queries: np.ndarray | None = None
+    __slots__ = ("_logits", "_read", "queries")
+
+    def __init__(self, logits: np.ndarray | None = None, queries: np.ndarray | None = None, *,
+                 read: Callable[[], np.ndarray] | None = None) -> None:
+        self._logits, self._read, self.queries = logits, read, queries
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        if self._read is not None:
+            self._logits, self._read = self._read(), None
+        return self._logits
 
 
 @runtime_checkable

@@ -394,14 +394,14 @@ class KVMemEngine(WorkspaceOps):
         mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
 
-        def advance(token: int) -> np.ndarray:
+        def advance(token: int) -> Callable[[], np.ndarray]:
             if adapter.view_free() < 1:
                 self._archive(ws, pending)
                 pending.clear()
                 self._make_room(cfg, mode, 1)
             out = adapter.forward([token], [self.view.next_pos])
             pending.extend(append_computed(self.view, [token]))
-            return out.logits
+            return lambda: out.logits
 
         text, ids, finish = decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
                                    steer)

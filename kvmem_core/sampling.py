@@ -15,8 +15,9 @@ import numpy as np
 
 from kvmem_core.contract import OnText, SamplingParams
 
-Advance = Callable[[int], np.ndarray]
-"""Runs one sampled token through the model (committing it) and returns the next logits."""
+Advance = Callable[[int], Callable[[], np.ndarray]]
+"""Starts one sampled token through the model (committing it); -> a call that waits for the next logits, so the
+token's text can stream while the device computes."""
 
 
 class Steer(Protocol):
@@ -144,7 +145,8 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
     """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
 
     Every sampled token but an end-of-generation one is in the ids (the one that completed a
-    stop string too); ``advance`` runs each token but the last through the model. The finish
+    stop string too); ``advance`` runs each of them but the ``max_tokens``-th through the model, the one
+    that completes a stop string included (the model runs it while its text streams). The finish
     reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``. A
     ``steer`` may force tokens in place of sampled ones; its ``lead`` starts the text (and
     is streamed first), outside the ids.
@@ -162,6 +164,7 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
             finish = "stop"
             break
         ids.append(token)
+        next_logits = advance(token) if i + 1 < params.max_tokens else None
         data = token_bytes(token)
         if steer is not None:
             steer.observe(data)
@@ -169,6 +172,6 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
         if ended is not None:
             finish = ended
             break
-        if i + 1 < params.max_tokens:
-            logits = advance(token)
+        if next_logits is not None:
+            logits = next_logits()
     return lead + stream.close(), ids, finish

@@ -148,7 +148,7 @@ class LlamaCppAdapter:
             _copy_view(ctx, self.ctx)
         self._view.update(int(p) for p in positions)
         queries = self.capture.take() if capture_from is not None else None
-        return ForwardOut(ctx.last_logits() if want_logits else None, queries)
+        return ForwardOut(queries=queries, read=ctx.last_logits if want_logits else None)
 
     def view_free(self) -> int:
         return self.ctx.n_ctx - len(self._view)

@@ -1,6 +1,8 @@
 """Think blocks in the decode loop: counted, ended on budget by forcing the closing tag, text made explicit."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pytest
 
@@ -26,10 +28,11 @@ def run(script: list[int], steer: Thinking | None, max_tokens: int = 20) -> tupl
     pos = 0
     pieces: list[str] = []
 
-    def advance(token: int) -> np.ndarray:
+    def advance(token: int) -> Callable[[], np.ndarray]:
         nonlocal pos
         pos += token == said[pos]
-        return one_hot(said[pos])
+        logits = one_hot(said[pos])
+        return lambda: logits
 
     text, ids, finish = decode(SamplingParams(temperature=0, max_tokens=max_tokens), one_hot(said[0]),
                                lambda t: VOCAB[t], lambda t: t == EOS, advance, lambda p: pieces.append(p) is None, steer)

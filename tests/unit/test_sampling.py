@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -92,19 +93,32 @@ def test_a_refused_piece_aborts() -> None:
     assert s.push(b"Hello E") == "abort"
 
 
-def test_decode_commits_every_token_but_the_last_and_reports_why_it_ended() -> None:
+def test_decode_commits_every_token_but_the_length_limits_last_and_reports_why_it_ended() -> None:
     pieces = {1: b"Hel", 2: b"lo", 3: b" EN", 4: b"D!", 9: b""}
     logits_for = {0: 1, 1: 2, 2: 3, 3: 4}
     advanced: list[int] = []
 
-    def advance(token: int) -> np.ndarray:
+    def advance(token: int) -> Callable[[], np.ndarray]:
         advanced.append(token)
-        return np.eye(10, dtype=np.float32)[logits_for.get(token, 9)]
+        return lambda: np.eye(10, dtype=np.float32)[logits_for.get(token, 9)]
 
     greedy = SamplingParams(temperature=0.0, max_tokens=10, stop=("END",))
     text, ids, finish = decode(greedy, np.eye(10, dtype=np.float32)[1], pieces.__getitem__, lambda t: t == 9, advance,
                                lambda piece: True)
-    assert (text, ids, finish) == ("Hello ", [1, 2, 3, 4], "stop") and advanced == [1, 2, 3]
+    assert (text, ids, finish) == ("Hello ", [1, 2, 3, 4], "stop") and advanced == [1, 2, 3, 4]
+    advanced.clear()
     text, ids, finish = decode(SamplingParams(temperature=0.0, max_tokens=2), np.eye(10, dtype=np.float32)[1],
                                pieces.__getitem__, lambda t: t == 9, advance, lambda piece: True)
-    assert (text, ids, finish) == ("Hello", [1, 2], "length")
+    assert (text, ids, finish) == ("Hello", [1, 2], "length") and advanced == [1]
+
+
+def test_decode_streams_a_tokens_text_after_starting_the_next_forward() -> None:
+    events: list[str] = []
+
+    def advance(token: int) -> Callable[[], np.ndarray]:
+        events.append(f"forward {token}")
+        return lambda: events.append(f"wait {token}") or np.eye(10, dtype=np.float32)[token + 1]
+
+    decode(SamplingParams(temperature=0.0, max_tokens=3), np.eye(10, dtype=np.float32)[1], lambda t: b"x",
+           lambda t: False, advance, lambda piece: events.append(f"text {piece}") is None)
+    assert events == ["forward 1", "text x", "wait 1", "forward 2", "text x", "wait 2", "text x"]
