@@ -99,8 +99,11 @@ class TorchAdapter:
             if capture:
                 captured.append(torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a):])
         queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
+        if not want_logits:
+            return ForwardOut(queries=queries)
+        last = logits[-1]
         # page-locked on a GPU: a pageable copy of the vocabulary costs a decode step more than the bytes
-        return ForwardOut(_to_host(logits[-1].float()).numpy() if want_logits else None, queries)
+        return ForwardOut(queries=queries, read=lambda: _to_host(last.float()).numpy())
 
     def view_free(self) -> int:
         return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())
