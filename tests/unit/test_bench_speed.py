@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from model_support import small_model
 
 from kvmem.bench.speed_common import floor_s, goals, headline, ratio, rss_mb, table, write_outputs
-from kvmem.bench.speed_llamacpp import ForwardClock
+from kvmem.bench.speed_llamacpp import ForwardClock, decode_rate
+from kvmem_core.adapter import ForwardOut
 
 CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}
 
@@ -70,21 +74,30 @@ def test_rss_reads_this_process():
 
 
 class _Adapter:
+    """Forwards that return before their logits are out, as on a GPU: reading them takes ``WAIT`` seconds."""
+
+    WAIT = 0.02
+
     def forward(self, tokens, positions):
-        return len(tokens)
+        return ForwardOut(read=lambda: time.sleep(self.WAIT) or np.zeros(len(tokens), dtype=np.float32))
 
 
-def test_forward_clock_separates_prefill_replay_and_decode():
+def test_forward_clock_separates_prefill_replay_and_decode_and_waits_for_multi_token_logits():
     adapter = _Adapter()
     clock = ForwardClock(adapter)
-    for n in (512, 488, 256, 1, 1):
-        assert adapter.forward([0] * n, []) == n
+    outs = [adapter.forward([0] * n, []) for n in (512, 488, 256, 1, 1)]
     durations = [sec for _, sec in clock.calls]
     assert [n for n, _ in clock.calls] == [512, 488, 256, 1, 1]
+    assert min(durations[:3]) >= _Adapter.WAIT > max(durations[3:])
     assert clock.replay_s(1000) == durations[2]
-    assert clock.decode_s == durations[3] + durations[4]
+    assert outs[0].logits.shape == (512,) and outs[-1].logits.shape == (1,)
     clock.reset()
     assert clock.calls == [] and clock.replay_s(0) == 0.0
+
+
+def test_decode_rate_is_forwards_per_second_of_the_decode_phase():
+    assert decode_rate(SimpleNamespace(token_ids=(5, 6, 7, 8, 9), timings={"decode_s": 2.0})) == 2.0
+    assert decode_rate(SimpleNamespace(token_ids=(5,), timings={"decode_s": 0.1})) is None
 
 
 @pytest.mark.llamacpp

@@ -100,7 +100,7 @@ def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
         if measure:
             todo.pop(0)
             points.append(point(engine, result, clock))
-            points[-1]["kvmem_tok_s"] = max([points[-1]["kvmem_tok_s"] or 0.0, *decode_rounds(engine, request, clock)])
+            points[-1]["kvmem_tok_s"] = max([points[-1]["kvmem_tok_s"] or 0.0, *decode_rounds(engine, request)])
             transcripts.append(engine.tokenize(engine.adapter.render_chat(messages)))
             p = points[-1]
             log(f"turn {turn}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
@@ -109,17 +109,22 @@ def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
     return points, transcripts
 
 
-def decode_rounds(engine: Any, request: StepRequest, clock: ForwardClock, rounds: int = 2) -> list[float]:
+def decode_rounds(engine: Any, request: StepRequest, rounds: int = 2) -> list[float]:
     """Decode tok/s of the same step repeated (a full cache hit, the view already selected): the best
     of several runs is the least disturbed on a shared machine."""
     out = []
     for _ in range(rounds):
-        clock.reset()
-        result = engine.step(request, lambda piece: True)
-        forwards = len(result.token_ids) - 1
-        if forwards > 0:
-            out.append(forwards / clock.decode_s)
+        rate = decode_rate(engine.step(request, lambda piece: True))
+        if rate is not None:
+            out.append(rate)
     return out
+
+
+def decode_rate(result: Any) -> float | None:
+    """A step's one-token forwards per second of its decode phase (which streams each token's text while the
+    device runs the next forward, so the forwards' own wall times say nothing), or None without any."""
+    forwards = len(result.token_ids) - 1
+    return forwards / result.timings["decode_s"] if forwards > 0 else None
 
 
 def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
@@ -133,14 +138,15 @@ def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
             "prefill_tokens": int(t["prefill_tokens"]), "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
             "select_s": t["select_s"], "replay_s": replay, "select_materialize_s": t["select_s"] - replay,
             "select_share": ratio(t["select_s"], ttft), "select_materialize_share": ratio(t["select_s"] - replay, ttft),
-            "kvmem_tok_s": ratio(forwards, clock.decode_s) if forwards else None, "decode_tokens": forwards,
+            "kvmem_tok_s": decode_rate(result), "decode_tokens": forwards,
             "method": result.selection.get("method"), "selected_blocks": len(result.selection.get("blocks", ())),
             "rss_mb": rss, "peak_rss_mb": peak, "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6}
 
 
 class ForwardClock:
     """Times every ``forward`` of one adapter (wrapping the bound method), to split a step's phases:
-    prefill chunks come first, then at most one multi-token replay, then one-token decodes."""
+    prefill chunks come first, then at most one multi-token replay, then one-token decodes. A multi-token
+    forward is timed until its logits are out (a forward may return before the device finishes)."""
 
     def __init__(self, adapter: Any) -> None:
         self.calls: list[tuple[int, float]] = []
@@ -149,6 +155,8 @@ class ForwardClock:
         def timed(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             out = inner(tokens, *args, **kwargs)
+            if len(tokens) > 1:
+                _ = out.logits  # waits for the device
             self.calls.append((len(tokens), time.perf_counter() - t0))
             return out
 
@@ -165,10 +173,6 @@ class ForwardClock:
                 out += sec
             seen += n
         return out
-
-    @property
-    def decode_s(self) -> float:
-        return sum(sec for n, sec in self.calls if n == 1)
 
 
 def stateless(model_path: str, ids: list[int], decode_tokens: int, opts: dict[str, Any]) -> dict[str, float]:

@@ -60,11 +60,11 @@ def measure(adapter: Any, n: int, *, prompt: int, decode: int, rounds: int) -> d
     for _ in range(rounds):
         adapter.clear_view()
         t0 = time.perf_counter()
-        adapter.forward(ids, list(range(len(ids))))
+        _ = adapter.forward(ids, list(range(len(ids)))).logits  # a forward may return before the device is done
         prefill.append(len(ids) / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         for i in range(decode):
-            adapter.forward([ids[i]], [len(ids) + i])
+            _ = adapter.forward([ids[i]], [len(ids) + i]).logits
         steps.append(decode / (time.perf_counter() - t0))
     adapter.clear_view()
     return {"threads": n, "prefill_tok_s": round(max(prefill), 1), "decode_tok_s": round(max(steps), 1),
