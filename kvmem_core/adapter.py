@@ -47,10 +47,11 @@ class Placement:
 class ForwardOut:
     """Result of a forward over the view.
 
-    ``logits``: float32 ``[vocab]`` of the last token (None when not asked for); it may be a read-only view of
-    the backend's own buffer, valid until the adapter's next ``forward``: copy it to keep it longer. A forward
-    may return while the device still computes them (``read``, a call that waits for them): the first access
-    of ``logits`` waits, so the caller's host work can overlap the device's. Read them before the next forward.
+    ``logits``: float32 ``[vocab]`` of the last token (None when not asked for); it may be a view of the
+    backend's own buffer, not to be written and valid until the adapter's next ``forward``: copy it to keep it.
+    A forward may return while the device still computes them (``read``, a call that waits for them): the
+    first access of ``logits`` waits, so the caller's host work can overlap the device's. Read them before the
+    next forward.
     ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
     for the tokens asked for with ``capture_from`` (None otherwise): the query projection
     without its bias (the bias pulls every query toward the same keys, whatever it asks).

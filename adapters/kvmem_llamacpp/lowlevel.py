@@ -194,12 +194,11 @@ class LlamaContext:
         self.threads = threads
 
     def last_logits(self) -> np.ndarray:
-        """The last decoded token's logits, float32 [vocab]: a read-only view of llama.cpp's output buffer, valid
-        until this context's next ``decode`` (a copy would cost a large vocabulary ~2% of a GPU decode step)."""
+        """The last decoded token's logits, float32 [vocab]: a view of llama.cpp's output buffer (not to be written),
+        valid until this context's next ``decode`` (a copy would cost a large vocabulary ~2% of a GPU decode step).
+        The view stays writeable: numpy copies a read-only array before ``argmax``."""
         ptr = L.llama_get_logits_ith(self.ptr, -1)
-        view = np.frombuffer(self._logits_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
-        view.flags.writeable = False
-        return view
+        return np.frombuffer(self._logits_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         L.llama_memory_seq_rm(self.mem, seq, p0, p1)

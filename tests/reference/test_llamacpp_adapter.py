@@ -70,6 +70,14 @@ def test_blocks_read_out_and_written_back_restore_identical_logits(adapter, ids)
     assert np.array_equal(got, want)
 
 
+def test_logits_are_a_writeable_view_of_llama_cpps_output_buffer(adapter, ids):
+    """No copy per token: numpy's argmax copies a read-only array first (152K floats: 17.8 against 7.6 us here)."""
+    prefill(adapter, ids[:64])
+    logits = adapter.forward(ids[64:65], [64]).logits
+    buffer = adapter.ctx.last_logits()
+    assert np.shares_memory(logits, buffer) and logits.flags.writeable
+
+
 def test_moving_a_block_rerotates_keys_like_computing_it_there(adapter, ids):
     prefill(adapter, ids[:64], start=0)
     near = adapter.read_block(0, 64)
