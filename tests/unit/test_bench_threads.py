@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from kvmem.bench.speed_common import goals
 from kvmem.bench.speed_threads import measure, thread_counts
 from kvmem.cmd_bench import thread_table
+from kvmem_core.adapter import ForwardOut
 from kvmem_core.threads import Threads
 
 
@@ -15,6 +18,7 @@ class FakeAdapter:
     def __init__(self) -> None:
         self.threads: list[Threads] = []
         self.forwards: list[tuple[int, int]] = []
+        self.reads: list[int] = []
         self.cleared = 0
 
     def set_threads(self, threads: Threads) -> None:
@@ -23,9 +27,11 @@ class FakeAdapter:
     def tokenize(self, text: str) -> list[int]:
         return list(range(len(text.split())))
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int]) -> None:
+    def forward(self, tokens: Sequence[int], positions: Sequence[int]) -> ForwardOut:
+        """A forward whose logits, like a GPU's, are only waited for when read (``reads`` counts that)."""
         assert len(tokens) == len(positions)
         self.forwards.append((len(tokens), positions[0]))
+        return ForwardOut(read=lambda: self.reads.append(positions[0]) or np.zeros(8, dtype=np.float32))
 
     def clear_view(self) -> None:
         self.cleared += 1
@@ -43,6 +49,7 @@ def test_measure_prefills_then_decodes_after_the_prompt_with_the_count_set() -> 
     row = measure(adapter, 4, prompt=32, decode=3, rounds=2)
     assert adapter.threads == [Threads(4, 4)]
     assert adapter.forwards == [(32, 0), (1, 32), (1, 33), (1, 34)] * 2
+    assert adapter.reads == [0, 32, 33, 34] * 2  # every forward timed until its logits are out
     assert adapter.cleared == 3  # before each round and after the last
     assert row["threads"] == 4 and row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0
     assert (row["prompt_tokens"], row["decode_tokens"]) == (32, 3)
