@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from model_support import small_model
 
-from kvmem.bench.speed_common import floor_s, goals, headline, ratio, rss_mb, table, write_outputs
-from kvmem.bench.speed_llamacpp import ForwardClock, decode_rate
+from kvmem.bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
+from kvmem.bench.speed_llamacpp import ForwardClock
 from kvmem_core.adapter import ForwardOut
 
 CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}

@@ -8,6 +8,8 @@ from model_support import SMALL_MODEL, small_model
 
 from test_cli_run import kvmem
 
+from kvmem_core.config import KVMemConfig
+
 CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}
 pytestmark = pytest.mark.slow  # real prefills and decodes: tens of seconds each
 
@@ -39,5 +41,6 @@ def test_llamacpp_session_measures_every_size_against_the_plain_engine():
     assert result["ttft_speedup"] == pytest.approx(last["reprefill_ttft_s"] / last["reuse_ttft_s"])
     assert last["select_s"] >= last["replay_s"] >= 0 and 1 <= last["decode_tokens"] <= 3
     t = result["transfer"]
-    assert t["bytes"] == t["blocks"] * 2 * 30 * 128 * 3 * 64 * 2  # K and V, 30 layers x 128 tokens x 3 heads x 64, f16
+    block = KVMemConfig.block_tokens
+    assert t["bytes"] == t["blocks"] * 2 * 30 * block * 3 * 64 * 2  # K and V, 30 layers x block x 3 heads x 64, f16
     assert t["host_to_view_GBps"] > 0 and t["nvme_to_view_GBps"] > 0

@@ -20,6 +20,15 @@ GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tole
          "decode_vs_plain": 0.95}
 
 
+def decode_rate(result: Any) -> float | None:
+    """A step's one-token forwards per second of its decode phase, or None without any: the first token comes
+    from the prefill's logits, so n tokens take n - 1 forwards (as a plain loop that evaluates each token after
+    the prompt's last). The forwards' own wall times say nothing: the phase streams each token's text while the
+    device runs the next forward."""
+    forwards = len(result.token_ids) - 1
+    return forwards / result.timings["decode_s"] if forwards > 0 else None
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     """``num / den``; None when either is missing, not finite or the denominator is not positive."""
     if num is None or den is None or not math.isfinite(num) or not math.isfinite(den) or den <= 0:

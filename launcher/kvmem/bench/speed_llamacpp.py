@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem.bench.speed_common import headline, ratio, rss_mb
+from kvmem.bench.speed_common import decode_rate, headline, ratio, rss_mb
 from kvmem.bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_core.adapter import Placement
 from kvmem_core.bench_prompt import measure as measure_prompt
@@ -118,13 +118,6 @@ def decode_rounds(engine: Any, request: StepRequest, rounds: int = 2) -> list[fl
         if rate is not None:
             out.append(rate)
     return out
-
-
-def decode_rate(result: Any) -> float | None:
-    """A step's one-token forwards per second of its decode phase (which streams each token's text while the
-    device runs the next forward, so the forwards' own wall times say nothing), or None without any."""
-    forwards = len(result.token_ids) - 1
-    return forwards / result.timings["decode_s"] if forwards > 0 else None
 
 
 def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kvmem.bench.speed_common import decode_rate
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 
@@ -34,7 +35,7 @@ def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5
     try:
         for _ in range(rounds):
             result = engine.step(request, lambda piece: True)
-            ours.append(result.timings["decode_tokens"] / result.timings["decode_s"])
+            ours.append(decode_rate(result))
             theirs.append(plain.decode(decode_tokens))
     finally:
         engine.close()
