@@ -220,7 +220,9 @@ class LlamaContext:
         return memoryview(self._state)[:n]
 
     def set_state(self, seq: int, blob: np.ndarray, n_bytes: int) -> None:
-        """Restore ``seq`` (cleared first by llama.cpp) from the first ``n_bytes`` of ``blob``."""
+        """Replace ``seq`` with the first ``n_bytes`` of ``blob``, an empty sequence's blob included (llama.cpp
+        restores that by leaving the sequence's cells in place, hence the removal first)."""
+        self.seq_rm(seq)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         if L.llama_state_seq_set_data(self.ptr, ptr, n_bytes, seq) != n_bytes:
             raise RuntimeError("llama_state_seq_set_data failed: the view has no room for these blocks")

@@ -75,3 +75,16 @@ def test_by_default_the_capture_context_follows_the_placement_and_gives_way_to_m
             on_cpu._make_contexts(context, True, optional=False)  # asked for explicitly: the error stands
     finally:
         on_cpu.close()
+
+
+def test_a_cleared_view_leaves_no_cells_behind_in_the_capture_context(engines):
+    """The view copied into the capture context replaces what it held, an empty view too (llama.cpp restores an
+    empty sequence by leaving the destination's cells in place): after ``clear_view`` a captured forward may start
+    at any position."""
+    adapter = engines[True].adapter
+    ids = adapter.tokenize("The archive keeps every ledger of the harbour. " * 8)[:40]
+    adapter.clear_view()
+    first = adapter.forward(ids, list(range(40)), capture_from=30).queries
+    adapter.clear_view()
+    moved = adapter.forward(ids, list(range(500, 540)), capture_from=30).queries
+    assert np.array_equal(first[0], moved[0]) and not np.array_equal(first[5], moved[5])
