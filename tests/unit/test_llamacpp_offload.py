@@ -73,3 +73,12 @@ def test_readme_build_lines_use_options_this_llama_cpp_knows() -> None:
         names = [flag[2:].split("=")[0] for flag in flags.split() if flag.startswith("-DGGML_")]
         assert names and all(name in options for name in names), (runtime, names)
         assert flags in offload.rebuild_command(runtime)
+
+
+def test_the_build_leaves_out_amx_kernels() -> None:
+    """``./kvmem`` builds llama.cpp for this machine's CPU without AMX: its AMX matrix kernels crash every process
+    in the first ``llama_decode`` on AMX Xeons under some hypervisors (plain llama-cpp-python too). A build made
+    with ``CMAKE_ARGS`` that puts AMX back fails here, by name, before the tests that would crash."""
+    import llama_cpp
+
+    assert "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(), "llama.cpp was built with AMX"
