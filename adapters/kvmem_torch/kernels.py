@@ -41,7 +41,7 @@ except ImportError:  # the eager path serves when Triton is absent
 BLOCK_N = 32  # keys per attention tile
 MIN_SPLIT = 512  # keys per attention program, at least
 MAX_PROGRAMS = 1024  # attention programs per layer, at most
-ATTENTION_WARPS, ATTENTION_STAGES = 4, 3
+ATTENTION_WARPS, ATTENTION_STAGES = 4, 2
 MERGE_DIMS = 64  # head dims per merge program
 
 
