@@ -31,7 +31,7 @@ if triton is not None:
 # projection at (4, 512) 14.99, (2, 2048) 15.01; every projection at (2, 2048) 17.2, (1, 2048) 20.8.
 # Triton's interpreter runs programs one after another, so the unit tests run it with wide programs.
 LAUNCH_SHAPE = (2, 1024, 4, 3)
-INTERPRETED_SHAPE = (16, 512, 4, 3)
+INTERPRETED_SHAPE = (128, 512, 4, 3)
 
 if triton is not None:
 

@@ -73,7 +73,7 @@ import torch.nn.functional as F
 from kvmem_torch.gemv import NormedSum, output_projection, project, silu_linear
 torch.manual_seed(0)
 out = {}
-for n, k in ((40, 96), (33, 1030)):  # rows not a multiple of a program's, columns not of a load's
+for n, k in ((300, 96), (33, 1030)):  # rows not a multiple of a program's (several programs), columns not of a load's
     x, delta, w = torch.randn(1, k), torch.randn(1, k), torch.randn(n, k) / k ** 0.5
     norm, bias = torch.rand(k) + 0.5, torch.randn(n)
     s = NormedSum(x, delta, norm, 1e-6)
