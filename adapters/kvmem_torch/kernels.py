@@ -3,8 +3,8 @@
 Attention (split-K "flash decoding" over the paged cache): one new token attends to the view's ``S`` slots. The eager path gathers every K/V row into
 a contiguous copy, rotates all keys and runs two matmuls: about five passes over the view.
 This kernel reads each K and V row once, applies RoPE to the keys in registers from the
-step's shared cos/sin tables, and keeps an online softmax per split of the keys; a short
-torch epilogue merges the splits. Queries of one GQA group share a program, so K/V rows
+cache's per-slot cos/sin rows, and keeps an online softmax per split of the keys; a second
+kernel merges the splits. Queries of one GQA group share a program, so K/V rows
 are read once per KV head.
 
 Around it, ``attention_prologue`` does one token's q/k norms, query RoPE and cache writes in one
@@ -27,8 +27,12 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kvmem_torch.paged import PagedKV
 
 try:
     import triton
@@ -80,6 +84,11 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
+    def slot_row(slot, B: tl.constexpr, block_rows):
+        """Row of a slot's layer-0 K in the cache's rows (``PagedKV.base_rows``)."""
+        return (slot // B) * block_rows + slot % B
+
+    @triton.jit
     def wait_previous(PDL: tl.constexpr):
         """Under a dependent launch, wait until the previous kernel finished and its writes are visible. Every
         program passes here before it reads anything an earlier kernel wrote and before its first store (a kernel
@@ -91,11 +100,11 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(q_ptr, rows_ptr, key_rows_ptr, cos_ptr, sin_ptr, n_keys_ptr,
-                      out_ptr, m_ptr, l_ptr, k_off, v_off, scale, S,
+    def _split_kernel(q_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, n_keys_ptr,
+                      out_ptr, m_ptr, l_ptr, k_off, v_off, block_rows, scale, S,
                       SPLIT: tl.constexpr, IEEE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
-                      G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, BLOCK: tl.constexpr,
-                      PDL: tl.constexpr):
+                      G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, B: tl.constexpr,
+                      BLOCK: tl.constexpr, PDL: tl.constexpr):
         # scores = q_pass·k (dims >= RD, straight from the cache) + q_rot·rope(k[:RD]) (a narrow fp32 tile),
         # so only the rotary dims are widened and rotated
         wait_previous(PDL)
@@ -118,12 +127,13 @@ if triton is not None:
         for n0 in range(0, SPLIT, BLOCK):  # a constant trip count; the view's end is a mask
             n = start + n0 + tl.arange(0, BLOCK)
             valid = n < stop
-            base = tl.load(key_rows_ptr + n, mask=valid, other=0)
+            slot = tl.load(slots_ptr + n, mask=valid, other=0)
+            base = slot_row(slot, B, block_rows)
             k_at = rows_ptr + (((base + k_off) * KV + head) * HD)[:, None]
             v_at = rows_ptr + (((base + v_off) * KV + head) * HD)[:, None]
             k_r = tl.load(k_at + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
             k_p = tl.load(k_at + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-            cs = n[:, None] * RD + r[None, :]
+            cs = slot[:, None] * RD + r[None, :]
             cos = tl.load(cos_ptr + cs, mask=valid[:, None], other=1.0).to(tl.float32)
             sin = tl.load(sin_ptr + cs, mask=valid[:, None], other=0.0).to(tl.float32)
             k_r = k_r * cos + sign[None, :] * k_p * sin
@@ -150,9 +160,10 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         at = (head * n_splits + part) * G_PAD + g
-        tl.store(out_ptr + at[:, None] * HD + d[None, :], acc)
-        tl.store(m_ptr + at, m_i)
-        tl.store(l_ptr + at, l_i)
+        real = g < G  # the padding rows of the group stay unwritten: the merge never reads them
+        tl.store(out_ptr + at[:, None] * HD + d[None, :], acc, mask=real[:, None])
+        tl.store(m_ptr + at, m_i, mask=real)
+        tl.store(l_ptr + at, l_i, mask=real)
 
 
 def _splits(S: int, n_kv: int) -> tuple[int, int]:
@@ -164,19 +175,18 @@ def _splits(S: int, n_kv: int) -> tuple[int, int]:
     return -(-S // split), split
 
 
-def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor, k_off: int, v_off: int,
-                     cos: torch.Tensor, sin: torch.Tensor, n_keys: torch.Tensor,
+def decode_attention(q: torch.Tensor, cache: PagedKV, layer: int, key_slots: torch.Tensor, n_keys: torch.Tensor,
                      gate: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·R(pos)k/√d) v for one token over the first ``n_keys`` of the view's slots.
 
-    q [heads, hd] already rotated; rows [R, kv, hd] the cache (pre-RoPE K); key_rows [S] the view's
-    base rows (``PagedKV.base_rows``), read at ``+ k_off`` (K) and ``+ v_off`` (V); cos/sin [S, rd] for
-    the keys; n_keys a one-element integer tensor (device-side, so a captured graph can vary it); gate
-    (qwen35's output gate): head h's gate at ``gate[h * 2 * hd:]`` (the fused projection's layout), applied
-    as ``out * sigmoid(gate)``. -> [heads, hd] in q's dtype.
+    q [heads, hd] already rotated; ``cache`` holds the keys pre-RoPE and each slot's cos/sin row; key_slots
+    [S] the view's slots, attention layer ``layer``'s K/V read at each; n_keys a one-element integer tensor
+    (device-side, so a captured graph can vary it); gate (qwen35's output gate): head h's gate at
+    ``gate[h * 2 * hd:]`` (the fused projection's layout), applied as ``out * sigmoid(gate)``.
+    -> [heads, hd] in q's dtype.
     """
     n_heads, hd = q.shape
-    n_kv, S, rd = rows.shape[1], key_rows.shape[0], cos.shape[1]
+    n_kv, S, rd = cache.rows.shape[1], key_slots.shape[0], cache.cos.shape[1]
     G = n_heads // n_kv
     G_PAD = max(16, triton.next_power_of_2(G))
     n_splits, split = _splits(S, n_kv)
@@ -184,10 +194,11 @@ def decode_attention(q: torch.Tensor, rows: torch.Tensor, key_rows: torch.Tensor
     acc = torch.empty(n_kv, n_splits, G_PAD, hd, dtype=torch.float32, device=q.device)
     m = torch.empty(n_kv, n_splits, G_PAD, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    _split_kernel[(n_kv, n_splits)](q.contiguous(), rows, key_rows, cos.contiguous(), sin.contiguous(), n_keys,
-                                    acc, m, l, k_off, v_off, hd ** -0.5, S,
-                                    SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G, G_PAD=G_PAD, HD=hd,
-                                    RD=rd, BLOCK=BLOCK_N, PDL=pdl, num_warps=ATTENTION_WARPS,
+    _split_kernel[(n_kv, n_splits)](q.contiguous(), cache.rows, key_slots, cache.cos, cache.sin, n_keys,
+                                    acc, m, l, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
+                                    hd ** -0.5, S, SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G,
+                                    G_PAD=G_PAD, HD=hd, RD=rd, B=cache.block_tokens, BLOCK=BLOCK_N, PDL=pdl,
+                                    num_warps=ATTENTION_WARPS,
                                     num_stages=ATTENTION_STAGES, launch_pdl=pdl)
     out = torch.empty(n_heads, hd, dtype=q.dtype, device=q.device)
     dims = min(MERGE_DIMS, hd)
@@ -231,9 +242,10 @@ if triton is not None:
         tl.store(out_ptr + hq * HD + d, out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
-    def _prologue_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, rows_ptr, new_row_ptr, q_out_ptr,
-                         k_off, v_off, eps, NH: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr,
-                         RD: tl.constexpr, Q_STRIDE: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    def _prologue_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, rows_ptr, new_slot_ptr, q_out_ptr,
+                         k_off, v_off, block_rows, eps, NH: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr,
+                         RD: tl.constexpr, Q_STRIDE: tl.constexpr, NORM: tl.constexpr, B: tl.constexpr,
+                         PDL: tl.constexpr):
         # programs [0, NH): one query head, RMS-normed (qwen35) and rotated into q_out, rounded where the torch
         # path rounds; [NH, NH + KV): one kv head, K normed and K/V written to the new token's cache rows
         # (K pre-RoPE, as the cache holds it)
@@ -258,7 +270,7 @@ if triton is not None:
             tl.store(q_out_ptr + i * HD + d, tl.where(rot, rotated, x).to(dt))
         else:
             h = i - NH
-            row = tl.load(new_row_ptr)
+            row = slot_row(tl.load(new_slot_ptr), B, block_rows)
             k = tl.load(qkv_ptr + NH * Q_STRIDE + h * HD + d).to(tl.float32)
             if NORM:
                 k = k * tl.rsqrt(tl.sum(k * k, 0) / HD + eps) * tl.load(k_norm_ptr + d)
@@ -273,30 +285,32 @@ if triton is not None:
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = i < n
         dt = out_ptr.dtype.element_ty
-        gate = tl.load(gate_up_ptr + i, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(gate_up_ptr + n + i, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(gate_up_ptr + 2 * i, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gate_up_ptr + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + i, ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt), mask=mask)
 
 
 def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                       cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, new_row: torch.Tensor, k_off: int,
-                       v_off: int, eps: float, n_heads: int, gated: bool) -> torch.Tensor:
+                       cos: torch.Tensor, sin: torch.Tensor, cache: PagedKV, layer: int, new_slot: torch.Tensor,
+                       eps: float, n_heads: int, gated: bool) -> torch.Tensor:
     """One token's attention inputs from its fused projection row ``qkv`` (q heads, each followed by its gate
     when ``gated``; then k, v): q/k RMS norms when given (both or neither), RoPE of q (cos/sin [rd] at its
-    position), K (pre-RoPE) and V written to cache row ``new_row`` (one-element tensor) + ``k_off``/``v_off``
-    of ``rows`` [R, kv, hd]. -> rotated q [n_heads, hd] in qkv's dtype."""
-    n_kv, hd = rows.shape[1], rows.shape[2]
+    position), K (pre-RoPE) and V written to attention layer ``layer``'s rows of cache slot ``new_slot``
+    (one-element tensor). -> rotated q [n_heads, hd] in qkv's dtype."""
+    n_kv, hd = cache.rows.shape[1], cache.rows.shape[2]
     q = torch.empty(n_heads, hd, dtype=qkv.dtype, device=qkv.device)
     norm, pdl = q_norm is not None, dependent_launch(qkv.device)
-    _prologue_kernel[(n_heads + n_kv,)](qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, rows,
-                                        new_row, q, k_off, v_off, eps, NH=n_heads, KV=n_kv, HD=hd, RD=cos.shape[-1],
-                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, PDL=pdl, num_warps=4,
-                                        launch_pdl=pdl)
+    _prologue_kernel[(n_heads + n_kv,)](qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, cache.rows,
+                                        new_slot, q, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
+                                        eps, NH=n_heads, KV=n_kv, HD=hd, RD=cos.shape[-1],
+                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, B=cache.block_tokens, PDL=pdl,
+                                        num_warps=4, launch_pdl=pdl)
     return q
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for fused MLP projections [T, 2n] (each row gate then up), rounded as the torch path."""
+    """silu(gate) * up for fused MLP projections [T, 2n] (gate and up interleaved, ``layers.interleave_rows``),
+    rounded as the torch path."""
     T, n = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(T, n, dtype=gate_up.dtype, device=gate_up.device)
     _silu_mul_kernel[(triton.cdiv(n, 1024), T)](gate_up.contiguous(), out, n, BLOCK=1024, num_warps=4)

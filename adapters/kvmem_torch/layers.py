@@ -33,13 +33,6 @@ def rope_inv_freq(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
     return inv
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [N, rotary_dim] for NeoX-style (rotate-half) RoPE at the given positions."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` dims of x [N, heads, head_dim]; the rest pass through."""
     rd = cos.shape[-1]
@@ -54,17 +47,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class StepContext:
     """Where one forward's tokens go and what they attend to (tensors, so decode can be graph-captured)."""
 
-    new_rows: torch.Tensor  # [T] base row (see PagedKV.base_rows) of each new token
-    key_rows: torch.Tensor  # [S] base rows of the view's slots, in view order
-    mask: torch.Tensor | None  # [group * T, S] True where the query may attend (rows repeat per GQA group
-    # member); None for more than SMALL_QUERY new tokens, which are the view's last and attend causally, and for
-    # one token through the decode kernels (they stop at n_keys)
+    new_slots: torch.Tensor  # [T] cache slot of each new token
+    key_slots: torch.Tensor  # [S] the view's slots, in view order
     q_cos: torch.Tensor  # [T, rd]
     q_sin: torch.Tensor
-    k_cos: torch.Tensor  # [S, rd]
-    k_sin: torch.Tensor
+    torch_ops: TorchOpsKeys | None = None  # for layers on torch ops; None when every layer runs the kernels
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
     n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
+
+
+@dataclass
+class TorchOpsKeys:
+    """What attention over torch ops gathers by: rows (``PagedKV.base_rows``) and RoPE tables in view order."""
+
+    new_rows: torch.Tensor  # [T] base row of each new token
+    key_rows: torch.Tensor  # [S] base rows of the view's slots
+    k_cos: torch.Tensor  # [S, rd]
+    k_sin: torch.Tensor
+    mask: torch.Tensor | None  # [group * T, S] True where the query may attend (rows repeat per GQA group
+    # member); None for more than SMALL_QUERY new tokens, which are the view's last and attend causally
 
 
 _PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -94,12 +95,19 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 def mlp(x: torch.Tensor, w: dict[str, torch.Tensor], fused: bool = False) -> torch.Tensor:
-    """SwiGLU; ``fused``: silu(gate) * up in one kernel."""
+    """SwiGLU over the interleaved gate/up projection (``interleave_rows``); ``fused``: silu(gate) * up in one
+    kernel."""
     gate_up = F.linear(x, w["gate_up"])
     if fused:
         return F.linear(kernels.silu_mul(gate_up), w["down"])
-    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate_up.unflatten(-1, (-1, 2)).unbind(-1)
     return F.linear(F.silu(gate) * up, w["down"])
+
+
+def interleave_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """One matrix whose rows alternate gate, up: a one-token projection finds each output's pair side by side
+    and applies silu(gate) * up as it stores (``gemv``)."""
+    return torch.stack([gate, up], 1).flatten(0, 1)
 
 
 def fuse(w: dict[str, torch.Tensor], names: tuple[str, ...], fused: str) -> list[int]:
@@ -141,8 +149,9 @@ class Attention:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         if ctx.capture is not None:
             ctx.capture[self.layer] = q if self.q_bias is None else q - self.q_bias
-        cache.rows.index_copy_(0, ctx.new_rows + cache.k_offset(self.cache_layer), k)
-        cache.rows.index_copy_(0, ctx.new_rows + cache.v_offset(self.cache_layer), v)
+        new_rows = ctx.torch_ops.new_rows
+        cache.rows.index_copy_(0, new_rows + cache.k_offset(self.cache_layer), k)
+        cache.rows.index_copy_(0, new_rows + cache.v_offset(self.cache_layer), v)
         out = self.attend(q, ctx, cache).reshape(T, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
@@ -155,24 +164,23 @@ class Attention:
 
     def decode_fused(self, qkv: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """One token from its projection row to the gated attention output [heads * hd], in three kernels."""
-        k_off, v_off = cache.k_offset(self.cache_layer), cache.v_offset(self.cache_layer)
         q = kernels.attention_prologue(qkv, self.w.get("q_norm"), self.w.get("k_norm"), ctx.q_cos[0], ctx.q_sin[0],
-                                       cache.rows, ctx.new_rows, k_off, v_off, self.eps, self.n_heads, self.gated)
+                                       cache, self.cache_layer, ctx.new_slots, self.eps, self.n_heads, self.gated)
         gate = qkv[self.hd:] if self.gated else None
-        return kernels.decode_attention(q, cache.rows, ctx.key_rows, k_off, v_off, ctx.k_cos, ctx.k_sin, ctx.n_keys,
-                                        gate).reshape(-1)
+        return kernels.decode_attention(q, cache, self.cache_layer, ctx.key_slots, ctx.n_keys, gate).reshape(-1)
 
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""
-        keys = cache.rows.index_select(0, ctx.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
-        values = cache.rows.index_select(0, ctx.key_rows + cache.v_offset(self.cache_layer))
+        at = ctx.torch_ops
+        keys = cache.rows.index_select(0, at.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
+        values = cache.rows.index_select(0, at.key_rows + cache.v_offset(self.cache_layer))
         T, g = q.shape[0], self.n_heads // self.n_kv
         q = apply_rope(q, ctx.q_cos, ctx.q_sin)
-        keys = apply_rope(keys, ctx.k_cos, ctx.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]
+        keys = apply_rope(keys, at.k_cos, at.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]
         values = values.transpose(0, 1)[None]
-        if ctx.mask is None:
+        if at.mask is None:
             return causal_attention(q.transpose(0, 1)[None], keys, values)[0].transpose(0, 1)
         # GQA folded into the query length: each kv head serves its group's queries, K/V are not expanded
         q = q.view(T, self.n_kv, g, self.hd).permute(1, 2, 0, 3).reshape(1, self.n_kv, g * T, self.hd)
-        out = masked_attention(q, keys, values, ctx.mask)  # [1, kv, g*T, hd]
+        out = masked_attention(q, keys, values, at.mask)  # [1, kv, g*T, hd]
         return out.view(self.n_kv, g, T, self.hd).permute(2, 0, 1, 3).reshape(T, self.n_heads, self.hd)

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from kvmem_torch import kernels
 from kvmem_torch.deltanet import DeltaNet
-from kvmem_torch.gemv import NormedSum, project, silu_linear
-from kvmem_torch.layers import SMALL_QUERY, Attention, StepContext, fuse, mlp, rms_norm, rope_cos_sin, rope_inv_freq
+from kvmem_torch.gemv import NormedSum, output_projection, project
+from kvmem_torch.layers import (SMALL_QUERY, Attention, StepContext, TorchOpsKeys, interleave_rows, mlp, rms_norm,
+                                rope_inv_freq)
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
 
@@ -67,7 +68,7 @@ class Model:
             for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
                 if name in w:
                     w[name] = w[name].float()
-            fuse(w, ("gate", "up"), "gate_up")
+            w["gate_up"] = interleave_rows(w.pop("gate"), w.pop("up"))
             if kind == ATTENTION:
                 self.layers.append((kind, Attention(spec, w, attn_i, i), w))
                 attn_i += 1
@@ -84,7 +85,8 @@ class Model:
 
     def new_cache(self, num_blocks: int, block_tokens: int) -> PagedKV:
         s = self.spec
-        return PagedKV(len(s.attention_layers), num_blocks, block_tokens, s.n_kv_heads, s.head_dim, self.dtype, self.device)
+        return PagedKV(len(s.attention_layers), num_blocks, block_tokens, s.n_kv_heads, s.head_dim, self.dtype, self.device,
+                       self.inv_freq)
 
     def new_state(self) -> RecurrentState:
         return RecurrentState.zeros(self.spec, self.dtype, self.device)
@@ -99,25 +101,30 @@ class Model:
 
     def static_context(self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor,
                        positions: torch.Tensor, capture: bool = False) -> StepContext:
-        """Device-side part of the context (no host sync): positions written, mask and RoPE tables built."""
-        cache.pos.index_copy_(0, slots, positions)
-        mask = None
+        """Device-side part of the context (no host sync): the new slots placed (positions, RoPE rows); for
+        layers on torch ops the rows, RoPE tables and mask in view order."""
+        q_cos, q_sin = cache.place(slots, positions)
         kernels_only = all(mixer.decodes_in_kernels(positions.shape[0], capture)
                            for kind, mixer, _ in self.layers if kind == ATTENTION)
-        if q_index.shape[0] <= SMALL_QUERY and not kernels_only:
+        torch_ops = None if kernels_only else self.torch_ops_keys(cache, slots, key_slots, q_index)
+        n_keys = q_index + 1 if positions.shape[0] == 1 else None
+        return StepContext(slots, key_slots, q_cos, q_sin, torch_ops, {} if capture else None, n_keys)
+
+    def torch_ops_keys(self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor,
+                       q_index: torch.Tensor) -> TorchOpsKeys:
+        """Rows and RoPE tables of the view in view order, and the mask for a few new tokens (``StepContext``)."""
+        mask = None
+        if q_index.shape[0] <= SMALL_QUERY:
             mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
             mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
-        q_cos, q_sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
-        k_cos, k_sin = rope_cos_sin(cache.pos.index_select(0, key_slots), self.inv_freq, self.dtype)
-        n_keys = q_index + 1 if positions.shape[0] == 1 else None
-        return StepContext(cache.base_rows(slots), cache.base_rows(key_slots), mask, q_cos, q_sin, k_cos, k_sin,
-                           {} if capture else None, n_keys)
+        return TorchOpsKeys(cache.base_rows(slots), cache.base_rows(key_slots), cache.cos.index_select(0, key_slots),
+                            cache.sin.index_select(0, key_slots), mask)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
                 last_only: bool = True) -> torch.Tensor:
         """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``).
-        One token with the kernels on folds each residual add + norm and the MLP activation into the next
-        projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
+        One token with the kernels on folds each residual add + norm into the next projection and the MLP
+        activation into the gate/up projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
         x = F.embedding(tokens, self.embed)
         h = rms_norm(x, self.layers[0][2]["attn_norm"], self.spec.rms_eps)
         norms = [w["attn_norm"] for _, _, w in self.layers[1:]] + [self.norm]
@@ -144,8 +151,8 @@ class Model:
             x, h = self.add_norm(x, out, w["mlp_norm"])
             return self.add_norm(x, mlp(h, w, self.fused_ops), next_norm)
         mid = NormedSum(x, out, w["mlp_norm"], eps)
-        gate_up = mid.linear(w["gate_up"])
-        return mid.total, NormedSum(mid.total, silu_linear(gate_up, w["down"]), next_norm, eps)
+        act = mid.linear(w["gate_up"], swiglu=True)
+        return mid.total, NormedSum(mid.total, output_projection(act, w["down"]), next_norm, eps)
 
     def add_norm(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + h, its RMS norm): the residual stream and the next sublayer's input."""

@@ -3,9 +3,10 @@
 Storage is ``kv[num_blocks, 2, layers, block_tokens, kv_heads, head_dim]``: K then V of
 every attention layer of a block sit together, so moving a block between host and GPU is
 a single memcpy. K is stored **pre-RoPE** (after the k norm); each slot also keeps its
-position and attention rotates keys by it when reading them, so a block can be placed at
-any position (``compact`` mode) without touching its bytes, and what is read out of the
-cache is exactly what KVMem stores.
+position and that position's RoPE cos/sin row, and attention rotates keys by it when reading
+them, so a block can be placed at any position (``compact`` mode) without touching its bytes,
+and what is read out of the cache is exactly what KVMem stores. The tables are written when a
+slot's position is, so a decode step reads them instead of rebuilding one row per key.
 
 Slot ``s`` is token ``s % B`` of block ``s // B``. A ``View`` is a sequence's logical token
 order: the concatenation of its blocks in table order.
@@ -29,14 +30,24 @@ class View:
         return [self.table[i // block_tokens] * block_tokens + i % block_tokens for i in range(start, stop)]
 
 
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, rotary_dim] for NeoX-style (rotate-half) RoPE at the given positions."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class PagedKV:
-    """K/V/position storage for ``num_blocks`` blocks of ``block_tokens`` slots, with a free list."""
+    """K/V/position storage for ``num_blocks`` blocks of ``block_tokens`` slots, with a free list; ``inv_freq``
+    the rotary frequencies (``rotary_dim / 2``) of the slots' RoPE tables."""
 
     def __init__(self, n_layers: int, num_blocks: int, block_tokens: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype, device: torch.device | str, inv_freq: torch.Tensor) -> None:
         self.kv = torch.zeros(num_blocks, 2, n_layers, block_tokens, n_kv_heads, head_dim, dtype=dtype, device=device)
         self.rows = self.kv.view(-1, n_kv_heads, head_dim)  # row r: see ``base_rows``
         self.pos = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=device)
+        self.inv_freq = inv_freq.to(device)
+        self.cos, self.sin = rope_cos_sin(self.pos, self.inv_freq, dtype)  # [slots, rotary_dim]
         self.n_layers, self.block_tokens, self.num_blocks = n_layers, block_tokens, num_blocks
         self.free: list[int] = list(range(num_blocks))
 
@@ -48,10 +59,23 @@ class PagedKV:
     def block_nbytes(self) -> int:
         return self.kv[0].nbytes
 
+    @property
+    def block_rows(self) -> int:
+        """Rows of ``rows`` per block: slot s's layer-0 K is row ``(s // B) * block_rows + s % B``."""
+        return 2 * self.n_layers * self.block_tokens
+
     def base_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Row of each slot's layer-0 K in ``rows``; layer l's K is ``+ l*B``, its V ``+ (L + l)*B``."""
         B = self.block_tokens
-        return (slots // B) * (2 * self.n_layers * B) + slots % B
+        return (slots // B) * self.block_rows + slots % B
+
+    def place(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Give ``slots`` these positions and their RoPE rows. -> (cos, sin) [len(slots), rotary_dim]"""
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.cos.dtype)
+        self.pos.index_copy_(0, slots, positions)
+        self.cos.index_copy_(0, slots, cos)
+        self.sin.index_copy_(0, slots, sin)
+        return cos, sin
 
     def k_offset(self, layer: int) -> int:
         return layer * self.block_tokens
@@ -90,11 +114,14 @@ class PagedKV:
         return self.kv[block, 0], self.kv[block, 1], self.pos[self.block_slots(block)]
 
     def write_block(self, block: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        """Place a block's pre-RoPE K/V at ``block`` with the given positions (any, e.g. compacted)."""
+        """Place a block's pre-RoPE K/V at ``block`` with the given positions (any, e.g. compacted; on the
+        cache's device)."""
         self.kv[block, 0].copy_(k, non_blocking=True)
         self.kv[block, 1].copy_(v, non_blocking=True)
-        self.pos[self.block_slots(block)].copy_(positions, non_blocking=True)
+        self.set_positions(block, positions)
 
     def set_positions(self, block: int, positions: torch.Tensor) -> None:
-        """Re-position a block in place (compact mode): K stays pre-RoPE, so this is all it takes."""
-        self.pos[self.block_slots(block)].copy_(positions)
+        """Re-position a block in place (compact mode): K stays pre-RoPE, so its positions and RoPE rows are all
+        it takes."""
+        s = self.block_slots(block)
+        self.place(torch.arange(s.start, s.stop, device=self.pos.device), positions.to(self.pos.device))

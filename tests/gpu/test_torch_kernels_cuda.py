@@ -13,7 +13,8 @@ pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
 from attention_reference import decode_attention_f64, gated_heads_model, rope_angles  # noqa: E402
-from kvmem_torch.gemv import NormedSum, output_projection, silu_linear  # noqa: E402
+from kvmem_torch.gemv import NormedSum, output_projection  # noqa: E402
+from kvmem_torch.layers import interleave_rows  # noqa: E402
 from kvmem_torch.kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
@@ -26,39 +27,41 @@ torch.backends.cuda.matmul.allow_tf32 = False
 @pytest.mark.parametrize("n_slots,n_keys", ((5000, 4999), (70_000, 66_000)))
 def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: int) -> None:
     torch.manual_seed(0)
-    cache = PagedKV(2, n_slots // 128 + 8, 128, 4, 256, torch.bfloat16, "cuda")
+    cache = PagedKV(2, n_slots // 128 + 8, 128, 4, 256, torch.bfloat16, "cuda", torch.ones(32))
     cache.kv.normal_()
-    rows = cache.base_rows(torch.randperm(cache.num_blocks * 128, device="cuda")[:n_slots])
+    slots = torch.randperm(cache.num_blocks * 128, device="cuda")[:n_slots]
+    rows = cache.base_rows(slots)
     angles = rope_angles(torch.randint(0, 1 << 20, (n_slots,), device="cuda"), 64, 1e7)
+    cache.cos[slots], cache.sin[slots] = angles.cos().bfloat16(), angles.sin().bfloat16()  # the float64 angles' rows
     q = torch.randn(24, 256, device="cuda").bfloat16()
-    got = decode_attention(q, cache.rows, rows, cache.k_offset(1), cache.v_offset(1), angles.cos().bfloat16(),
-                           angles.sin().bfloat16(), torch.tensor([n_keys], device="cuda"))
+    got = decode_attention(q, cache, 1, slots, torch.tensor([n_keys], device="cuda"))
     k, v = cache.rows[rows + cache.k_offset(1)][:n_keys], cache.rows[rows + cache.v_offset(1)][:n_keys]
     ref = decode_attention_f64(q, k, v, angles[:n_keys])
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
 
-# a DeltaNet input projection; the MLP's down; a DeltaNet output projection
-@pytest.mark.parametrize("n,k", ((16480, 5120), (5120, 17408), (5120, 6144)))
-def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int) -> None:
+# a DeltaNet input projection; the MLP's gate/up (SwiGLU stored) and down; a DeltaNet output projection
+@pytest.mark.parametrize("n,k,kind", ((16480, 5120, "norm"), (17408, 5120, "swiglu"), (5120, 17408, "plain"),
+                                      (5120, 6144, "plain")))
+def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int, kind: str) -> None:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
-    if k == 6144:
+    if kind == "plain":
         x = torch.randn(1, k, device="cuda").bfloat16()
         got, ref = output_projection(x, w), x.double() @ w.double().T
-    elif k == 5120:
+    else:
         x, delta, norm = torch.randn(1, k, device="cuda").bfloat16(), torch.randn(1, k, device="cuda").bfloat16(), \
             torch.rand(k, device="cuda") + 0.5
         s = NormedSum(x, delta, norm, 1e-6)
-        got = s.linear(w)
-        assert torch.equal(s.total, x + delta)
         total = (x + delta).double()
-        ref = (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()) @ w.double().T
-    else:
-        gate_up = torch.randn(1, 2 * k, device="cuda").bfloat16()
-        got = silu_linear(gate_up, w)
-        gate, up = gate_up.double().chunk(2, -1)
-        ref = (torch.nn.functional.silu(gate) * up) @ w.double().T
+        normed = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()
+        if kind == "norm":
+            got, ref = s.linear(w), normed @ w.double().T
+        else:
+            w_up = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+            got = s.linear(interleave_rows(w, w_up), swiglu=True)
+            ref = torch.nn.functional.silu(normed @ w.double().T) * (normed @ w_up.double().T)
+        assert torch.equal(s.total, x + delta)
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()  # bf16 inputs and output
 
 

@@ -25,13 +25,14 @@ from kvmem_torch.kernels import decode_attention
 torch.manual_seed(0)
 out = {}
 for heads, kv, hd, rd, S, n_keys in ((6, 2, 64, 16, 150, 131), (4, 2, 16, 16, 700, 131), (20, 1, 16, 16, 700, 690)):
-    cache = PagedKV(2, 48, 16, kv, hd, torch.float32)
+    cache = PagedKV(2, 48, 16, kv, hd, torch.float32, "cpu", torch.ones(rd // 2))
     cache.kv.normal_()
-    rows = cache.base_rows(torch.randperm(48 * 16)[:S])
+    slots = torch.randperm(48 * 16)[:S]
+    rows = cache.base_rows(slots)
     angles = rope_angles(torch.randint(0, 5000, (S,)), rd)
+    cache.cos[slots], cache.sin[slots] = angles.cos().float(), angles.sin().float()  # the float64 angles' rows
     q, layer = torch.randn(heads, hd), 1
-    got = decode_attention(q, cache.rows, rows, cache.k_offset(layer), cache.v_offset(layer),
-                           angles.cos().float(), angles.sin().float(), torch.tensor([n_keys]))
+    got = decode_attention(q, cache, layer, slots, torch.tensor([n_keys]))
     k, v = cache.rows[rows + cache.k_offset(layer)][:n_keys], cache.rows[rows + cache.v_offset(layer)][:n_keys]
     out[f"{heads}x{kv}x{hd}"] = (got.double() - decode_attention_f64(q, k, v, angles[:n_keys])).abs().max().item()
 print(__import__("json").dumps(out))
@@ -70,7 +71,8 @@ print(__import__("json").dumps(out))
 FOLDED_PROJECTIONS_VS_FLOAT64 = """
 import torch
 import torch.nn.functional as F
-from kvmem_torch.gemv import NormedSum, output_projection, project, silu_linear
+from kvmem_torch.gemv import NormedSum, output_projection, project
+from kvmem_torch.layers import interleave_rows
 torch.manual_seed(0)
 out = {}
 for n, k in ((300, 96), (33, 1030)):  # rows not a multiple of a program's (several programs), columns not of a load's
@@ -82,9 +84,9 @@ for n, k in ((300, 96), (33, 1030)):  # rows not a multiple of a program's (seve
     normed = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()
     out[f"norm {n}x{k}"] = (got.double() - (normed @ w.double().T + bias.double())).abs().max().item()
     out[f"total {n}x{k}"] = (s.total - (x + delta)).abs().max().item()
-    gate_up = torch.randn(1, 2 * k)
-    gate, up = gate_up.double().chunk(2, -1)
-    out[f"silu {n}x{k}"] = (silu_linear(gate_up, w).double() - (F.silu(gate) * up) @ w.double().T).abs().max().item()
+    w_up = torch.randn(n, k) / k ** 0.5
+    act = NormedSum(x, delta, norm, 1e-6).linear(interleave_rows(w, w_up), swiglu=True).double()
+    out[f"swiglu {n}x{k}"] = (act - F.silu(normed @ w.double().T) * (normed @ w_up.double().T)).abs().max().item()
     projected = project(NormedSum(x, delta, norm, 1e-6), w).double()  # a NormedSum through the dispatch
     out[f"project {n}x{k}"] = (projected - normed @ w.double().T).abs().max().item()
     out[f"plain {n}x{k}"] = (output_projection(x, w).double() - x.double() @ w.double().T).abs().max().item()
@@ -120,8 +122,8 @@ def test_fused_decode_equals_the_eager_decode_on_tiny_models() -> None:
 
 
 def test_folded_projections_match_float64() -> None:
-    """A projection of rms_norm(x + delta) * w (writing x + delta), one of silu(gate) * up and one of a plain
-    input, each one kernel."""
+    """A projection of rms_norm(x + delta) * w (writing x + delta), one storing silu(gate) * up of its
+    interleaved rows, and one of a plain input, each one kernel."""
     errors = interpreted(FOLDED_PROJECTIONS_VS_FLOAT64)
     assert len(errors) == 10 and max(errors.values()) <= 1e-5, errors
 

@@ -118,3 +118,20 @@ def test_cells_dropped_from_part_of_a_block_are_reused_and_attend_as_before(mode
     assert (got - ref).abs().max().item() <= 1e-6
     r.forward(extra[30:], list(range(78, 78 + len(extra) - 30)))  # every slot in use, none twice
     assert r.view_free() == 0 and len(set(r.cells)) == r.length == 12 * B
+
+
+def test_every_live_cell_carries_the_rope_rows_of_its_position(model: Model) -> None:
+    """The cache's per-slot cos/sin rows (what attention rotates keys by) follow prefill, decode and blocks
+    placed at other positions, against float64 angles."""
+    r, toks = prefilled(model)
+    k, v = (t.clone() for t in r.read_cells(0, B))
+    r.drop(0, B)
+    r.insert_block(k, v, list(range(1000, 1000 + B)))  # moved past the decoded token below (compact-style)
+    r.forward(toks[50:], [2000])
+    slots, positions = torch.tensor(r.cells), torch.tensor(r.positions, dtype=torch.float64)
+    rd = r.cache.cos.shape[1]
+    theta = model.spec.rope_theta
+    angles = positions[:, None] * (1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = torch.cat([angles, angles], -1)
+    assert (r.cache.cos[slots].double() - angles.cos()).abs().max().item() <= 1e-3  # fp32 angles up to 2000 rad
+    assert (r.cache.sin[slots].double() - angles.sin()).abs().max().item() <= 1e-3
