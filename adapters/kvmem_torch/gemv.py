@@ -28,7 +28,7 @@ from kvmem_torch.kernels import dependent_launch, triton
 if triton is not None:
     import triton.language as tl
 
-    from kvmem_torch.kernels import let_next_start, wait_previous
+    from kvmem_torch.kernels import let_next_start, swiglu, wait_previous
 
 # launch shape (rows of the weight per program, columns per load, warps, pipeline stages), measured on an H200 at
 # the Qwen3.6-27B shape with dependent launches (docs/torch.md): decode 14.61-14.69 ms a token; the down
@@ -91,7 +91,7 @@ if triton is not None:
         if SWIGLU:  # rows are (gate, up) pairs: store silu(gate) * up, rounded where the eager ops round
             gate, up = tl.split(tl.reshape(out.to(dt).to(tl.float32), (ROWS // 2, 2)))
             half = pid * (ROWS // 2) + tl.arange(0, ROWS // 2)
-            tl.store(out_ptr + half, ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt), mask=half < N // 2)
+            tl.store(out_ptr + half, swiglu(gate, up, dt), mask=half < N // 2)
         else:
             tl.store(out_ptr + n, out.to(dt), mask=n_mask)
 

@@ -84,6 +84,12 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
+    def swiglu(gate, up, dt: tl.constexpr):
+        """silu(gate) * up in ``dt`` from fp32 gate and up, rounded where the eager ops round (silu, then the
+        product)."""
+        return ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt)
+
+    @triton.jit
     def slot_row(slot, B: tl.constexpr, block_rows):
         """Row of a slot's layer-0 K in the cache's rows (``PagedKV.base_rows``)."""
         return (slot // B) * block_rows + slot % B
@@ -287,7 +293,7 @@ if triton is not None:
         dt = out_ptr.dtype.element_ty
         gate = tl.load(gate_up_ptr + 2 * i, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_up_ptr + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + i, ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up).to(dt), mask=mask)
+        tl.store(out_ptr + i, swiglu(gate, up, dt), mask=mask)
 
 
 def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
