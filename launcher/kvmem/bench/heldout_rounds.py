@@ -1,4 +1,4 @@
-"""Vocabulary and filler for the held-out session generator (``kvmem.bench.heldout``).
+"""Rounds, vocabulary and filler for the held-out session generator (``kvmem.bench.heldout``).
 
 Kept apart from the bench's own generator (``kvmem.bench.sessions``) on purpose: none of its
 words, rounds or distractor code is reused, so retrieval tuned on those sessions meets forms and
@@ -8,7 +8,57 @@ where the generator puts it.
 """
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import dataclass
+
+
+@dataclass
+class Round:
+    """Messages of one round; ``body`` (a list, so a statement can be inserted) becomes the content of
+    the message at ``slot``."""
+
+    turns: list[dict]
+    body: list[str]
+    slot: int
+    joiner: str = "\n"
+    index: int = 0
+    """The round's place in the session (tool call ids derive from it)."""
+
+    def messages(self) -> list[dict]:
+        out = [dict(t) for t in self.turns]
+        out[self.slot]["content"] = self.joiner.join(self.body)
+        return out
+
+    def insert(self, line: str, rng: random.Random) -> None:
+        """Put ``line`` among the body's lines (after the first, a header or a path comment)."""
+        self.body.insert(rng.randint(1, len(self.body)), line)
+
+
+TASKS = ("Track down why {s} times out under load.", "Check how {s} is configured before the migration.",
+         "Compare {s} with its neighbours; something drifted.", "Audit {s} ahead of the freeze.")
+NOTES = ("Read {a}; moving on.", "Noted what {a} shows.", "{a} looks as expected.", "Nothing surprising in {a}.")
+
+
+def tool_round(rng: random.Random, index: int, tool: str, args: dict, body: list[str]) -> Round:
+    """An assistant call, its tool result (``body``) and a short note; every fourth round opens with a task."""
+    call_id = f"toolu_{index:05d}"
+    call = {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
+    turns = [{"role": "user", "content": rng.choice(TASKS).format(s=service_name(rng))}] if index % 4 == 0 else []
+    turns += [{"role": "assistant", "content": "", "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": call_id, "content": ""},
+              {"role": "assistant", "content": rng.choice(NOTES).format(a=tool)}]
+    return Round(turns, body, len(turns) - 2, index=index)
+
+
+def repo_filler(rng: random.Random, index: int) -> Round:
+    """A round that reads a non-settings file or runs a shell command."""
+    if rng.random() < 0.7:
+        service, file = service_name(rng), rng.choice(OTHER_FILES)
+        return tool_round(rng, index, "read_file", {"path": f"services/{service}/{file}"},
+                          other_source(rng, service, file))
+    return tool_round(rng, index, "bash", {"cmd": rng.choice(SHELL)}, shell_output(rng))
+
 
 PERSONS = ("Priya", "Tomasz", "Amara", "Sven", "Leilani", "Kwame", "Ottilie", "Rafael", "Zainab", "Henrik", "Mirela",
            "Dario", "Yusuf", "Noor", "Teodora", "Caspian", "Ines", "Wendell", "Marisol", "Bogdan", "Saoirse", "Idris",
