@@ -32,11 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--gpus", default="", help="--replicas: GPU indexes, one per replica (default: the CPU, shared)")
     add_compute_flags(speed)
     speed.set_defaults(func=run_speed_cmd)
-    from kvmem.bench import quality
+    from kvmem.bench import quality_cli
 
-    quality_parser = suites.add_parser("quality", help="answer accuracy of every selection method on agent sessions")
-    quality.add_arguments(quality_parser)
-    quality_parser.set_defaults(func=quality.run)
+    quality_parser = suites.add_parser("quality", help="answer accuracy of retrieval, recent, the oracle and full on "
+                                       "agent sessions, each view bounded from the first prefill")
+    quality_cli.add_arguments(quality_parser)
+    quality_parser.set_defaults(func=quality_cli.run)
 
 
 def run_speed_cmd(args: argparse.Namespace) -> int:

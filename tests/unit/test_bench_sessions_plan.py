@@ -1,135 +1,141 @@
-"""The quality benchmark's plan: view budget per size, the quick and full grids, full's view, the servers."""
+"""The quality benchmark's plans: splits, views bounded from the first prefill, default knobs, the queues."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from kvmem.bench.quality import add_arguments, select_methods, server_flags
+from kvmem.bench.heldout import HELDOUT_KINDS
+from kvmem.bench.quality import RunOptions
+from kvmem.bench.quality_cli import _queues, add_arguments
 from kvmem.bench.quality_plan import (
-    FULL,
-    METHODS,
+    ALL_KINDS,
+    DEFAULT_BUDGET,
+    DEFAULT_CTX,
+    DEFAULT_GEN,
     ORACLE,
-    QUICK,
-    QUICK_METHODS,
-    Method,
-    Phase,
-    Plan,
-    full_budget,
-    phases,
+    PLANS,
+    RECENT,
+    RETRIEVAL,
+    Cell,
+    View,
+    fit_kinds,
+    make_any_session,
+    only_sizes,
+    parse_shards,
+    plan_named,
+    queues,
 )
 from kvmem.bench.sessions import KINDS
 
+from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
 
-QWEN_CTX, SMOLLM2_CTX = 32768, 8192
+QWEN_CTX = 32768
 
 
-def test_each_size_has_a_view_of_one_eighth_and_at_least_512() -> None:
-    assert [FULL.budget(s) for s in (1000, 4096, 8192, 16384, 49152)] == [512, 512, 1024, 2048, 6144]
-    assert Plan(grid=(), view_fraction=1 / 4).budget(4096) == 1024
+def test_the_bench_assumes_kvmem_serves_defaults() -> None:
+    cfg = KVMemConfig()
+    assert (cfg.budget, cfg.ctx, cfg.gen_budget) == (DEFAULT_BUDGET, DEFAULT_CTX, DEFAULT_GEN)
 
 
-def test_requests_carry_their_cells_budget_and_the_oracle_only_stored_gold_blocks() -> None:
-    from kvmem.bench.quality import Layout
+def test_every_view_is_its_own_server_with_only_the_budget_and_context_changed() -> None:
+    report = plan_named("report")
+    views = {c.size: report.views(c, QWEN_CTX) for c in report.cells}
+    assert views[8192] == [View("default", None, None), View("1/8", 1024, None), View("full", 32256, 32768)]
+    assert views[30000] == [View("default", None, None), View("1/8", 3750, None), View("full", 32256, 32768)]
+    assert views[131072] == [View("default", None, 163840), View("1/8", 16384, 163840)]  # compact, no full
+    assert views[262144] == [View("default", None, 327680), View("1/8", 32768, 327680)]
+    assert View("default", None, None).flags() == []  # a default server: nothing but the model and backend
+    assert View("1/8", 1024, None).flags() == ["--kvmem-budget", "1024"]
+    opts = RunOptions(Path("."), model="m.gguf", backend="torch")
+    assert opts.server_flags(View("full", 32256, 32768)) == [
+        "--no-ui", "--kvmem-budget", "32256", "--ctx", "32768", "--model", "m.gguf", "--backend", "torch"]
+    assert views[8192][0].methods == (RETRIEVAL, RECENT, ORACLE) and views[8192][2].methods[0].label == "full"
 
-    layout = Layout(prompt_tokens=700, block_tokens=64, gold=(3, 10))  # block 10 is the partial tail (640-700)
-    assert layout.oracle == (3,)
-    assert FULL.overrides(ORACLE, 4096, 20480, layout.oracle) == {
-        "method": "retrieval", "budget": 512, "sink_tokens": 64, "recent_tokens": 64, "groups": True, "blocks": [3]}
-    assert FULL.overrides(Method("retrieval", "mean-k"), 16384, 20480)["budget"] == 2048
-    assert FULL.overrides(Method("recent"), 49152, 0) == {
-        "method": "recent", "budget": 6144, "sink_tokens": 64, "recent_tokens": 64, "groups": True}
-    assert FULL.overrides(Method("full"), 8192, 20480) == {"method": "full", "budget": 20480}
+
+def test_a_size_whose_eighth_is_the_default_view_runs_it_once() -> None:
+    plan = plan_named("report")
+    assert [v.label for v in plan.views(Cell(16384), QWEN_CTX)] == ["default", "full"]
+    assert [v.label for v in plan.views(Cell(4096), QWEN_CTX)] == ["default", "full"]  # 512 < sink + recent + block
 
 
-def test_no_groups_turns_whole_message_selection_off_in_every_selecting_request() -> None:
-    from kvmem.bench.quality import plan_for
+def test_methods_send_no_knob_but_their_own() -> None:
+    assert RETRIEVAL.overrides() is None  # the server's default method, scorer and view
+    assert RECENT.overrides() == {"method": "recent"}
+    assert ORACLE.overrides((3, 7)) == {"blocks": [3, 7]}
 
+
+def test_splits_are_fixed_and_disjoint() -> None:
+    assert {p.split for p in PLANS.values()} == {"tuning", "report"}
+    assert PLANS["report"].split == "report" and PLANS["quick"].split == "tuning" and PLANS["tuning"].split == "tuning"
+    tuning = make_any_session("kv", 8192, 0.3, "tuning", 0)
+    report = make_any_session("kv", 8192, 0.3, "report", 0)
+    assert tuning.messages != report.messages and tuning.fact.answer != report.fact.answer
+    assert make_any_session("kv", 8192, 0.3, "report", 0) == report  # fixed by (split, seed, size, kind, depth)
+    assert make_any_session("kv", 8192, 0.3, "report", 1).messages != report.messages
+
+
+def test_the_report_plan_has_every_kind_at_every_depth_and_size() -> None:
+    plan = plan_named("report")
+    assert plan.sizes == [8192, 30000, 131072, 262144]
+    assert set(ALL_KINDS) == {*KINDS, *HELDOUT_KINDS} and len(HELDOUT_KINDS) >= 3
+    pairs = plan.cells[0].pairs()
+    assert len(pairs) == len(set(pairs)) == len(ALL_KINDS) * 5 >= 40
+    first = pairs[:len(ALL_KINDS)]
+    assert {k for k, _ in first} == set(ALL_KINDS) and len({d for _, d in first}) == 5  # any first N cover the kinds
+
+
+def test_shards_split_a_cells_sessions_round_robin_and_large_cells_start_first() -> None:
+    plan = only_sizes(plan_named("report"), "8192,262144")
+    sessions = {8192: list("abcde"), 262144: list("vwxyz")}
+    work = queues(plan, QWEN_CTX, sessions, parse_shards("262144=2"))
+    assert [q.name for q in work] == ["262144/default/0", "262144/default/1", "262144/1/8/0", "262144/1/8/1",
+                                      "8192/default/0", "8192/1/8/0", "8192/full/0"]
+    assert work[0].sessions == ("v", "x", "z") and work[1].sessions == ("w", "y")
+    with pytest.raises(ConfigError, match="SIZE=N"):
+        parse_shards("big")
+
+
+def test_plans_and_sizes_are_checked() -> None:
+    with pytest.raises(ConfigError, match="choose from quick, tuning, report"):
+        plan_named("nightly")
+    with pytest.raises(ConfigError, match="choose from 8192, 30000, 131072, 262144"):
+        only_sizes(plan_named("report"), "5000")
+
+
+def test_flags_pick_views_and_limit_sessions_per_size() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert "--no-groups" in parser.format_help()
-    off, on = plan_for(parser.parse_args(["--quick", "--no-groups"])), plan_for(parser.parse_args(["--quick"]))
-    assert off == replace(QUICK, groups=False) and on == QUICK
-    for m in (Method("retrieval", "retrieval-heads"), ORACLE, Method("recent")):
-        assert off.overrides(m, 4096, 20480, (3,))["groups"] is False
-        assert on.overrides(m, 4096, 20480, (3,))["groups"] is True
-    assert "groups" not in off.overrides(Method("full"), 4096, 20480)
-    strict = plan_for(parser.parse_args(["--quick", "--relevance", "0.6"]))
-    assert strict.overrides(Method("retrieval", "retrieval-heads"), 4096, 20480)["relevance"] == 0.6
-    assert "relevance" not in on.overrides(Method("retrieval", "retrieval-heads"), 4096, 20480)  # the server's
+    args = parser.parse_args(["--plan", "quick", "--views", "default,full", "--limit", "3"])
+    work = _queues(args, plan_named("quick"), QWEN_CTX, {})
+    assert [q.view.label for q in work] == ["default", "full"] and all(len(q.sessions) == 3 for q in work)
+    with pytest.raises(ConfigError, match="--views"):
+        _queues(parser.parse_args(["--views", "half"]), plan_named("quick"), QWEN_CTX, {})
+    url = _queues(parser.parse_args(["--quick", "--url", "http://x"]), plan_named("quick"), QWEN_CTX, {})
+    assert [q.view for q in url] == [View("default", None, None)]
 
 
-def test_the_full_plan_has_42_sessions_per_size_and_a_cell_beyond_qwens_context() -> None:
-    sizes = FULL.session_sizes()
-    assert {s: sizes.count(s) for s in FULL.sizes} == {4096: 42, 8192: 42, 16384: 42, 49152: 15}
-    sessions = FULL.only_sizes("4096").sessions(0)
-    assert len(sessions) == 42 and {s.fact.kind for s in sessions} == set(KINDS)
-    assert sum(s.depth < 0.5 for s in sessions) == 24
-    assert [s.target_tokens for s in Plan(grid=FULL.grid[:1]).sessions(0)] == sizes[:42]
-    assert FULL.block_tokens is None and (FULL.sink_tokens, FULL.recent_tokens) == (64, 64)
+def fake_tokens(text: str) -> int:
+    """A digit-splitting tokenizer of 3 characters per token elsewhere."""
+    digits = sum(c.isdigit() for c in text)
+    return digits + (len(text) - digits) // 3
 
 
-def test_the_quick_plan_covers_every_kind_early_and_late_in_4k_sessions() -> None:
-    sessions = QUICK.sessions(0)
-    assert QUICK.sizes == [4096] and QUICK.budget(4096) == 512 and len(sessions) == 16
-    assert {s.fact.kind for s in sessions} == set(KINDS)
-    assert sum(s.depth < 0.5 for s in sessions) == 10
-    assert len({s.id for s in sessions}) == 16
-    assert 10 <= QUICK.minutes(len(QUICK_METHODS)) <= 20
+def test_each_kind_is_sized_with_its_own_fit_of_the_tokenizer() -> None:
+    from kvmem.tools_format import render_plain
+
+    fits = fit_kinds(fake_tokens)
+    assert set(fits) == set(ALL_KINDS) and all(abs(v - 3.0) < 0.01 for v in fits.values())
+    for session in plan_named("report").sessions(Cell(8192, kinds=("record", "chat", "kv"), depths=(0.5,)), 0, fits):
+        n = sum(fake_tokens(t["content"]) + 5 for t in render_plain(list(session.messages), None))
+        assert abs(n / 8192 - 1) < 0.05, (session.fact.kind, n)
 
 
-def test_sizes_pick_cells_of_the_plan() -> None:
-    plan = FULL.only_sizes("4096, 49152")
-    assert plan.sizes == [4096, 49152] and len(plan.sessions(0)) == 57
-    with pytest.raises(ConfigError, match="choose from 4096, 8192, 16384, 49152"):
-        FULL.only_sizes("5000")
-    with pytest.raises(ConfigError, match="not a list"):
-        FULL.only_sizes("big")
+def test_a_given_fit_is_a_json_object_of_kinds() -> None:
+    from kvmem.bench.quality_cli import _fits_flag
 
-
-def test_full_sees_the_largest_size_within_the_trained_context() -> None:
-    assert full_budget(FULL.sizes, QWEN_CTX) == 20480  # 16384 + 25%
-    assert full_budget(QUICK.sizes, QWEN_CTX) == 5120
-    assert full_budget(FULL.sizes, SMOLLM2_CTX) == 5120  # 8192-token sessions do not fit 8192 with room
-    assert full_budget([6500], SMOLLM2_CTX) == 8064  # capped at the context less the generation reserve
-    assert full_budget([49152], QWEN_CTX) == 0
-
-
-def test_sizes_beyond_the_trained_context_get_their_own_server() -> None:
-    assert phases(FULL.sizes, QWEN_CTX) == [Phase(frozenset({4096, 8192, 16384}), QWEN_CTX),
-                                            Phase(frozenset({49152}), 61440)]
-    assert phases(QUICK.sizes, QWEN_CTX) == [Phase(frozenset({4096}), QWEN_CTX)]
-    assert phases([49152], QWEN_CTX) == [Phase(frozenset({49152}), 61440)]
-    assert phases(FULL.sizes, None) == [Phase(frozenset(FULL.sizes), None)]  # --url: the server given
-
-
-def test_methods_are_chosen_by_label_with_the_quick_default() -> None:
-    assert select_methods(None) == METHODS
-    assert select_methods(None, QUICK_METHODS) == QUICK_METHODS
-    assert [m.label for m in QUICK_METHODS] == ["retrieval/retrieval-heads", "recent", "full", "oracle"]
-    assert [m.label for m in select_methods("recent, retrieval/mean-k", QUICK_METHODS)] == ["recent", "retrieval/mean-k"]
-    with pytest.raises(ConfigError, match="unknown retrieval/bm25"):
-        select_methods("retrieval/bm25")
-    with pytest.raises(ConfigError, match="oracle needs another method"):
-        select_methods("oracle")
-
-
-def test_help_names_the_default_model_and_the_quick_runs_time() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    text = " ".join(parser.format_help().split())
-    assert "qwen2.5-coder-0.5b, the default" in text
-    assert "the small run: 16 sessions of 4096 tokens, view budget 512, methods" in text
-    assert f"about {QUICK.minutes(4)} minutes on 2 idle CPU cores" in text
-
-
-def test_the_servers_it_starts_get_the_model_and_backend_it_was_given() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    phase = phases([4096], 32768)[0]
-    plain = server_flags(parser.parse_args([]), QUICK, phase, 5120)
-    assert "--backend" not in plain and "--model" not in plain
-    flags = server_flags(parser.parse_args(["--backend", "torch", "--model", "smollm2-135m"]), QUICK, phase, 5120)
-    assert flags[-4:] == ["--model", "smollm2-135m", "--backend", "torch"]
-    assert flags[flags.index("--kvmem-budget") + 1] == "5120" and flags[flags.index("--ctx") + 1] == str(phase.ctx)
+    assert _fits_flag('{"kv": 3.8, "chat": 4}') == {"kv": 3.8, "chat": 4.0} and _fits_flag(None) is None
+    for bad in ("3.8", '{"kv": -1}', "{"):
+        with pytest.raises(ConfigError, match="--chars-per-token"):
+            _fits_flag(bad)

@@ -49,10 +49,10 @@ class Api:
                 error = {"message": raw.decode(errors="replace")[:200]}
             raise ApiError(exc.code, error) from None
 
-    def chat(self, messages: list[dict[str, Any]], kvmem: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-        """One greedy chat completion with ``kvmem`` overrides."""
-        return self.call("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
-                                                          "temperature": 0, "kvmem": kvmem})
+    def chat(self, messages: list[dict[str, Any]], kvmem: dict[str, Any] | None, max_tokens: int) -> dict[str, Any]:
+        """One greedy chat completion, with ``kvmem`` overrides unless None (the server's defaults)."""
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        return self.call("POST", "/v1/chat/completions", body if kvmem is None else {**body, "kvmem": kvmem})
 
     def count_tokens(self, text: str) -> int:
         return len(self.call("POST", "/tokenize", {"content": text})["tokens"]) if text else 0

@@ -9,25 +9,20 @@ from kvmem.bench import report
 
 
 def plot_quality(outcomes: Sequence[dict[str, Any]], out_dir: Path, trained_ctx: int | None = None) -> list[Path]:
-    """Accuracy and gold-block recall vs workspace size per method (each size at its own view budget,
-    the trained context marked), and accuracy vs needle depth on long workspaces."""
+    """Accuracy and gold-block recall vs workspace size per config (method @ view; the trained context marked),
+    and accuracy vs needle depth."""
     import matplotlib
 
     matplotlib.use("Agg")
-    ticks = {size: f"{size}\nview {budget}" for size, budget in report.size_budgets(outcomes).items()}
+    ticks = {size: str(size) for size in sorted({o["size"] for o in outcomes})}
     paths = [_lines(report.by(outcomes, "size"), "exact-match accuracy (%)", "Accuracy vs workspace size",
                     out_dir / "accuracy_vs_size.png", ticks, trained_ctx)]
-    retrieval = [o for o in outcomes if o["method"] in ("retrieval", "oracle")]
-    recall = report.by(retrieval, "size", "gold_selected")
+    recall = report.by(outcomes, "size", "gold_selected")
     if recall:
         paths.append(_lines(recall, "gold-block recall (%)", "Gold blocks selected vs workspace size",
                             out_dir / "gold_recall_vs_size.png", ticks, trained_ctx))
-    budgets = report.view_budgets(outcomes)
-    long = [o for o in outcomes if o["prompt_tokens"] >= report.LONG_RATIO * budgets[o["session"]]]
-    if long:
-        paths.append(_lines(report.by(long, "depth"), "exact-match accuracy (%)",
-                            f"Accuracy vs needle depth (workspaces >= {report.LONG_RATIO}x the view)",
-                            out_dir / "accuracy_vs_depth.png"))
+    paths.append(_lines(report.by(outcomes, "depth"), "exact-match accuracy (%)", "Accuracy vs needle depth",
+                        out_dir / "accuracy_vs_depth.png"))
     return paths
 
 
@@ -39,7 +34,7 @@ def _lines(series: dict[str, dict[float, float]], ylabel: str, title: str, path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in sorted(series, key=lambda n: (not n.startswith("retrieval"), n)):
         xs = sorted(series[name])
-        style = "-" if name.startswith("retrieval") else ":" if name == "oracle" else "--"
+        style = "-" if name.startswith("retrieval") else ":" if name.startswith("oracle") else "--"
         ax.plot(xs, [100 * series[name][x] for x in xs], style, marker="o", label=name)
     if ticks:
         ax.set_xscale("log", base=2)

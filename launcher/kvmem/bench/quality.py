@@ -1,60 +1,47 @@
-"""``kvmem bench quality``: exact-match accuracy of every selection method on one shared workspace.
+"""``kvmem bench quality``: exact-match accuracy of retrieval, recent and the gold-block oracle on agent sessions,
+each view on its own server from the first prefill on (``quality_plan``), against ``full`` where it fits.
 
-Each session is prefilled once, by the first method's request; every other method then
-answers the same question on the same stored workspace through the per-request ``kvmem``
-override (a step that scores recomputes the question itself, so each retrieval scorer
-reads the question's own query features). Diagnostics: the blocks that hold the answer
-(located with ``/tokenize``), whether each selection took them all, and the *oracle*: the
-answer when the selection is forced to hold them (``kvmem.blocks``).
+On each bounded-view server a session's first request (retrieval, the server's default) prefills the
+workspace through that view; ``recent`` and the oracle then answer the same question on the same stored
+workspace. Every request is counted: an error is a wrong answer, listed with its message. Each finished
+session's outcomes are appended to ``outcomes.jsonl`` at once, so a run that stops for any reason keeps
+them (``--resume`` continues it).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import sys
+import threading
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmem.bench import plots, report
 from kvmem.bench.api import Api, ApiError
-from kvmem.bench.quality_plan import (
-    FULL,
-    GEN_RESERVE,
-    METHODS,
-    ORACLE,
-    QUICK,
-    QUICK_METHODS,
-    Method,
-    Phase,
-    Plan,
-    full_budget,
-    phases,
-)
-from kvmem.bench.sessions import Session, fit_chars_per_token, is_correct
-from kvmem.serve_process import ServeProcess, sigterm_as_interrupt
-from kvmem_core.errors import ConfigError
+from kvmem.bench.quality_plan import FULL, MAX_TOKENS, ORACLE, Method, Queue, View
+from kvmem.bench.sessions import Session, is_correct
+from kvmem.serve_process import ServeError, ServeProcess
 
-REQUEST_TIMEOUT_S = 3600  # a 48K-token prefill on 2 CPU cores takes minutes
+REQUEST_TIMEOUT_S = 3600  # a 256K-token prefill through a small view takes minutes
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One method's answer on one session, with what its selection held."""
+    """One method's answer on one session in one view, with what its selection held."""
 
     session: str
     kind: str
     size: int
     depth: float
-    prompt_tokens: int
+    view: str
+    budget: int | None
     method: str
-    scorer: str | None
-    budget: int
+    prompt_tokens: int
     expected: str
     answer: str
     correct: bool
@@ -83,45 +70,55 @@ class Layout:
         return tuple(b for b in self.gold if b < self.prompt_tokens // self.block_tokens)
 
 
-def run_session(api: Api, session: Session, plan: Plan, methods: tuple[Method, ...], full_budget: int) -> list[Outcome]:
-    """Every method on ``session`` over one stored workspace; the session's workspaces are deleted after.
+def run_session(api: Api, session: Session, view: View) -> list[Outcome]:
+    """Every method of ``view`` on ``session`` over one stored workspace, deleted after.
 
-    The first request prefills the workspace and measures the prompt; ``full`` runs only
-    where the prompt fits ``full_budget``; the oracle runs last, where gold blocks are known.
+    The first request prefills the workspace and measures the prompt; the oracle runs where gold blocks are
+    known. A failed request is an outcome with its error (and counts as wrong); the others still run.
     """
     seen: set[str] = set()
     out: list[Outcome] = []
     layout: Layout | None = None
     try:
-        for m in sorted(methods, key=lambda m: m == ORACLE):
-            if m.method == "full" and (not full_budget or layout and layout.prompt_tokens + plan.max_tokens > full_budget):
-                continue
+        for m in view.methods:
             if m == ORACLE and not (layout and layout.oracle):
+                out.append(_outcome(session, view, m, None, layout, 0.0, "no gold blocks measured"))
                 continue
-            kvmem = plan.overrides(m, session.target_tokens, full_budget, layout.oracle if layout else ())
-            resp, seconds, error = _ask(api, session, kvmem, plan.max_tokens)
+            resp, seconds, error = _ask(api, session, m.overrides(layout.oracle if layout else ()))
             if resp is not None:
                 seen.add(resp["kvmem"]["workspace_id"])
-                layout = layout or measure(api, session, resp)
-            out.append(_outcome(session, m, kvmem["budget"], resp, layout, seconds, error))
+                if layout is None:
+                    layout, error = _measure(api, session, resp)
+            out.append(_outcome(session, view, m, resp, layout, seconds, error))
     finally:
         for ws in seen:
-            api.delete_workspace(ws)
+            _quietly(lambda: api.delete_workspace(ws))
     return out
 
 
-def _ask(api: Api, session: Session, kvmem: dict[str, Any], max_tokens: int) -> tuple[dict[str, Any] | None, float, str | None]:
+def _ask(api: Api, session: Session, kvmem: dict[str, Any] | None) -> tuple[dict[str, Any] | None, float, str | None]:
     t0 = time.perf_counter()
     try:
-        resp = api.chat(list(session.messages), kvmem, max_tokens)
-    except ApiError as exc:
-        if exc.status >= 500:
-            raise
-        return None, 0.0, str(exc)
-    return resp, time.perf_counter() - t0, None
+        return api.chat(list(session.messages), kvmem, MAX_TOKENS), time.perf_counter() - t0, None
+    except (ApiError, OSError, urllib.error.URLError, ValueError) as exc:
+        return None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
 
 
-def _outcome(session: Session, m: Method, budget: int, resp: dict[str, Any] | None, layout: Layout | None,
+def _measure(api: Api, session: Session, resp: dict[str, Any]) -> tuple[Layout | None, str | None]:
+    try:
+        return measure(api, session, resp), None
+    except (ApiError, OSError, urllib.error.URLError, ValueError, StopIteration) as exc:
+        return None, f"measuring the gold blocks failed: {type(exc).__name__}: {exc}"
+
+
+def _quietly(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except (ApiError, OSError, urllib.error.URLError):
+        pass  # a workspace left behind is deleted with the server
+
+
+def _outcome(session: Session, view: View, m: Method, resp: dict[str, Any] | None, layout: Layout | None,
              seconds: float, error: str | None) -> Outcome:
     answer, selected, prompt, cached = "", None, 0, 0
     if resp is not None:
@@ -132,9 +129,9 @@ def _outcome(session: Session, m: Method, budget: int, resp: dict[str, Any] | No
         prompt, cached = resp["usage"]["prompt_tokens"], resp["usage"]["prompt_tokens_details"]["cached_tokens"]
     gold = layout.gold if layout else ()
     hit = None if selected is None or not gold else set(gold) <= set(selected)
-    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, prompt, m.method,
-                   m.scorer, budget, session.fact.answer, answer, error is None and is_correct(answer, session.fact),
-                   gold, selected, hit, cached, seconds, error)
+    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, view.label, view.budget,
+                   m.label, prompt, session.fact.answer, answer, error is None and is_correct(answer, session.fact),
+                   gold, selected, hit, cached, round(seconds, 3), error)
 
 
 def measure(api: Api, session: Session, resp: dict[str, Any]) -> Layout:
@@ -178,184 +175,125 @@ def _evidence_spans(api: Api, turns: list[dict[str, Any]], counts: list[int], wr
         yield start, start + api.count_tokens(line)
 
 
-def run_all(api: Api, sessions: list[Session], plan: Plan, methods: tuple[Method, ...], full_budget: int,
-            log: Callable[[str], None] = lambda line: None,
-            on_session: Callable[[list[Outcome]], None] = lambda got: None) -> list[Outcome]:
-    """``run_session`` over ``sessions``; one progress line per session through ``log``, each session's
-    outcomes to ``on_session`` as it ends."""
-    out: list[Outcome] = []
-    t0 = time.perf_counter()
-    for i, session in enumerate(sessions):
-        got = run_session(api, session, plan, methods, full_budget)
-        out += got
-        on_session(got)
-        marks = " ".join(f"{o.scorer or o.method}={'+' if o.correct else '-'}" for o in got)
-        log(f"[{i + 1}/{len(sessions)} {time.perf_counter() - t0:.0f}s] {session.id}: {marks}")
-    return out
+class Journal:
+    """``outcomes.jsonl`` in the output folder: one line per outcome, appended (and flushed) as each session ends,
+    from any thread; ``done`` holds the (queue, session) pairs already there (``--resume``)."""
+
+    def __init__(self, path: Path, resume: bool) -> None:
+        self.path, self.lock = path, threading.Lock()
+        self.outcomes: list[dict[str, Any]] = []
+        if resume and path.exists():
+            self.outcomes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        elif path.exists():
+            path.unlink()
+        self.done = {(o["queue"], o["session"]) for o in self.outcomes}
+
+    def add(self, queue: str, got: list[Outcome]) -> None:
+        rows = [{**o.to_dict(), "queue": queue} for o in got]
+        with self.lock, self.path.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+            f.flush()
+            self.outcomes += rows
+            self.done.update((queue, r["session"]) for r in rows)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``kvmem bench quality``."""
-    from kvmem.models import MODEL_HELP
+@dataclass(frozen=True)
+class RunOptions:
+    """How queues run: the model and backend of their servers, where logs go, when to stop starting sessions."""
 
-    quick = (f"{len(QUICK.session_sizes())} sessions of {'/'.join(map(str, QUICK.sizes))} tokens, view budget "
-             f"{'/'.join(str(QUICK.budget(s)) for s in QUICK.sizes)}, methods {','.join(m.label for m in QUICK_METHODS)}"
-             f"; about {QUICK.minutes(len(QUICK_METHODS))} minutes on 2 idle CPU cores with the default model (one "
-             f"{QUICK.sizes[0]}-token prefill per session at ~150 tok/s, then a few seconds per method; about 20 with "
-             f"other work on the second core); without it: "
-             f"{len(FULL.session_sizes())} sessions of {FULL.sizes[0]}-{FULL.sizes[-1]} tokens, every method, hours")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
-    p.add_argument("--quick", action="store_true", help=f"the small run: {quick}")
-    p.add_argument("--url", help="benchmark this running server instead of starting one")
-    p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
-    p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
-    p.add_argument("--model", help=f"model of the servers this command starts: {MODEL_HELP}")
-    p.add_argument("--backend", choices=("llama.cpp", "torch"), help="engine of the servers this command starts "
-                   "(default: kvmem serve's choice)")
-    p.add_argument("--seed", type=int, default=0, help="session generator seed (default 0)")
-    p.add_argument("--methods", help="comma-separated subset, e.g. retrieval/retrieval-heads,recent (default: all; "
-                   f"with --quick: {','.join(m.label for m in QUICK_METHODS)})")
-    p.add_argument("--limit", type=int, help="run only the first N sessions")
-    p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run, e.g. 4096,49152 (default: all)")
-    p.add_argument("--block-tokens", type=int, help="tokens per KV block on the servers this command starts "
-                   "(default: kvmem serve's --kvmem-block-tokens)")
-    p.add_argument("--no-groups", action="store_true", help="select blocks without whole-message groups "
-                   "(kvmem.groups false), to compare recall and accuracy with the default, which keeps a tool call "
-                   "with its results and a turn whole")
-    p.add_argument("--relevance", type=float, help="retrieval's relevance floor for every selecting request "
-                   "(kvmem.relevance, 0-1; default: the server's --kvmem-relevance)")
-    p.add_argument("--full-budget", type=int, help="view budget of method full (default on the servers this command "
-                   "starts: the largest plan size within the model's trained context plus 25%%; with --url, full "
-                   "runs only when this is given)")
+    out: Path
+    model: str | None = None
+    backend: str | None = None
+    deadline: float | None = None  # time.monotonic() after which no session starts
+    url: str | None = None  # a running server instead (one queue only)
+    api_key: str | None = None
+    change: tuple[str, ...] = ()  # kvmem serve flags every server gets: the change a run measures
+
+    def server_flags(self, view: View) -> list[str]:
+        flags = ["--no-ui", *view.flags(), *self.change]
+        flags += ["--model", self.model] if self.model else []
+        return flags + (["--backend", self.backend] if self.backend else [])
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark as the flags ask; write JSON and plots; print the tables (and the JSON line).
-
-    Ctrl-C or SIGTERM stops the servers and still writes what the finished sessions measured
-    (``"complete": false``), then exits 130.
-    """
-    plan = plan_for(args)
-    methods = select_methods(args.methods, QUICK_METHODS if args.quick else METHODS)
-    trained = None if args.url else trained_context(args.model or os.environ.get("KVMEM_MODEL"))
-    budget = args.full_budget or (0 if trained is None else full_budget(plan.sizes, trained))
-    args.out.mkdir(parents=True, exist_ok=True)
-    measured = Measured()
-    complete = True
-    with sigterm_as_interrupt():
-        try:
-            measure_all(args, plan, methods, trained, budget, measured)
-        except KeyboardInterrupt:
-            complete = False
-    outcomes = measured.outcomes
-    if not outcomes:
-        return 0 if complete else 130
-    result = {"model": measured.model, "results": report.rows(outcomes), "summary": report.summary(outcomes, trained)}
-    detail = {**result, "complete": complete, "plan": asdict(plan), "seed": args.seed, "trained_ctx": trained,
-              "full_budget": budget, "chars_per_token": measured.chars_per_token, "machine": machine(),
-              "outcomes": outcomes}
-    (args.out / "quality.json").write_text(json.dumps(detail, indent=1))
-    plots.plot_quality(outcomes, args.out, trained)
-    print(report.table(outcomes, trained))
-    print(f"wrote {args.out}/quality.json and plots" + ("" if complete else
-          f" (interrupted: the {len({o['session'] for o in outcomes})} sessions finished)"))
-    if args.json:
-        print(json.dumps(result))
-    return 0 if complete else 130
-
-
-def plan_for(args: argparse.Namespace) -> Plan:
-    """The plan the flags ask for: quick or full, its sizes, block size and whole-message groups."""
-    plan = replace(QUICK if args.quick else FULL, groups=not args.no_groups, relevance=args.relevance)
-    if args.block_tokens:
-        plan = replace(plan, block_tokens=args.block_tokens)
-    return plan.only_sizes(args.sizes) if args.sizes else plan
-
-
-@dataclass
-class Measured:
-    """What a run has measured so far: the served model's name, the tokenizer's fit the sessions were sized
-    with, and the outcomes of every finished session (appended as each ends, so an interrupted run keeps them)."""
-
-    model: str = ""
-    chars_per_token: float = 0.0
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
-
-
-def measure_all(args: argparse.Namespace, plan: Plan, methods: tuple[Method, ...], trained: int | None,
-                budget: int, measured: Measured) -> None:
-    """Every session of the plan (the first ``--limit``), each on the server of its phase, into ``measured``."""
-    sessions: list[Session] = []
-    for phase in phases(plan.session_sizes()[:args.limit], trained):
-        with _server(args, plan, phase, budget) as api:
-            measured.model = api.model()
-            if not sessions:
-                measured.chars_per_token = fit_chars_per_token(api.count_tokens)
-                sessions = plan.sessions(args.seed, measured.chars_per_token)[:args.limit]
-            mine = [s for s in sessions if s.target_tokens in phase.sizes]
-            run_all(api, mine, plan, methods, budget, _log, lambda got: measured.outcomes.extend(o.to_dict() for o in got))
-
-
-def select_methods(spec: str | None, default: tuple[Method, ...] = METHODS) -> tuple[Method, ...]:
-    """Methods named by label (``retrieval/mean-k``, ``recent``...), or ``default``."""
-    if not spec:
-        return default
-    known = {m.label: m for m in METHODS}
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    if names == [ORACLE.label]:
-        raise ConfigError("--methods: oracle needs another method, whose request measures the workspace first")
-    return tuple(known[n] for n in names)
-
-
-def server_flags(args: argparse.Namespace, plan: Plan, phase: Phase, full_budget: int) -> list[str]:
-    """``kvmem serve`` flags of the server for ``phase``: its context, a view for every cell's budget and
-    ``full``'s, the plan's view knobs, and the model and backend the command was given."""
-    assert phase.ctx is not None, "a given server (--url) is not started"
-    view = max(full_budget, *(plan.budget(size) for size in phase.sizes))
-    flags = ["--no-ui", "--ctx", str(phase.ctx), "--kvmem-positions", "auto", "--kvmem-budget", str(view),
-             "--kvmem-gen-budget", str(GEN_RESERVE), "--kvmem-sink-tokens", str(plan.sink_tokens),
-             "--kvmem-recent-tokens", str(plan.recent_tokens),
-             "--kvmem-retrieval-method", "key-direction"]  # key-direction needs its prototypes built at start
-    flags += ["--kvmem-block-tokens", str(plan.block_tokens)] if plan.block_tokens else []
-    flags += ["--model", args.model] if args.model else []
-    return flags + (["--backend", args.backend] if args.backend else [])
-
-
-@contextlib.contextmanager
-def _server(args: argparse.Namespace, plan: Plan, phase: Phase, full_budget: int) -> Iterator[Api]:
-    if phase.ctx is None:
-        yield Api(args.url, args.api_key, REQUEST_TIMEOUT_S)
+def run_queue(queue: Queue, opts: RunOptions, journal: Journal, stop: threading.Event,
+              log: Callable[[str], None]) -> None:
+    """``queue``'s sessions on its own server, each appended to ``journal`` as it ends. A server that cannot start
+    turns every session of the queue into an error outcome (counted wrong), never a lost row."""
+    todo = [s for s in queue.sessions if (queue.name, s.id) not in journal.done]
+    if not todo:
         return
-    server = ServeProcess(args.out, server_flags(args, plan, phase, full_budget))
-    _log(f"starting kvmem serve --ctx {phase.ctx} for sizes {sorted(phase.sizes)} (log: {server.log})")
-    with server:
-        yield Api(server.url, timeout=REQUEST_TIMEOUT_S)
-
-
-def trained_context(model: str | None) -> int:
-    """The context ``model`` (a name, file or folder; None: the default) was trained on: GGUF
-    ``{arch}.context_length`` or config.json's ``max_position_embeddings``, as the engines read it."""
-    from kvmem.models import resolve_model
-
-    path = resolve_model(model)
-    if path.is_dir():
-        config = json.loads((path / "config.json").read_text())
-        return int(config.get("text_config", config)["max_position_embeddings"])
-    from kvmem_torch.gguf_file import GGUFFile
-
-    gguf = GGUFFile(path)
     try:
-        return int(gguf.meta[f"{gguf.meta['general.architecture']}.context_length"])
-    finally:
-        gguf.close()
+        with _server(queue, opts, log) as api:
+            _answer_all(api, queue, todo, opts, journal, stop, log)
+    except ServeError as exc:
+        log(f"[{queue.name}] server failed: {exc}")
+        for s in todo:
+            if (queue.name, s.id) not in journal.done:
+                journal.add(queue.name, [_outcome(s, queue.view, m, None, None, 0.0, f"server: {str(exc)[:300]}")
+                                         for m in queue.view.methods])
+
+
+def _answer_all(api: Api, queue: Queue, todo: list[Session], opts: RunOptions, journal: Journal,
+                stop: threading.Event, log: Callable[[str], None]) -> None:
+    t0 = time.perf_counter()
+    for i, session in enumerate(todo):
+        if stop.is_set() or (opts.deadline is not None and time.monotonic() > opts.deadline):
+            log(f"[{queue.name}] stopped before {len(todo) - i} sessions")
+            return
+        got = run_session(api, session, queue.view)
+        journal.add(queue.name, got)
+        marks = " ".join(f"{o.method}={'+' if o.correct else ('E' if o.error else '-')}" for o in got)
+        log(f"[{queue.name} {i + 1}/{len(todo)} {time.perf_counter() - t0:.0f}s] {session.id}: {marks}")
+
+
+class _server:
+    """The queue's own ``kvmem serve`` (or the ``--url`` server) as an ``Api``."""
+
+    def __init__(self, queue: Queue, opts: RunOptions, log: Callable[[str], None]) -> None:
+        self.queue, self.opts, self.log = queue, opts, log
+        self.process: ServeProcess | None = None
+
+    def __enter__(self) -> Api:
+        if self.opts.url:
+            return Api(self.opts.url, self.opts.api_key, REQUEST_TIMEOUT_S)
+        run_dir = self.opts.out / "servers" / self.queue.name.replace("/", "_")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.process = ServeProcess(run_dir, self.opts.server_flags(self.queue.view))
+        self.log(f"[{self.queue.name}] kvmem serve {' '.join(self.opts.server_flags(self.queue.view))} "
+                 f"(log: {self.process.log})")
+        self.process.__enter__()
+        return Api(self.process.url, timeout=REQUEST_TIMEOUT_S)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.__exit__(*exc)
+
+
+def run_queues(queues: list[Queue], opts: RunOptions, journal: Journal, parallel: int,
+               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> bool:
+    """Every queue, ``parallel`` at a time; returns False when interrupted (Ctrl-C or SIGTERM): the queues stop
+    starting sessions, finish the ones in flight and stop their servers."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        futures = [pool.submit(run_queue, q, opts, journal, stop, log) for q in queues]
+        try:
+            for f in futures:
+                f.result()
+        except KeyboardInterrupt:
+            stop.set()
+            log("interrupted: finishing the sessions in flight")
+            for f in futures:
+                f.cancel()
+            return False
+    return True
 
 
 def machine() -> str:
     """OS, architecture, CPU count and model (from /proc/cpuinfo where there is one), and the GPUs the vendors'
     tools list."""
+    import contextlib
+    import platform
+
     from kvmem.devices import probe_gpus
 
     cpu = platform.processor()
@@ -363,7 +301,3 @@ def machine() -> str:
         cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
     gpus = "".join(f", GPU {g.name} ({g.total_mib} MiB)" for g in probe_gpus())
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {cpu or 'unknown CPU'}{gpus}"
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

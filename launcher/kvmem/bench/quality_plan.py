@@ -1,146 +1,225 @@
-"""What ``kvmem bench quality`` runs: the sessions, the methods, each cell's view and the servers.
+"""What ``kvmem bench quality`` runs: named plans of sessions, the views each is measured at, and the servers.
 
-Every cell's view budget is the same fraction of its workspace (``Plan.budget``), so each size
-compares the methods at the same compression. ``full`` sees the whole workspace wherever the
-model's trained context holds it. The cells that fit the trained context run on a server at
-that context (``--kvmem-positions auto`` keeps original positions, as ``kvmem serve`` runs the
-model by default); the cells beyond it run on a second server whose ``--ctx`` exceeds it, where
-``auto`` picks compact positions.
+The method (docs/benchmarks.md) is enforced here:
+
+- **Every view is bounded from the first prefill.** Each (size, view) pair runs on its own ``kvmem serve``
+  started with that view as its ``--kvmem-budget``; nothing else differs from a default server, so the
+  first request of a session prefills the workspace through the view being measured, as a user's server
+  does. ``full`` runs on a server whose view holds the whole workspace.
+- **Default knobs.** The servers get no other knob: sink, recent, generation reserve, block size, relevance
+  floor and groups are ``kvmem serve``'s defaults. A workspace past the default ``--ctx`` raises ``--ctx`` (what
+  a user must do too); a plan that changes anything else names it in ``Cell.extra``.
+- **Tuning and report splits.** A session's seed is its split, plan seed, size, kind and depth; the
+  ``tuning`` split is for choosing methods and knobs, the ``report`` split (fixed with the plans below) is
+  only reported, never tuned on.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from kvmem.bench import report
-from kvmem.bench.sessions import CHARS_PER_TOKEN, KINDS, Session, make_sessions
-from kvmem_core.config import SCORERS
+from kvmem.bench.heldout import HELDOUT_KINDS, make_heldout_session
+from kvmem.bench.sessions import CHARS_PER_TOKEN, KINDS, Session, make_session
+from kvmem.tools_format import render_plain
 from kvmem_core.errors import ConfigError
 
-MIN_BUDGET = 512  # a smaller view holds no selected block beside sink, recent and the question
-CTX_MARGIN = 1.25  # sessions land within a few percent of their size; contexts and full's view leave room
-GEN_RESERVE = 128  # generation reserve of the servers this command starts (answers stop at max_tokens)
-PREFILL_TOK_S = 150  # Qwen2.5-Coder-0.5B prefill, llama.cpp on one thread of a 2-vCPU machine
-STEP_S = 4  # one more method's answer on a stored workspace: select, load the view, score, decode
+SPLITS = ("tuning", "report")
+ALL_KINDS = (*KINDS, *HELDOUT_KINDS)
+DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+CTX_MARGIN = 1.25  # a server's --ctx over its largest session: sessions land within a few percent of their size
+FIT_MARGIN = 1.06  # full's view must hold the session (sized within a few percent) and the answer
+DEFAULT_BUDGET = 2048  # kvmem serve's --kvmem-budget, --ctx and --kvmem-gen-budget defaults (KVMemConfig)
+DEFAULT_CTX = 32768
+DEFAULT_GEN = 512
+MIN_BUDGET = 128 + 512 + 64  # the default sink + recent + one default block: the smallest view a default server takes
+MAX_TOKENS = 24  # answers are one short value
 
 
 @dataclass(frozen=True)
 class Method:
-    """One selection method as a ``kvmem`` override (``scorer`` only for retrieval)."""
+    """One answering method on a server: the request's ``kvmem`` object (None: none, the server's default)."""
 
-    method: str
-    scorer: str | None = None
+    label: str
+
+    def overrides(self, oracle: Sequence[int] = ()) -> dict | None:
+        """The request's ``kvmem`` object: retrieval and full send none; ``recent`` names its method; the oracle
+        forces the gold blocks ``oracle`` into the same view (the rest of it the newest blocks)."""
+        if self.label == "recent":
+            return {"method": "recent"}
+        if self.label == "oracle":
+            return {"blocks": list(oracle)}
+        return None
+
+
+RETRIEVAL, RECENT, ORACLE, FULL = Method("retrieval"), Method("recent"), Method("oracle"), Method("full")
+METHODS = (RETRIEVAL, RECENT, ORACLE)
+"""The methods each bounded view answers with, in order: the first request prefills the workspace."""
+
+
+@dataclass(frozen=True)
+class View:
+    """One server configuration: ``label`` ("default", "1/8", "full"), its ``--kvmem-budget`` (None: the
+    default) and ``--ctx`` (None: the default), and any named change (``extra`` flags)."""
+
+    label: str
+    budget: int | None
+    ctx: int | None
+    extra: tuple[str, ...] = ()
 
     @property
-    def label(self) -> str:
-        return report.label(self.method, self.scorer)
+    def methods(self) -> tuple[Method, ...]:
+        return (FULL,) if self.label == "full" else METHODS
+
+    def flags(self) -> list[str]:
+        """``kvmem serve`` flags beyond the model and backend: only what differs from the defaults."""
+        out = [] if self.budget is None else ["--kvmem-budget", str(self.budget)]
+        out += [] if self.ctx is None else ["--ctx", str(self.ctx)]
+        return out + list(self.extra)
 
 
-ORACLE = Method("oracle")
-"""The gold blocks forced into a retrieval-sized view: what the model answers when retrieval is perfect."""
-METHODS = (*(Method("retrieval", s) for s in SCORERS), Method("recent"), Method("sink-recent"), Method("full"), ORACLE)
-QUICK_METHODS = (Method("retrieval", "retrieval-heads"), Method("recent"), Method("full"), ORACLE)
-"""``--quick``'s default: the goals' methods; the seed scorers and sink-recent run in the full plan."""
+@dataclass(frozen=True)
+class Cell:
+    """Sessions of one workspace size: every kind at every depth; ``extra`` server flags name a change."""
 
-Cell = tuple[int, tuple[float, ...], tuple[str, ...]]
+    size: int
+    kinds: tuple[str, ...] = ALL_KINDS
+    depths: tuple[float, ...] = DEPTHS
+    extra: tuple[str, ...] = ()
+
+    def pairs(self) -> list[tuple[str, float]]:
+        """(kind, depth) of each session, ordered so that any first N cover the kinds evenly and vary depth."""
+        k, d = len(self.kinds), len(self.depths)
+        return [(self.kinds[j], self.depths[(i + j) % d]) for i in range(d) for j in range(k)]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """(workspace tokens, needle depths, fact kinds) cells, and the view knobs shared by every cell."""
+    """A named set of cells on one split, measured at the default view, at 1/8 of each size (``eighth``) and with
+    ``full`` wherever the whole workspace fits the model's trained context."""
 
-    grid: tuple[Cell, ...]
-    view_fraction: float = 1 / 8
-    sink_tokens: int = 64
-    recent_tokens: int = 64
-    max_tokens: int = 24
-    block_tokens: int | None = None  # None: the server's default; the layout is read back from each workspace
-    groups: bool = True  # whole-message selection (``kvmem.groups``), sent with every selecting request
-    relevance: float | None = None  # ``kvmem.relevance`` of every selecting request; None: the server's
-
-    def budget(self, size: int) -> int:
-        """The view budget of a ``size``-token cell: ``view_fraction`` of it, at least ``MIN_BUDGET``."""
-        return max(MIN_BUDGET, int(size * self.view_fraction))
+    name: str
+    split: str
+    cells: tuple[Cell, ...]
+    eighth: bool = True
+    full: bool = True
+    note: str = ""
 
     @property
     def sizes(self) -> list[int]:
-        return sorted({size for size, _, _ in self.grid})
+        return [c.size for c in self.cells]
 
-    def sessions(self, seed: int, chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
-        """The plan's sessions in grid order, deterministic for ``seed`` and the tokenizer's ``chars_per_token``."""
-        out: list[Session] = []
-        for i, (size, depths, kinds) in enumerate(self.grid):
-            out += make_sessions([size], list(depths), list(kinds), seed * 1000 + i, chars_per_token)
+    def views(self, cell: Cell, trained_ctx: int) -> list[View]:
+        """The servers of ``cell``: default view, 1/8 of the size (when it differs and the default sink, recent
+        window and a block fit it), full (when the workspace fits the trained context)."""
+        fits_default = math.ceil(FIT_MARGIN * cell.size) + MAX_TOKENS <= DEFAULT_CTX
+        ctx = None if fits_default else _round_up(CTX_MARGIN * cell.size, 1024)
+        out = [View("default", None, ctx, cell.extra)]
+        if self.eighth and cell.size // 8 != DEFAULT_BUDGET and cell.size // 8 >= MIN_BUDGET:
+            out.append(View("1/8", cell.size // 8, ctx, cell.extra))
+        if self.full and math.ceil(FIT_MARGIN * cell.size) + MAX_TOKENS <= trained_ctx - DEFAULT_GEN:
+            out.append(View("full", trained_ctx - DEFAULT_GEN, max(trained_ctx, ctx or 0), cell.extra))
         return out
 
-    def session_sizes(self) -> list[int]:
-        """The size of each session ``sessions`` makes, in the same order (without making them)."""
-        return [size for size, depths, kinds in self.grid for _ in range(len(depths) * len(kinds))]
-
-    def only_sizes(self, spec: str) -> Plan:
-        """The plan's cells whose workspace size is listed in ``spec`` ("4096,8192")."""
-        try:
-            sizes = {int(s) for s in spec.split(",") if s.strip()}
-        except ValueError:
-            raise ConfigError(f"--sizes: {spec!r} is not a list of token counts") from None
-        if not sizes or not sizes <= set(self.sizes):
-            raise ConfigError(f"--sizes: choose from {', '.join(map(str, self.sizes))}")
-        return replace(self, grid=tuple(cell for cell in self.grid if cell[0] in sizes))
-
-    def overrides(self, m: Method, size: int, full_budget: int, oracle: tuple[int, ...] = ()) -> dict[str, Any]:
-        """The request's ``kvmem`` object for ``m`` on a ``size``-token cell (``oracle``: the blocks it forces)."""
-        if m.method == "full":
-            return {"method": "full", "budget": full_budget}
-        out = {"method": m.method, "budget": self.budget(size), "sink_tokens": self.sink_tokens,
-               "recent_tokens": self.recent_tokens, "groups": self.groups}
-        if self.relevance is not None:
-            out["relevance"] = self.relevance
-        if m == ORACLE:
-            return {**out, "method": "retrieval", "blocks": list(oracle)}
-        return {**out, "retrieval_method": m.scorer} if m.scorer else out
-
-    def minutes(self, n_methods: int) -> int:
-        """Rough wall-clock minutes on a 2-vCPU machine with the default model: one prefill per
-        session at ``PREFILL_TOK_S`` plus ``STEP_S`` per method (long sessions prefill slower)."""
-        return round(sum(size / PREFILL_TOK_S + n_methods * STEP_S for size in self.session_sizes()) / 60)
+    def sessions(self, cell: Cell, seed: int, fits: Mapping[str, float] | None = None) -> list[Session]:
+        """``cell``'s sessions in ``Cell.pairs`` order; each fixed by (split, seed, size, kind, depth) alone and sized
+        with its kind's ``fits`` (chars per token of the model's tokenizer, ``fit_kinds``)."""
+        fits = fits or {}
+        return [make_any_session(kind, cell.size, depth, self.split, seed, fits.get(kind, CHARS_PER_TOKEN))
+                for kind, depth in cell.pairs()]
 
 
-QUICK = Plan(grid=((4096, (0.1, 0.3, 0.7), ("passkey", "kv", "port", "owner")),
-                   (4096, (0.2, 0.65), ("chain", "update"))))
-"""16 sessions of 4K tokens (budget 512): every kind, 10 early needles and 6 late ones."""
-FULL = Plan(grid=(*((size, (0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9), KINDS) for size in (4096, 8192, 16384)),
-                  (49152, (0.1, 0.3, 0.5, 0.7, 0.9), ("passkey", "port", "owner"))))
-"""42 sessions at each of 4K, 8K and 16K tokens (budgets 512, 1024, 2048), and 15 at 48K (budget 6144),
-beyond the default model's 32K trained context."""
+def make_any_session(kind: str, size: int, depth: float, split: str, seed: int,
+                     chars_per_token: float = CHARS_PER_TOKEN) -> Session:
+    """The session of ``kind`` (either generator's) for (split, seed, size, depth), independent of any other."""
+    rng = random.Random(f"{split}:{seed}:{size}:{kind}:{depth}")
+    sid = f"{split[0]}{seed}-s{size}-d{depth:.2f}-{kind}"
+    if kind in HELDOUT_KINDS:
+        return make_heldout_session(sid, kind, size, depth, rng, chars_per_token)
+    return make_session(sid, kind, size, depth, rng, chars_per_token)
 
 
-def fits(size: int, trained_ctx: int) -> bool:
-    """Whether ``size``-token sessions fit the model's trained context, with room to spare."""
-    return math.ceil(CTX_MARGIN * size) <= trained_ctx
+def fit_kinds(count_tokens: Callable[[str], int], kinds: Sequence[str] = ALL_KINDS) -> dict[str, float]:
+    """Chars per token (digits aside, which digit-splitting tokenizers count one each) of each kind's text for the
+    tokenizer behind ``count_tokens``, fitted on a 12K-token probe session of that kind, so every kind's sessions
+    come out at their size: the two generators' texts (code, logs, prose, CSV) tokenize differently."""
+    out = {}
+    for kind in kinds:
+        probe = make_any_session(kind, 12000, 0.5, "probe", 0)
+        text = "\n".join(t["content"] for t in render_plain(list(probe.messages), None))
+        digits = sum(c.isdigit() for c in text)
+        out[kind] = (len(text) - digits) / max(1, count_tokens(text) - digits)
+    return out
 
 
-def full_budget(sizes: Sequence[int], trained_ctx: int) -> int:
-    """View budget of ``full``: room for the largest of ``sizes`` that fits the trained context (0: none does)."""
-    within = [s for s in sizes if fits(s, trained_ctx)]
-    return min(trained_ctx - GEN_RESERVE, math.ceil(CTX_MARGIN * max(within))) if within else 0
+def _round_up(x: float, step: int) -> int:
+    return int(math.ceil(x / step) * step)
+
+
+SIZES = (8192, 30000, 131072, 262144)
+"""The report's sizes: 30000 is the largest whose whole workspace (and answer) fits the default model's 32K
+trained context, so ``full`` runs there; 128K and 256K are past it (compact positions)."""
+PLANS = {p.name: p for p in (
+    Plan("quick", "tuning", (Cell(8192, depths=(0.3,)),),
+         note="9 sessions of 8K tokens on the tuning split: every kind once, at depth 0.3"),
+    Plan("tuning", "tuning", tuple(Cell(s) for s in (8192, 30000, 131072)),
+         note="the tuning split: 45 sessions at each of 8K, 30K and 128K tokens"),
+    Plan("report", "report", tuple(Cell(s) for s in SIZES),
+         note="the report split: 45 sessions (9 kinds x 5 depths) at each of 8K, 30K, 128K and 256K tokens"),
+    Plan("report-1m", "report", (Cell(1 << 20, depths=(0.1, 0.5, 0.9), extra=("--kvmem-cpu-gb", "24")),),
+         eighth=False, note="the report split at 1M tokens (host tier raised to hold the workspace), default view only"),
+)}
+
+
+def plan_named(name: str) -> Plan:
+    try:
+        return PLANS[name]
+    except KeyError:
+        raise ConfigError(f"--plan: unknown {name!r}; choose from {', '.join(PLANS)}") from None
+
+
+def only_sizes(plan: Plan, spec: str) -> Plan:
+    """``plan`` with only the cells whose size is listed in ``spec`` ("8192,30000")."""
+    try:
+        sizes = {int(s) for s in spec.split(",") if s.strip()}
+    except ValueError:
+        raise ConfigError(f"--sizes: {spec!r} is not a list of token counts") from None
+    if not sizes or not sizes <= set(plan.sizes):
+        raise ConfigError(f"--sizes: choose from {', '.join(map(str, plan.sizes))}")
+    return Plan(plan.name, plan.split, tuple(c for c in plan.cells if c.size in sizes), plan.eighth, plan.full, plan.note)
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One server's share of the run: the session sizes it answers and its ``--ctx`` (None: ``--url``'s)."""
+class Queue:
+    """One server's share of a run: a view of one cell and the sessions it answers (a shard of the cell's)."""
 
-    sizes: frozenset[int]
-    ctx: int | None
+    cell: Cell
+    view: View
+    shard: int = 0
+    sessions: tuple[Session, ...] = field(default=(), compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell.size}/{self.view.label}/{self.shard}"
 
 
-def phases(sizes: Sequence[int], trained_ctx: int | None) -> list[Phase]:
-    """The servers for sessions of ``sizes``: one at the trained context for those that fit it, one
-    beyond it (compact positions) for the rest; a single given server when ``trained_ctx`` is None."""
-    if trained_ctx is None:
-        return [Phase(frozenset(sizes), None)]
-    within = frozenset(s for s in sizes if fits(s, trained_ctx))
-    beyond = frozenset(sizes) - within
-    out = [Phase(within, trained_ctx)] if within else []
-    return out + ([Phase(beyond, math.ceil(CTX_MARGIN * max(beyond)))] if beyond else [])
+def queues(plan: Plan, trained_ctx: int, sessions: dict[int, list[Session]], shards: dict[int, int]) -> list[Queue]:
+    """Every (cell, view) pair's sessions split round-robin over ``shards[size]`` servers (default 1), largest
+    cells first so a parallel run starts its longest queues early."""
+    out = []
+    for cell in sorted(plan.cells, key=lambda c: -c.size):
+        n = max(1, shards.get(cell.size, 1))
+        for view in plan.views(cell, trained_ctx):
+            out += [Queue(cell, view, i, tuple(sessions[cell.size][i::n])) for i in range(n)]
+    return out
+
+
+def parse_shards(spec: str | None) -> dict[int, int]:
+    """``--shards 131072=2,262144=4`` -> {size: servers}."""
+    if not spec:
+        return {}
+    try:
+        return {int(k): int(v) for k, v in (item.split("=") for item in spec.split(",") if item.strip())}
+    except ValueError:
+        raise ConfigError(f"--shards: {spec!r} is not SIZE=N,SIZE=N") from None
