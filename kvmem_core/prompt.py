@@ -30,7 +30,8 @@ from kvmem_core.layout import BlockLayout
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
 MAX_QUERY_TOKENS = 512
 QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its cost grows with rows x workspace
-MAX_MESSAGES = 4096  # per request: an agent's transcript has hundreds; a flood of tiny ones only ties up the engine
+MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousands (the quality bench sends over 4,096);
+# a 1M-token one of short turns tens of thousands; past that, a flood of tiny messages only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
 Render = Callable[[Sequence[dict[str, Any]], bool], str]

@@ -22,7 +22,7 @@ MESSAGE = {"role": "user", "content": "hi"}
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[AppClient]:
-    c = AppClient(max_body_bytes=1 << 20)
+    c = AppClient(max_body_bytes=8 << 20)  # the default body limit: 65,537 tiny messages fit it
     yield c
     c.close()
 
