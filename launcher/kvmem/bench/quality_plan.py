@@ -162,11 +162,11 @@ SIZES = (8192, 30000, 131072, 262144)
 trained context, so ``full`` runs there; 128K and 256K are past it (compact positions)."""
 PLANS = {p.name: p for p in (
     Plan("quick", "tuning", (Cell(8192, depths=(0.3,)),),
-         note="9 sessions of 8K tokens on the tuning split: every kind once, at depth 0.3"),
+         note="10 sessions of 8K tokens on the tuning split: every kind once, at depth 0.3"),
     Plan("tuning", "tuning", tuple(Cell(s) for s in (8192, 30000, 131072)),
-         note="the tuning split: 45 sessions at each of 8K, 30K and 128K tokens"),
+         note="the tuning split: 50 sessions at each of 8K, 30K and 128K tokens"),
     Plan("report", "report", tuple(Cell(s) for s in SIZES),
-         note="the report split: 45 sessions (9 kinds x 5 depths) at each of 8K, 30K, 128K and 256K tokens"),
+         note="the report split: 50 sessions (10 kinds x 5 depths) at each of 8K, 30K, 128K and 256K tokens"),
     Plan("report-1m", "report", (Cell(1 << 20, depths=(0.1, 0.5, 0.9), extra=("--kvmem-cpu-gb", "24")),),
          eighth=False, note="the report split at 1M tokens (host tier raised to hold the workspace), default view only"),
 )}
