@@ -33,13 +33,22 @@ class Vocabulary:
         self.n_vocab = n_vocab
         self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
         self._tokenizer: Any = None
-        self._closers: list[int] | None = None
+        self._closers: dict[str, int] | None = None
+        self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
 
-    def closers(self) -> list[int]:
-        """The tokens of ``Constraint.CLOSERS`` that are one token each, in that order."""
+    def token_bytes(self, token: int) -> bytes:
+        return self._token_bytes(token)
+
+    @property
+    def ends(self) -> list[int]:
+        """The end-of-generation tokens."""
+        return self.tokenizer.eos_tokens
+
+    def closers(self) -> dict[str, int]:
+        """The token of each of ``Constraint.CLOSERS`` that is one token, in that order."""
         if self._closers is None:
-            ids = (self._tokenize(text) for text in Constraint.CLOSERS)
-            self._closers = [t[0] for t in ids if len(t) == 1]
+            ids = {text: self._tokenize(text) for text in Constraint.CLOSERS}
+            self._closers = {text: t[0] for text, t in ids.items() if len(t) == 1}
         return self._closers
 
     @property
@@ -53,6 +62,7 @@ class Vocabulary:
 
         eog = [t for t in range(self.n_vocab) if self._is_eog(t)]
         tokens = [self._marked(t, set(eog)) for t in range(self.n_vocab)]
+        self.lengths = np.array([len(b) if b[:1] != b"\xff" else 1 << 20 for b in tokens], dtype=np.int64)
         wrapper = _Wrapper(tokens, eog, self._tokenize)
         return llguidance.LLTokenizer(wrapper, n_vocab=self.n_vocab, eos_token=eog)  # type: ignore[arg-type]
 
@@ -111,15 +121,17 @@ class Constraint:
     advances by the token taken. Free (no mask) before a lazy grammar's trigger and after it completes.
 
     A small model can loop inside a JSON string or list until its tokens run out, which would cut the answer
-    short of its closing brackets. So the grammar closes the answer itself when ``CLOSING_RESERVE`` tokens are
-    left, or once the last ``LOOP_SPAN`` tokens repeat a pattern of at most ``LOOP_PERIOD``: from then on each
-    token is one the grammar forces, else the first of ``CLOSERS`` it allows, else the model's choice under
-    the mask; the answer ends as soon as the grammar allows.
+    short of its closing brackets. So the grammar closes the answer itself once the tokens left come near what
+    closing takes (``closing_cost``, a dry run of the closing policy on a copy of the grammar's state, checked
+    every ``CHECK_EVERY`` tokens within ``WATCH`` of the end, every token nearer), or once the last ``LOOP_SPAN``
+    tokens repeat a pattern of at most ``LOOP_PERIOD``. Closing, each token is an end token when the grammar
+    is complete, else one it forces, else inside a JSON string the closing quote, else the first of
+    ``CLOSERS`` it allows (end a container, else a short value), else its shortest allowed token.
     """
 
-    CLOSING_RESERVE = 48
+    WATCH, CHECK_EVERY, MARGIN = 256, 8, 4
     LOOP_SPAN, LOOP_PERIOD = 128, 64
-    CLOSERS = ('"', "]", "}", ",", "0", "false", "null")
+    CLOSERS = ("}", "]", ",", "0", "false", "null", '"', "[", "{", ' "', " 0", " false", " null", " [", " {")
 
     def __init__(self, grammar: str, vocab: Vocabulary, trigger: str | None = None) -> None:
         import llguidance
@@ -130,20 +142,27 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
         self.active = not self.trigger
-        self.closing = False
-        self._tail = b""  # the free text's end, where a trigger may be completing
-        self._taken: list[int] = []  # tokens under the grammar, for loop detection
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
+        self._tail = b""  # the free text's end, where a trigger may be completing
+        self._restart()
+
+    def _restart(self) -> None:
+        self.closing = False
+        self._taken: list[int] = []  # tokens under the grammar, for loop detection
+        self._quotes = Quotes()
+        self._need = 0  # tokens closing took at the last dry run
 
     def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
         """``logits`` with every token the grammar forbids next at -inf (a copy); only the closing token, when
         the answer is closing; unchanged while free."""
         if not self.active:
             return logits
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:logits.size].astype(bool)
-        self.closing = self.closing or left <= self.CLOSING_RESERVE or self._looping()
-        closer = self._closer(allowed) if self.closing else None
+        allowed = self._allowed(self.matcher)[:logits.size]
+        if not self.closing and left <= self.WATCH and (left <= self._need + 2 * self.MARGIN
+                                                        or len(self._taken) % self.CHECK_EVERY == 0):
+            self._need = self.closing_cost(left)
+        self.closing = self.closing or left <= self._need + self.MARGIN or self._looping()
+        closer = self._closer(self.matcher, allowed, self._quotes) if self.closing else None
         if closer is not None:
             allowed = np.zeros_like(allowed)
             allowed[closer] = True
@@ -155,9 +174,11 @@ class Constraint:
         if self.active:
             self.matcher.consume_token(token)
             self._taken.append(token)
+            self._quotes.follow(data)
             if self.trigger and self.matcher.is_accepting():
                 self.matcher.reset()
-                self.active, self.closing, self._tail, self._taken = False, False, b"", []
+                self.active, self._tail = False, b""
+                self._restart()
             return
         text = self._tail + data
         at = text.find(self.trigger)
@@ -169,15 +190,59 @@ class Constraint:
         if rest:
             self.matcher.consume_tokens(self.vocab.tokenizer.tokenize_bytes(rest))
 
+    def closing_cost(self, limit: int) -> int:
+        """Tokens the closing policy takes from here to a complete answer (``limit`` when it needs more)."""
+        matcher, quotes = self.matcher.deep_copy(), self._quotes.copy()
+        for n in range(limit):
+            if matcher.is_accepting() or matcher.is_error():
+                return n
+            token = self._closer(matcher, self._allowed(matcher), quotes)
+            if token is None:
+                return limit
+            matcher.consume_token(token)
+            quotes.follow(self.vocab.token_bytes(token))
+        return limit
+
+    def _allowed(self, matcher: Any) -> np.ndarray:
+        matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
+
     def _looping(self) -> bool:
         """The last ``LOOP_SPAN`` tokens repeat with a period of at most ``LOOP_PERIOD``."""
         span, recent = self.LOOP_SPAN, self._taken[-self.LOOP_SPAN - self.LOOP_PERIOD:]
         return any(len(recent) >= span + p and recent[-span:] == recent[-span - p:-p]
                    for p in range(1, self.LOOP_PERIOD + 1))
 
-    def _closer(self, allowed: np.ndarray) -> int | None:
-        """The token that brings the answer nearest its end: a forced one, else the first allowed closer."""
-        forced = self.matcher.compute_ff_tokens()
+    def _closer(self, matcher: Any, allowed: np.ndarray, quotes: Quotes) -> int | None:
+        """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's."""
+        if matcher.is_accepting() and self.vocab.ends:
+            return self.vocab.ends[0]
+        forced = matcher.compute_ff_tokens()
         if forced:
             return forced[0]
-        return next((t for t in self.vocab.closers() if allowed[t]), None)
+        closers = self.vocab.closers()
+        candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
+        chosen = next((t for t in candidates if allowed[t]), None)
+        if chosen is None:
+            rest = np.flatnonzero(allowed[:self.vocab.n_vocab])
+            chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
+        return chosen
+
+
+class Quotes:
+    """Whether JSON text so far ends inside a string (its quotes and backslash escapes followed byte by byte)."""
+
+    def __init__(self, inside: bool = False, escaped: bool = False) -> None:
+        self.inside, self.escaped = inside, escaped
+
+    def copy(self) -> Quotes:
+        return Quotes(self.inside, self.escaped)
+
+    def follow(self, data: bytes) -> None:
+        for byte in data:
+            if self.escaped:
+                self.escaped = False
+            elif byte == 0x5C and self.inside:  # a backslash
+                self.escaped = True
+            elif byte == 0x22:  # a double quote
+                self.inside = not self.inside

@@ -42,11 +42,25 @@ def post(base_url: str, path: str, body: dict[str, Any], timeout: float = 120) -
         return Reply(exc.code, exc.read().decode())
 
 
+def check_body(path: str, data: Any) -> Any:
+    """A whole reply of an OpenAI route as the SDK's type for it (pydantic's ValidationError if it is not one)."""
+    return _BODIES[path].model_validate(data)
+
+
+def check_event(path: str, data: Any) -> Any:
+    """One streamed chunk or event of an OpenAI route as the SDK's type for it."""
+    return _CHUNKS[path](data)
+
+
+def checked_routes() -> tuple[str, ...]:
+    return tuple(_BODIES)
+
+
 def create(base_url: str, path: str, body: dict[str, Any]) -> Any:
     """A non-streamed reply of an OpenAI route, validated as the SDK's type for it (AssertionError if not 200)."""
     reply = post(base_url, path, body)
     assert reply.status_code == 200, reply.text
-    return _BODIES[path].model_validate(reply.json())
+    return check_body(path, reply.json())
 
 
 def stream(base_url: str, path: str, body: dict[str, Any]) -> list[Any]:
@@ -61,6 +75,6 @@ def stream(base_url: str, path: str, body: dict[str, Any]) -> list[Any]:
             if line == "data: [DONE]":
                 done = True
                 continue
-            events.append(_CHUNKS[path](json.loads(line[6:])))
+            events.append(check_event(path, json.loads(line[6:])))
     assert done or path == "/v1/responses", "the stream did not end with [DONE]"
     return events

@@ -43,8 +43,8 @@ def schema_grammar(schema: dict | None, strict: bool = True) -> str:
     return grammar((schema, strict), None, None, "hermes")[0]
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), max_tokens=st.integers(90, 400))
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), max_tokens=st.integers(60, 400))
 def test_any_logits_give_json_of_the_schema(seed: int, max_tokens: int) -> None:
     rows = np.random.default_rng(seed).standard_normal((7, 257)).astype(np.float32)
     text, finish = run(schema_grammar(CITY), rows, max_tokens)

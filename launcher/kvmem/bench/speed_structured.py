@@ -40,3 +40,26 @@ def structured_cost(engine: Any, max_tokens: int = 96) -> dict[str, Any]:
     return {"tokens": len(result.token_ids), "vocab": vocabulary.n_vocab, "mask_ms_per_token": round(mask_ms, 4),
             "decode_ms_per_token": round(step_ms, 3), "mask_share": round(mask_ms / step_ms, 4),
             "goal_share": GOAL_SHARE}
+
+
+def main(models: list[str]) -> None:
+    """``python -m kvmem.bench.speed_structured [MODEL ...]``: the row alone on each model (llama.cpp; default:
+    the default model), as one JSON line each."""
+    import json
+
+    from kvmem.engines import load_engine
+    from kvmem.models import resolve_model
+    from kvmem_core.config import KVMemConfig
+
+    for name in models or [None]:
+        engine = load_engine("llama.cpp", str(resolve_model(name)), KVMemConfig(ctx=4096))
+        try:
+            print(json.dumps({"model": engine.model_id, **structured_cost(engine)}), flush=True)
+        finally:
+            engine.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

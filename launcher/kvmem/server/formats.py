@@ -5,8 +5,8 @@ follows (``kvmem_core.structured``; ``%json {...}`` embeds a JSON schema).
   the answer one JSON value of the schema, ``json_object`` any JSON object;
 - tools: under ``tool_choice: "required"`` or a named function the answer is calls, in the model's own tool
   syntax (``kvmem.tool_syntax``), to the offered functions; under ``auto`` with a ``strict`` tool each call the
-  model starts is held to it from its marker on (a lazy grammar), the text around calls stays free. A strict
-  tool's arguments follow its ``parameters``; another's are any JSON object.
+  model starts is held to it from its marker on (a lazy grammar), the text around calls stays free. A call's
+  arguments follow its tool's ``parameters`` (any JSON object without them), strictly when every tool is strict.
 
 JSON is written as ``json.dumps`` writes it (``", "`` and ``": "``, no other blanks), so a small model cannot
 spend its tokens on whitespace. A schema that does not compile is a 400 (``invalid_response_format``) before any
@@ -51,11 +51,11 @@ def json_rule(schema: dict[str, Any], strict: bool) -> str:
 
 
 def call_schema(tools: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
-    """The JSON schema of one call object to any of ``tools`` (chat-style), strict ones with their parameters."""
+    """The JSON schema of one call object to any of ``tools`` (chat-style), its arguments of the tool's parameters."""
     options = []
     for tool in tools:
         fn = tool["function"]
-        params = fn.get("parameters") if fn.get("strict") and fn.get("parameters") else {"type": "object"}
+        params = fn.get("parameters") or {"type": "object"}
         options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: params},
                         "required": ["name", args_key], "additionalProperties": False})
     return options[0] if len(options) == 1 else {"anyOf": options}
@@ -71,7 +71,7 @@ def chosen(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any] | None
 
 def call_rules(tools: list[dict[str, Any]], text: CallText) -> str:
     """The rules every tool grammar shares: what follows a marker, and one call object."""
-    strict = any(t["function"].get("strict") for t in tools)
+    strict = all(t["function"].get("strict") for t in tools)
     return f"after_marker: {text.after_marker}\ncall_json: {json_rule(call_schema(tools, text.args_key), strict)}"
 
 

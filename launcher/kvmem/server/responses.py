@@ -218,7 +218,8 @@ async def stream_response(request: web.Request, state: ServerState, turn: Turn) 
     try:
         result = await sse.relay(gen, first, writer.write, turn.parser)
         output = await writer.close()
-        await ev.send("response.completed", response=turn.finish(state, result, writer.parsed, output))
+        response = turn.finish(state, result, writer.parsed, output)
+        await ev.send(f"response.{response['status']}", response=response)  # completed, or incomplete as OpenAI's
     except (ConnectionResetError, ConnectionError):
         return ev.resp
     except Exception as exc:
