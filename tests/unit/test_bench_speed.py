@@ -123,5 +123,5 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
         out = structured_cost(engine, max_tokens=32)
     finally:
         engine.close()
-    assert out["tokens"] > 0 and out["vocab"] == 49152 and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
+    assert out["tokens"] > 0 and out["parses"] and out["vocab"] == 49152 and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
     assert out["mask_share"] == pytest.approx(out["mask_ms_per_token"] / out["decode_ms_per_token"], rel=0.01)

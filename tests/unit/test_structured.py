@@ -92,3 +92,29 @@ def test_required_tools_make_the_answer_calls() -> None:
     assert trigger is None and text.startswith("<tool_call>\n") and finish == "stop"
     call = json.loads(text.split("\n")[1])
     assert call["name"] == "g" and set(call["arguments"]) == set(CITY["properties"])
+
+
+class Thinks:
+    """A steer whose first ``n`` tokens are a think block, free of the output format."""
+
+    lead = ""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.inside = n, n > 0
+
+    def forced(self) -> int | None:
+        return None
+
+    def observe(self, data: bytes) -> None:
+        self.n -= 1
+        self.inside = self.n > 0
+
+
+def test_a_think_block_is_outside_the_format() -> None:
+    rows = np.full((1, 257), -1.0, dtype=np.float32)
+    rows[0, ord("x")] = 5.0  # the model would write x forever
+    rows = iter(np.tile(rows, (80, 1)))
+    constraint = Constraint(grammar(({"type": "integer"}, True), None, None, "hermes")[0], VOCAB)
+    text, _, finish = decode(SamplingParams(temperature=0, max_tokens=60), next(rows), VOCAB.token_bytes, VOCAB._is_eog,
+                             lambda t: lambda: next(rows), lambda piece: True, Thinks(6), constraint)
+    assert text[:6] == "xxxxxx" and isinstance(json.loads(text[6:]), int) and finish == "stop"

@@ -3,6 +3,7 @@ replayed through a fresh grammar mask alone (``kvmem_core.structured.Constraint`
 vocabulary, so the mask's own time is measured apart from the model's. The goal: at most 5% of a decode step."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -37,16 +38,24 @@ def structured_cost(engine: Any, max_tokens: int = 96) -> dict[str, Any]:
         constraint.take(token, adapter.token_bytes(token))
     tokens = max(len(result.token_ids), 1)
     mask_ms, step_ms = 1e3 * (time.perf_counter() - t) / tokens, 1e3 * result.timings["decode_s"] / tokens
-    return {"tokens": len(result.token_ids), "vocab": vocabulary.n_vocab, "mask_ms_per_token": round(mask_ms, 4),
+    return {"tokens": len(result.token_ids), "parses": parses(result.text), "vocab": vocabulary.n_vocab,
+            "mask_ms_per_token": round(mask_ms, 4),
             "decode_ms_per_token": round(step_ms, 3), "mask_share": round(mask_ms / step_ms, 4),
             "goal_share": GOAL_SHARE}
+
+
+def parses(text: str) -> bool:
+    """Whether ``text`` is a JSON object with every key ``SCHEMA`` requires, and no other."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and set(value) == set(SCHEMA["required"])
 
 
 def main(models: list[str]) -> None:
     """``python -m kvmem.bench.speed_structured [MODEL ...]``: the row alone on each model (llama.cpp; default:
     the default model), as one JSON line each."""
-    import json
-
     from kvmem.engines import load_engine
     from kvmem.models import resolve_model
     from kvmem_core.config import KVMemConfig
