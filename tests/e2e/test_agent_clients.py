@@ -12,12 +12,15 @@ from typing import Any, Iterator, Literal
 
 import pytest
 from pydantic import BaseModel
+from model_support import SMALL_MODEL
 from serving import LiveServer
 from wire_tap import WireTap
 
+from kvmem.models import DEFAULT
+
 pytestmark = pytest.mark.llamacpp
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would fetch its price list at import
-MODEL = "smollm2"
+MODEL = "agent-model"  # --served-model-name: what every library asks for
 ASK = "Name one planet of the solar system."
 
 
@@ -32,10 +35,11 @@ def get_weather(city: str) -> str:
     return f"It is sunny in {city}."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", params=[SMALL_MODEL, pytest.param(DEFAULT.name, marks=pytest.mark.slow)])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The test model by default; the default model (which writes calls in its template's own syntax) with --slow."""
     live = LiveServer(tmp_path_factory.mktemp("clients"), "--no-ui", "--ctx", "4096", "--max-tokens-default", "256",
-                      "--served-model-name", MODEL).start()
+                      "--served-model-name", MODEL, "--model", request.param).start()
     yield live
     live.stop()
 
