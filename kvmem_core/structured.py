@@ -61,7 +61,8 @@ class Vocabulary:
         import llguidance
 
         eog = [t for t in range(self.n_vocab) if self._is_eog(t)]
-        tokens = [self._marked(t, set(eog)) for t in range(self.n_vocab)]
+        ends = set(eog)
+        tokens = [self._marked(t, ends) for t in range(self.n_vocab)]
         self.lengths = np.array([len(b) if b[:1] != b"\xff" else 1 << 20 for b in tokens], dtype=np.int64)
         wrapper = _Wrapper(tokens, eog, self._tokenize)
         return llguidance.LLTokenizer(wrapper, n_vocab=self.n_vocab, eos_token=eog)  # type: ignore[arg-type]
@@ -100,8 +101,9 @@ class Formats:
             return None
         if self.vocabulary is None:
             adapter = self.adapter
+            bos = len(adapter.tokenize("", special=False))  # what the tokenizer puts in front of a whole text
             self.vocabulary = Vocabulary(n_vocab, adapter.token_bytes, adapter.is_eog,
-                                         lambda text: adapter.tokenize(text, special=False))
+                                         lambda text: adapter.tokenize(text, special=False)[bos:])
         return Constraint(sampling.grammar, self.vocabulary, sampling.grammar_trigger)
 
 
