@@ -14,14 +14,19 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding knobs; ``temperature == 0`` is greedy. ``top_k == 0`` disables top-k."""
+    """Decoding knobs; ``temperature == 0`` is greedy. ``top_k == 0`` disables top-k. ``max_tokens`` None:
+    until the model stops or the workspace is full (``--ctx`` less the prompt). ``grammar``: Lark text (llguidance's
+    dialect) the answer must follow, from its start or, with ``grammar_trigger``, from each place the text ends
+    with the trigger (``kvmem_core.structured``)."""
 
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = 40
     seed: int | None = None
-    max_tokens: int = 256
+    max_tokens: int | None = 256
     stop: tuple[str, ...] = ()
+    grammar: str | None = None
+    grammar_trigger: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 from kvmem_core.adapter import PREFILL_CHUNK, EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
-from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
+from kvmem_core.contract import OnStart, OnText, SamplingParams, StepRequest, StepResult
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
@@ -26,9 +26,10 @@ from kvmem_core.reasoning import Thinking, thinking_for
 from kvmem_core.retrieval import (MANDATORY_TAG, BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
                                   make_scorer)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
-from kvmem_core.sampling import decode
+from kvmem_core.sampling import decode, within
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
+from kvmem_core.structured import Formats
 from kvmem_core.workspace import Route, Workspace
 from kvmem_core.workspace_ops import WorkspaceOps
 
@@ -60,6 +61,7 @@ class KVMemEngine(WorkspaceOps):
         self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace) if adapter.caps.recurrent_state else None
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
+        self.formats = Formats(adapter)
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
@@ -132,7 +134,8 @@ class KVMemEngine(WorkspaceOps):
             logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle)
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
-        text, ids, finish, completed = self._decode(cfg, ws, request, logits, on_text, steer)
+        sampling = within(request.sampling, cfg.ctx - len(prompt.ids))
+        text, ids, finish, completed = self._decode(cfg, ws, sampling, logits, on_text, steer)
         t3 = time.perf_counter()
         self._archive(ws, completed)
         if self.checkpoints is not None:
@@ -384,7 +387,7 @@ class KVMemEngine(WorkspaceOps):
         index.sync(metas)
         return index
 
-    def _decode(self, cfg: KVMemConfig, ws: Workspace, request: StepRequest, logits: np.ndarray,
+    def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
                 on_text: OnText, steer: Thinking | None) -> tuple[str, list[int], str, list[int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
@@ -403,7 +406,7 @@ class KVMemEngine(WorkspaceOps):
             pending.extend(append_computed(self.view, [token]))
             return lambda: out.logits
 
-        text, ids, finish = decode(request.sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
-                                   steer)
+        text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
+                                   steer, self.formats.constraint(sampling, logits.size))
         return text, ids, finish, pending
 

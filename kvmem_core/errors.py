@@ -50,6 +50,14 @@ class TemplateError(KVMemError):
     code = "template_error"
 
 
+class GrammarError(KVMemError):
+    """A structured-output format (a JSON schema, a strict tool's parameters) that does not compile to a grammar,
+    or a server without the grammar library."""
+
+    http_status = 400
+    code = "invalid_response_format"
+
+
 class LimitError(KVMemError):
     """A request asks more than one request may (``kvmem_core.prompt.check_request``): too many messages,
     ``max_tokens`` over ``--ctx``."""

@@ -241,7 +241,7 @@ def check_request(request: StepRequest, cfg: KVMemConfig) -> None:
     ``MAX_MESSAGES`` messages, or ``max_tokens`` over ``--ctx`` (no answer can be longer than the workspace)."""
     if request.messages is not None and len(request.messages) > MAX_MESSAGES:
         raise LimitError(f"the request has {len(request.messages)} messages; at most {MAX_MESSAGES} are served")
-    if request.sampling.max_tokens > cfg.ctx:
+    if (request.sampling.max_tokens or 0) > cfg.ctx:
         raise LimitError(f"max_tokens is {request.sampling.max_tokens} but --ctx is {cfg.ctx}; ask for at most {cfg.ctx}")
 
 

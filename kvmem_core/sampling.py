@@ -9,6 +9,7 @@ the tokens split the stop. ``decode`` runs the loop of one step over both.
 from __future__ import annotations
 
 import codecs
+from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ class Steer(Protocol):
     """Takes over some tokens of a decode loop (``kvmem_core.reasoning.Thinking`` ends think blocks)."""
 
     lead: str  # text the step's text starts with, ahead of the first token's
+    inside: bool  # the text is in a span no output format covers (a think block)
 
     def forced(self) -> int | None:
         """The next token to take instead of sampling, or None."""
@@ -31,6 +33,18 @@ class Steer(Protocol):
 
     def observe(self, data: bytes) -> None:
         """The bytes of each token taken, forced or sampled."""
+        ...
+
+
+class Constraint(Protocol):
+    """Masks the logits to what an output format allows next (``kvmem_core.structured.Constraint``)."""
+
+    def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
+        """``logits`` with the tokens the format forbids next at -inf; ``left``: tokens the answer may still take."""
+        ...
+
+    def take(self, token: int, data: bytes) -> None:
+        """A token sampled under the mask (``data``: its bytes)."""
         ...
 
 
@@ -139,9 +153,14 @@ def _partial(text: str, stop: str) -> int:
     return 0
 
 
+def within(params: SamplingParams, room: int) -> SamplingParams:
+    """``params`` with a number for ``max_tokens``: its own, or ``room`` (what the workspace has left) for None."""
+    return params if params.max_tokens is not None else replace(params, max_tokens=room)
+
+
 def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[int], bytes],
            is_eog: Callable[[int], bool], advance: Advance, on_text: OnText,
-           steer: Steer | None = None) -> tuple[str, list[int], str]:
+           steer: Steer | None = None, constraint: Constraint | None = None) -> tuple[str, list[int], str]:
     """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
 
     Every sampled token but an end-of-generation one is in the ids (the one that completed a
@@ -149,7 +168,8 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
     that completes a stop string included (the model runs it while its text streams). The finish
     reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``. A
     ``steer`` may force tokens in place of sampled ones; its ``lead`` starts the text (and
-    is streamed first), outside the ids.
+    is streamed first), outside the ids. A ``constraint`` masks the logits of every token
+    sampled outside the steer's free spans (forced tokens and think blocks are not its).
     """
     sample, stream = Sampler(params), TextStream(params.stop, on_text)
     lead = steer.lead if steer is not None else ""
@@ -159,13 +179,16 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
     finish = "length"
     for i in range(params.max_tokens):
         forced = steer.forced() if steer is not None else None
-        token = sample(logits) if forced is None else forced
+        shaped = constraint is not None and forced is None and not (steer is not None and steer.inside)
+        token = forced if forced is not None else sample(constraint.allow(logits, params.max_tokens - i) if shaped else logits)
         if is_eog(token):
             finish = "stop"
             break
         ids.append(token)
         next_logits = advance(token) if i + 1 < params.max_tokens else None
         data = token_bytes(token)
+        if shaped:
+            constraint.take(token, data)
         if steer is not None:
             steer.observe(data)
         ended = stream.push(data)

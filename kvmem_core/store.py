@@ -97,14 +97,12 @@ class BlockStore:
 
     def open_workspace(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
                        route: Route = Route()) -> tuple[Workspace, PrefixMatch]:
-        """Match ``token_ids`` against stored prefixes; continue or fork as ``route`` says (a keyed workspace may
-        be rewound); it becomes the workspace in use."""
+        """Match ``token_ids`` against stored prefixes; continue or fork as ``route`` says; it becomes the
+        workspace in use."""
         self._drain()
         match = self.workspaces.find_prefix(namespace, token_ids, self._metas.get, route)
         match, adopted = self._adopt(match, token_ids)
-        ws, freed = self.workspaces.open(match)
-        for h in freed:
-            self._maybe_free(h)
+        ws = self.workspaces.open(match)
         for h in adopted:
             if not self.workspaces.owners(h):
                 self._forget(h)

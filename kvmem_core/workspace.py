@@ -6,10 +6,12 @@ hash first, then the stored token ids); it either continues the workspace it ext
 forks a new one that shares the matched prefix, leaving the original untouched.
 
 A ``Route`` can name the workspace beyond its tokens. A *key* (a client's
-``prompt_cache_key``) owns one workspace: its steps always continue it, rewound to the
-prompt where they diverge, and steps without that key never continue it (they fork,
-sharing its blocks). A *preferred* workspace (the one a previous response ran in) wins
-when several hold exactly the matched prefix.
+``prompt_cache_key``) is a routing hint, as OpenAI documents it, shared by any number of
+conversations: a keyed step continues only a workspace under its key, and one under no key
+only a keyless workspace; where none holds exactly the matched prefix it forks a new one
+(under its key) sharing that prefix's blocks. No step rewinds a workspace, so two
+histories under one key both keep their blocks. A *preferred* workspace (the one a
+previous response ran in) wins when several hold exactly the matched prefix.
 """
 from __future__ import annotations
 
@@ -61,8 +63,7 @@ class PrefixMatch:
     """Result of matching a token sequence: ``hashes`` covers all of its whole blocks.
 
     ``workspace_id`` is the workspace the sequence continues (None: opening the match forks
-    a new one holding the matched prefix, under ``key``). A keyed workspace is continued even
-    where it diverges from the sequence: opening rewinds it to the matched prefix first.
+    a new one holding the matched prefix, under ``key``).
     """
 
     namespace: str
@@ -89,7 +90,6 @@ class WorkspaceRegistry:
         self._clock = clock
         self._spaces: dict[str, Workspace] = {}
         self._owners: dict[str, set[str]] = {}
-        self._keys: dict[tuple[str, str], str] = {}  # (namespace, key) -> workspace id
         self._dirty: set[str] = set()
 
     def __len__(self) -> int:
@@ -114,51 +114,31 @@ class WorkspaceRegistry:
         k = 0
         while k < len(hashes) and self._verified(hashes, k, ids, meta_of):
             k += 1
-        if route.key is not None:
-            ws_id = self._keys.get((namespace, route.key))
-        else:
-            ws = self._continued(namespace, hashes[k - 1] if k else None, k, route.prefer)
-            ws_id = ws.id if ws else None
-        return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens, ws_id, route.key)
+        ws = self._continued(namespace, hashes[k - 1] if k else None, k, route)
+        return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens, ws.id if ws else None, route.key)
 
-    def open(self, match: PrefixMatch) -> tuple[Workspace, list[str]]:
-        """Continue the matched workspace or fork a new one holding the matched prefix; return it and the hashes
-        no workspace references any more (a keyed workspace rewound to the prefix let them go)."""
-        prefix = list(match.hashes[:match.matched_blocks])
+    def open(self, match: PrefixMatch) -> Workspace:
+        """Continue the matched workspace (extended by blocks a match adopted past it) or fork a new one holding
+        the matched prefix; return it."""
+        prefix = match.hashes[:match.matched_blocks]
         if match.continues:
             ws = self._spaces[match.workspace_id]
-            freed = self._rewind(ws, prefix) if ws.hashes != prefix else []
-            self.touch(ws.id)
-            return ws, freed
-        now = self._clock()
-        ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now, key=match.key)
-        self.add(ws)
-        for h in prefix:
+        else:
+            now = self._clock()
+            ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now, key=match.key)
+            self.add(ws)
+        for h in prefix[len(ws.hashes):]:
             self.append(ws.id, h)
-        return ws, []
-
-    def _rewind(self, ws: Workspace, hashes: list[str]) -> list[str]:
-        """Make ``ws`` hold ``hashes``; return those of its old hashes no workspace references any more."""
-        keep = set(hashes)
-        freed = self._release(ws.id, [h for h in ws.hashes if h not in keep])
-        for h in hashes:
-            self._owners.setdefault(h, set()).add(ws.id)
-        ws.hashes = list(hashes)
-        return freed
+        self.touch(ws.id)
+        return ws
 
     def add(self, ws: Workspace) -> None:
-        """Register a workspace (new, restored from its manifest, or imported); its key must be free."""
-        assert ws.id not in self._spaces and self.keyed(ws.namespace, ws.key) is None
+        """Register a workspace (new, restored from its manifest, or imported); its id must be new."""
+        assert ws.id not in self._spaces
         self._spaces[ws.id] = ws
         for h in ws.hashes:
             self._owners.setdefault(h, set()).add(ws.id)
-        if ws.key is not None:
-            self._keys[(ws.namespace, ws.key)] = ws.id
         self._dirty.add(ws.id)
-
-    def keyed(self, namespace: str, key: str | None) -> str | None:
-        """The id of the workspace ``key`` owns in ``namespace``, if any."""
-        return None if key is None else self._keys.get((namespace, key))
 
     def set_pinned(self, ws_id: str, pinned: bool) -> None:
         self._spaces[ws_id].pinned = pinned
@@ -185,8 +165,6 @@ class WorkspaceRegistry:
     def delete(self, ws_id: str) -> list[str]:
         """Remove a workspace; return the hashes no workspace references any more."""
         ws = self._spaces.pop(ws_id)
-        if ws.key is not None:
-            del self._keys[(ws.namespace, ws.key)]
         self._dirty.add(ws_id)
         return self._release(ws_id, ws.hashes)
 
@@ -229,16 +207,17 @@ class WorkspaceRegistry:
         parent = hashes[k - 1] if k else ROOT_HASH
         return meta is not None and meta.parent_hash == parent and np.array_equal(meta.token_ids, block)
 
-    def _continued(self, namespace: str, last_hash: str | None, k: int, prefer: str | None) -> Workspace | None:
-        """The keyless workspace that is exactly the matched prefix: ``prefer`` if it is one, else the most recent."""
+    def _continued(self, namespace: str, last_hash: str | None, k: int, route: Route) -> Workspace | None:
+        """The workspace under ``route.key`` (or under none) that is exactly the matched prefix: ``route.prefer`` if
+        it is one, else the most recent."""
         if last_hash is None:
             pool = [w for w in self._spaces.values() if w.namespace == namespace and not w.hashes]
         else:
             pool = [self._spaces[i] for i in self._owners[last_hash]]
-        pool = [w for w in pool if len(w.hashes) == k and w.key is None]
+        pool = [w for w in pool if len(w.hashes) == k and w.key == route.key]
         if not pool:
             return None
-        return max(pool, key=lambda w: (w.id == prefer, w.last_used, w.created))
+        return max(pool, key=lambda w: (w.id == route.prefer, w.last_used, w.created))
 
 
 def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int) -> list[str]:

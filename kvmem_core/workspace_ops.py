@@ -90,13 +90,12 @@ class WorkspaceOps:
 
     def import_workspace(self, path: str) -> dict[str, Any]:
         """Add the workspace a file exported (see ``kvmem_core.portable``); its summary. Refused, with nothing
-        changed: another model's file (``ModelMismatchError``), a damaged one (``WorkspaceFileError``), an id or
-        key already here (``WorkspaceExistsError``), no room (``CapacityError``)."""
+        changed: another model's file (``ModelMismatchError``), a damaged one (``WorkspaceFileError``), an id
+        already here (``WorkspaceExistsError``), no room (``CapacityError``)."""
         with WorkspaceReader(Path(path), self.layout, self.namespace) as reader:
             ws = self._imported(reader.header["workspace"])
-            taken = self.store.workspaces.get(ws.id) or self.store.workspaces.keyed(ws.namespace, ws.key)
-            if taken:
-                raise WorkspaceExistsError(f"workspace {ws.id} (key {ws.key!r}) is already here; delete it to import again")
+            if self.store.workspaces.get(ws.id):
+                raise WorkspaceExistsError(f"workspace {ws.id} is already here; delete it to import again")
             blocks = ((dataclasses.replace(m, summary=self._summarize(kv, m.start_pos)), kv) for m, kv in reader.blocks())
             self.store.add_workspace(ws, blocks)
         return self._summary(ws.id)

@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=_int_or_none(env("KVMEM_REPLICAS")), help="engine processes, each with its own queue; conversations stay on theirs (default: one per --gpus, else 1; env KVMEM_REPLICAS)")
     add_list_flag(p, "--gpus", "KVMEM_GPUS", "GPU indexes, one engine replica on each")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for each engine before 429 (default 16)")
+    p.add_argument("--max-tokens-default", type=_positive, default=env("KVMEM_MAX_TOKENS_DEFAULT"),
+                   help="longest answer to a request that sets no max_tokens (default: the room left in the workspace, "
+                        "--ctx less the prompt, as OpenAI does; env KVMEM_MAX_TOKENS_DEFAULT)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")
     p.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
@@ -67,6 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text else None
+
+
+def _positive(text: str) -> int:
+    """A whole number of at least 1, for argparse."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +114,7 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
     gpu = placement.gpu.index if placement.gpu else None
     blob = json.dumps([placement.backend, placement.device, gpu, replica_count(args), args.gpus, args.model,
-                       config.describe(), key, args.max_queue,
+                       config.describe(), key, args.max_queue, args.max_tokens_default,
                        _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
                        args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers, args.chat_template],
                       sort_keys=True,
@@ -161,6 +171,7 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
         f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
+        f"answers   up to {args.max_tokens_default or 'the room left in the workspace'} tokens without max_tokens",
         f"web UI    {_ui_dir(args) or 'off'}",
         "knobs:",
     ]
@@ -269,7 +280,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
     state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
                         fingerprint=fingerprint, responses=ResponseStore(stored), security=security,
-                        model_names=tuple(args.served_model_name))
+                        model_names=tuple(args.served_model_name), max_tokens_default=args.max_tokens_default)
     path = pidfile(args.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))

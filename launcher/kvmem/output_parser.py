@@ -13,6 +13,8 @@ after a tag, reasoning the blanks before its closing tag, content those before a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection
+
 from kvmem.tool_syntax import SYNTAXES, Call, Item, Syntax, detect
 from kvmem_core.reasoning import ThinkTags, think_tags
 from kvmem_core.sampling import held_back
@@ -34,9 +36,10 @@ class ChatFormat:
     def syntax(self) -> Syntax:
         return SYNTAXES[self.tools or "hermes"]
 
-    def parser(self, with_tools: bool) -> OutputParser:
-        """A parser for one answer; ``with_tools``: the request offered tools, so calls are read."""
-        return OutputParser(self.think, self.syntax if with_tools else None)
+    def parser(self, with_tools: bool, declared: Collection[str] | None = None) -> OutputParser:
+        """A parser for one answer; ``with_tools``: the request offered tools, so calls are read; ``declared``:
+        the names it offered (a call to another name stays content; None: any name is a call)."""
+        return OutputParser(self.think, self.syntax if with_tools else None, declared)
 
 
 @dataclass
@@ -93,11 +96,13 @@ class ToolStream:
     """Content pieces -> content items and complete calls, by a ``Syntax``.
 
     A call region is held until the syntax reads it; text that may begin one (a partial
-    marker, blanks, an answer's first ``{``) is held until it is certain.
+    marker, blanks, an answer's first ``{``) is held until it is certain. A region calling a
+    name outside ``declared`` (when given) is content: a client cannot run a tool it never offered.
     """
 
-    def __init__(self, syntax: Syntax) -> None:
+    def __init__(self, syntax: Syntax, declared: Collection[str] | None = None) -> None:
         self.syntax = syntax
+        self.declared = None if declared is None else frozenset(declared)
         self.buf = ""
         self.region = False  # buf starts with a call region
         self.gap = ""  # blanks before the region: dropped if it holds a call, content otherwise
@@ -112,8 +117,8 @@ class ToolStream:
                 items, used = self.syntax.read(self.buf, final)
                 if not used:
                     break
-                self.buf, self.region = self.buf[used:], False
-                self._take(items, out)
+                region, self.buf, self.region = self.buf[:used], self.buf[used:], False
+                self._take(items, region, out)
                 continue
             start = self._region_start()
             if start is None:
@@ -126,10 +131,14 @@ class ToolStream:
             self.gap, self.buf, self.region = self.buf[cut:start], self.buf[start:], True
         return out
 
-    def _take(self, items: list[Item], out: list[Item]) -> None:
+    def _take(self, items: list[Item], region: str, out: list[Item]) -> None:
         gap, self.gap = self.gap, ""
-        if not any(kind == "call" for kind, _ in items):
+        calls = [value for kind, value in items if kind == "call"]
+        if not calls:
             self._say(gap + "".join(v for _, v in items), out)
+            return
+        if self.declared is not None and any(c["function"]["name"] not in self.declared for c in calls):
+            self._say(gap + region, out)
             return
         for kind, value in items:
             if kind == "call":
@@ -169,9 +178,9 @@ def _trailing(text: str, blanks: str) -> int:
 class OutputParser:
     """Reasoning first (tool calls inside a think block are thoughts, not calls), then tool calls."""
 
-    def __init__(self, think: ThinkTags | None, syntax: Syntax | None) -> None:
+    def __init__(self, think: ThinkTags | None, syntax: Syntax | None, declared: Collection[str] | None = None) -> None:
         self.think = ThinkSplit(think) if think else None
-        self.tools = ToolStream(syntax) if syntax else None
+        self.tools = ToolStream(syntax, declared) if syntax else None
 
     def feed(self, piece: str, final: bool = False) -> list[Item]:
         """Items that ``piece`` made certain; with ``final`` everything still held comes out too."""

@@ -36,8 +36,10 @@ class WireSampling(msgspec.Struct):
     top_p: float
     top_k: int
     seed: int | None
-    max_tokens: int
+    max_tokens: int | None
     stop: list[str]
+    grammar: str | None = None
+    grammar_trigger: str | None = None
 
 
 class WireStepRequest(msgspec.Struct):
@@ -187,7 +189,8 @@ def to_wire_request(req: StepRequest) -> WireStepRequest:
         prompt=req.prompt,
         tools=list(req.tools) if req.tools is not None else None,
         template_kwargs=dict(req.template_kwargs),
-        sampling=WireSampling(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop)),
+        sampling=WireSampling(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop), s.grammar,
+                              s.grammar_trigger),
         overrides=dict(req.overrides),
         reasoning_budget=req.reasoning_budget,
         cache_key=req.cache_key,
@@ -202,7 +205,8 @@ def from_wire_request(w: WireStepRequest) -> StepRequest:
         prompt=w.prompt,
         tools=tuple(w.tools) if w.tools is not None else None,
         template_kwargs=w.template_kwargs,
-        sampling=SamplingParams(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop)),
+        sampling=SamplingParams(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop), s.grammar,
+                                s.grammar_trigger),
         overrides=w.overrides,
         reasoning_budget=w.reasoning_budget,
         cache_key=w.cache_key,

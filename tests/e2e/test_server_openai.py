@@ -67,7 +67,7 @@ def test_responses_stream_with_previous_response_id(client: openai.OpenAI, model
     first = client.responses.create(model=model, input="Say a fruit.", instructions="Answer briefly.",
                                     max_output_tokens=6, temperature=0)
     with client.responses.stream(model=model, input="Another one.", instructions="Answer briefly.",
-                                 previous_response_id=first.id, max_output_tokens=6, temperature=0) as stream:
+                                 previous_response_id=first.id, max_output_tokens=64, temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()
     kinds = [e.type for e in events]

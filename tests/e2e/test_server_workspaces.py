@@ -66,16 +66,17 @@ def workspace_of(done: Any) -> str:
     return done.model_extra["kvmem"]["workspace_id"]
 
 
-def test_a_prompt_cache_key_keeps_one_workspace_even_when_the_history_changes(servers: dict[str, LiveServer]) -> None:
+def test_a_prompt_cache_key_routes_two_histories_and_both_keep_their_blocks(servers: dict[str, LiveServer]) -> None:
     a = servers["a"]
-    turn1 = [{"role": "user", "content": STORY + "Who kept the lighthouse?"}]
+    turn1 = [{"role": "user", "content": "Who kept the lighthouse? " + STORY}]
     first = chat(a, turn1, prompt_cache_key="conversation-1")
+    edited = chat(a, [{"role": "user", "content": "How many ships were there? " + STORY}], prompt_cache_key="conversation-1")
+    assert workspace_of(edited) != workspace_of(first)  # a second history under the key forks
     turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "What colour was the book?"}]
     second = chat(a, turn2, prompt_cache_key="conversation-1")
-    edited = chat(a, [{"role": "user", "content": STORY + "How many ships were there?"}], prompt_cache_key="conversation-1")
-    assert workspace_of(first) == workspace_of(second) == workspace_of(edited)
-    assert second.usage.prompt_tokens_details.cached_tokens > 0 and edited.usage.prompt_tokens_details.cached_tokens > 0
+    assert workspace_of(second) == workspace_of(first)  # the first history is still whole and continues
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens // 64 * 64
     keyless = chat(a, turn1)
     other_key = chat(a, turn1, prompt_cache_key="conversation-2")
     assert len({workspace_of(first), workspace_of(keyless), workspace_of(other_key)}) == 3
@@ -111,8 +112,10 @@ def test_a_pinned_workspace_exports_and_imports_on_another_server(servers: dict[
     assert imported.status_code == 201
     assert {k: imported.json()[k] for k in ("id", "key", "pinned", "blocks")} == {
         "id": ws_id, "key": "portable", "pinned": True, "blocks": pinned["blocks"]}
+    follow = ask + [{"role": "assistant", "content": original.choices[0].message.content}, {"role": "user", "content": "Why?"}]
+    assert workspace_of(chat(b, follow, prompt_cache_key="portable")) == ws_id  # the conversation continues there
     there = chat(b, ask, prompt_cache_key="portable")
-    assert workspace_of(there) == ws_id and there.choices[0].message.content == original.choices[0].message.content
+    assert there.choices[0].message.content == original.choices[0].message.content
     assert there.usage.prompt_tokens_details.cached_tokens >= original.usage.prompt_tokens // 64 * 64 - 64
     again = http("POST", f"{b.url}/v1/kvmem/workspaces/import", export.content, TAR)
     assert (again.status_code, again.json()["error"]["code"]) == (409, "workspace_exists")

@@ -28,6 +28,12 @@ def test_contract_keys_and_headline_ratios(result: dict) -> None:
     assert 0 < result["nvme_vs_raw"] and 0 < result["host_vs_raw"] and result["transfer"]["blocks"] > 0
 
 
+def test_structured_output_on_the_torch_engine_parses_and_its_mask_is_timed(result: dict) -> None:
+    structured = result["structured"]  # the same decode loop and grammar as llama.cpp's, over this tokenizer
+    assert structured["parses"] and structured["tokens"] > 0 and structured["vocab"] >= 49152
+    assert 0 < structured["mask_ms_per_token"] and structured["mask_share"] > 0
+
+
 def test_points_are_engine_steps_that_reuse_the_workspace(result: dict) -> None:
     for size, p in zip(PLAN["sizes"], result["points"]):
         assert p["workspace_tokens"] >= size and p["method"] == "retrieval" and p["selected_blocks"] > 0

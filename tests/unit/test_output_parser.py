@@ -69,6 +69,13 @@ def test_without_tools_in_the_request_calls_are_text() -> None:
     assert parse_output(text, ChatFormat("hermes").parser(with_tools=False)) == Parsed(content=text)
 
 
+def test_a_call_to_a_tool_the_request_did_not_offer_is_text() -> None:
+    text = 'Sure.\n<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    out = parse_output(text, ChatFormat("hermes").parser(with_tools=True, declared=["f"]))
+    assert calls_of(out) == [("f", {})] and out.content == 'Sure.\n<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>'
+    assert calls_of(parse_output(text, ChatFormat("hermes").parser(with_tools=True))) == [("rm", {}), ("f", {})]
+
+
 def test_thinking_is_split_off_and_calls_inside_it_are_thoughts() -> None:
     text = '<think>\nMaybe <tool_call>{"name": "g", "arguments": {}}</tool_call>?\n</think>\n\nSure.\n' \
            '<tool_call>{"name": "f", "arguments": {}}</tool_call>'

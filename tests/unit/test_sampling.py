@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from kvmem_core.contract import SamplingParams
-from kvmem_core.sampling import Sampler, TextStream, decode, filter_probs, held_back, stop_cut
+from kvmem_core.sampling import Sampler, TextStream, decode, filter_probs, held_back, stop_cut, within
 
 
 def test_greedy_takes_the_argmax() -> None:
@@ -122,3 +122,8 @@ def test_decode_streams_a_tokens_text_after_starting_the_next_forward() -> None:
     decode(SamplingParams(temperature=0.0, max_tokens=3), np.eye(10, dtype=np.float32)[1], lambda t: b"x",
            lambda t: False, advance, lambda piece: events.append(f"text {piece}") is None)
     assert events == ["forward 1", "text x", "wait 1", "forward 2", "text x", "wait 2", "text x"]
+
+
+def test_an_unset_max_tokens_becomes_the_room_left() -> None:
+    assert within(SamplingParams(max_tokens=None), 300).max_tokens == 300
+    assert within(SamplingParams(max_tokens=9), 300).max_tokens == 9

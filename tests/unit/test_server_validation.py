@@ -38,6 +38,13 @@ def test_chat_step_carries_sampling_and_template_kwargs() -> None:
     assert step.prompt is None and step.overrides == {}
 
 
+def test_without_max_tokens_the_server_default_applies_else_the_room_left() -> None:
+    assert convert.chat_step(chat(), CONFIG, ChatFormat()).sampling.max_tokens is None  # the engine: --ctx less the prompt
+    assert convert.chat_step(chat(), CONFIG, ChatFormat(), default_max=50).sampling.max_tokens == 50
+    assert convert.chat_step(chat(max_tokens=9), CONFIG, ChatFormat(), default_max=50).sampling.max_tokens == 9
+    assert convert.chat_step(chat(max_tokens=9, max_completion_tokens=7), CONFIG, ChatFormat()).sampling.max_tokens == 7
+
+
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert convert.chat_step(chat(max_tokens=5, max_completion_tokens=11), CONFIG, ChatFormat()).sampling.max_tokens == 11
 

@@ -225,14 +225,14 @@ def test_a_pinned_workspace_is_never_evicted():
     assert store.workspaces.get(a) is not None and [e["workspace"] for e in store.take_events()] == [b, c, d]
 
 
-def test_a_rewound_keyed_workspace_frees_the_blocks_only_it_held():
+def test_a_second_history_under_a_key_forks_and_frees_nothing():
     store = host_store("evict-idle")
     ws, _ = store.open_workspace("ns", tokens(3), Route(key="k"))
     for meta, kv in synthetic_chain(LAYOUT, tokens(3), "ns"):
         store.append(ws.id, meta, kv)
-    again, match = store.open_workspace("ns", np.concatenate([tokens(1), tokens(2, 500)]), Route(key="k"))
-    assert again.id == ws.id and match.matched_blocks == 1 and store.metrics()["blocks"] == 1
-    assert store.list_workspaces()[0]["key"] == "k"
+    other, match = store.open_workspace("ns", np.concatenate([tokens(1), tokens(2, 500)]), Route(key="k"))
+    assert other.id != ws.id and match.matched_blocks == 1 and store.metrics()["blocks"] == 3
+    assert {w["id"]: (w["key"], w["blocks"]) for w in store.list_workspaces()} == {ws.id: ("k", 3), other.id: ("k", 1)}
 
 
 def test_an_added_workspace_arrives_whole_or_not_at_all():

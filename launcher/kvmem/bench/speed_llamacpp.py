@@ -19,6 +19,7 @@ import numpy as np
 
 from kvmem.bench.speed_common import decode_rate, headline, ratio, rss_mb
 from kvmem.bench.speed_overhead import decode_overhead, plain_opts
+from kvmem.bench.speed_structured import structured_cost
 from kvmem_core.adapter import Placement
 from kvmem_core.bench_prompt import measure as measure_prompt
 from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
@@ -63,6 +64,7 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
         points, transcripts = session(engine, plan["sizes"], decode_tokens, lines_per_turn, log)
         transfer = transfers(engine)
         prompt_row = measure_prompt(engine.adapter)
+        structured = structured_cost(engine)
         model = engine.model_id
     finally:
         engine.close()
@@ -75,7 +77,10 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
-    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead, prompt_building=prompt_row)
+    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead, prompt_building=prompt_row,
+               structured=structured)
+    log(f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "
+        f"({structured.get('mask_share')} of a decode step)")
     log(f"prompt building at {prompt_row['messages']} messages: {prompt_row['ratio']:.2f}x one render + tokenize")
     out.update(placement=placement, compute=plain, quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
                                     "recent_tokens": config.recent_tokens, "block_tokens": config.block_tokens},

@@ -23,6 +23,7 @@ import torch
 
 from kvmem.bench.speed_common import floor_s, headline, ratio
 from kvmem.bench.speed_llamacpp import session, transfers
+from kvmem.bench.speed_structured import structured_cost
 from kvmem_core.config import GIB, KVMemConfig
 from kvmem_core.engine import KVMemEngine
 
@@ -64,6 +65,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
         log(f"bandwidths {bw}, bf16 GEMM {tflops} TFLOP/s")
         points, transcripts = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
+        structured = structured_cost(engine)
     finally:
         engine.close()
     config, kv_token = engine.config, adapter.layout.bytes_per_token
@@ -78,7 +80,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
                       "block_tokens": config.block_tokens, "heads": [list(h) for h in engine.heads]},
            "weights_GB": weights / GB, "kv_bytes_per_token": kv_token, "bandwidths": bw, "bf16_gemm_TFLOPs": tflops,
            "points": points,
-           "transfer": transfer, "capacity": capacity(weights, kv_token, points)}
+           "transfer": transfer, "capacity": capacity(weights, kv_token, points), "structured": structured}
     if plan["hf"] and cuda:
         spec = model.spec
         del engine, adapter, model  # HF builds its own weights of the same shape: ours must be gone first

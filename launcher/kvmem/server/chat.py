@@ -23,11 +23,22 @@ def usage(result: StepResult) -> dict[str, Any]:
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": cache_writes(result)},
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
         "prompt_cache_hit_tokens": result.cached_tokens,
         "prompt_cache_miss_tokens": result.prompt_tokens - result.cached_tokens,
     }
+
+
+def cache_writes(result: StepResult) -> int:
+    """Prompt tokens this step computed and stored for later steps: all but the cache hits."""
+    return result.prompt_tokens - result.cached_tokens
+
+
+def finish_reason(result: StepResult, called: bool) -> str:
+    """OpenAI's finish reason: ``length`` whenever ``max_tokens`` cut the answer (a tool call in it may be cut
+    short), else ``tool_calls`` for an answer that calls tools, else the engine's."""
+    return "tool_calls" if called and result.finish_reason != "length" else result.finish_reason
 
 
 def reasoning_tokens(result: StepResult) -> int:
@@ -49,9 +60,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body: S.ChatRequest = await read_body(request, S.ChatRequest)
     fmt = state.engine.chat_format
-    step = convert.chat_step(body, state.config, fmt)
+    step = convert.chat_step(body, state.config, fmt, state.max_tokens_default)
     model = state.served_model(body.model)
-    parser = fmt.parser(with_tools=bool(body.tools) and body.tool_choice != "none")
+    offered = convert.tool_names(convert.chat_tools(body))
+    parser = fmt.parser(with_tools=bool(offered), declared=offered)
     base = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model,
             "system_fingerprint": state.fingerprint}
     if body.stream:
@@ -65,7 +77,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if out.calls:
         message["tool_calls"] = out.calls
     choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": "tool_calls" if out.calls else result.finish_reason}
+              "finish_reason": finish_reason(result, bool(out.calls))}
     return web.json_response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(result),
                               "kvmem": kvmem_info(result)})
 
@@ -105,7 +117,7 @@ async def _stream_chat(request: web.Request, state: ServerState, step: Any, base
 
     async def chunks() -> None:
         result = await sse.relay(gen, first, emit, parser)
-        await resp.write(delta({}, "tool_calls" if calls else result.finish_reason))
+        await resp.write(delta({}, finish_reason(result, bool(calls))))
         if include_usage:
             await resp.write(sse.frame({**chunk, "choices": [], "usage": usage(result), "kvmem": kvmem_info(result)}))
 
@@ -137,7 +149,7 @@ async def first_item(gen: Any) -> Any:
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body: S.CompletionRequest = await read_body(request, S.CompletionRequest)
-    step = convert.completion_step(body, state.config)
+    step = convert.completion_step(body, state.config, state.max_tokens_default)
     model = state.served_model(body.model)
     base = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()), "model": model}
     if not body.stream:

@@ -7,6 +7,7 @@ import msgspec
 
 from kvmem import tools_format
 from kvmem.output_parser import ChatFormat
+from kvmem.server import formats
 from kvmem.server import schemas as S
 from kvmem.server.errors import invalid
 from kvmem_core.config import KVMemConfig, parse_retrieval_heads
@@ -56,14 +57,15 @@ def pins(indexes: list[int], messages: int, shift: int) -> tuple[int, ...]:
 
 
 def sampling(body: Any, max_tokens: int | None) -> SamplingParams:
-    """Sampling knobs from any request body with the OpenAI field names."""
+    """Sampling knobs from any request body with the OpenAI field names; ``max_tokens`` None: until the model
+    stops or the workspace is full."""
     stop = getattr(body, "stop", None) or getattr(body, "stop_sequences", None) or ()
     return SamplingParams(
         temperature=_pick(body.temperature, _DEFAULT.temperature),
         top_p=_pick(body.top_p, _DEFAULT.top_p),
         top_k=_pick(getattr(body, "top_k", None), _DEFAULT.top_k),
         seed=getattr(body, "seed", None),
-        max_tokens=_pick(max_tokens, _DEFAULT.max_tokens),
+        max_tokens=max_tokens,
         stop=(stop,) if isinstance(stop, str) else tuple(s for s in stop if s),
     )
 
@@ -114,6 +116,11 @@ def engine_transcript(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return tuple(tools_format.render_plain(messages, tools)), None
 
 
+def tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
+    """The function names of chat-style ``tools``: the only calls an answer may make."""
+    return [t["function"]["name"] for t in tools or ()]
+
+
 def thinking(effort: str | None, kwargs: dict[str, Any] | None, budget: int | None) -> tuple[dict[str, Any], int | None]:
     """A request's thinking controls as template kwargs and a think-token budget.
 
@@ -132,24 +139,32 @@ def thinking(effort: str | None, kwargs: dict[str, Any] | None, budget: int | No
     return kwargs, budget
 
 
-def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat) -> StepRequest:
-    """The engine step for a chat completion request."""
-    tools = msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
+def chat_tools(body: S.ChatRequest) -> list[dict[str, Any]] | None:
+    """The tools a chat request offers the model (none under ``tool_choice: "none"``)."""
+    return msgspec.to_builtins(body.tools) if body.tools and body.tool_choice != "none" else None
+
+
+def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat, default_max: int | None = None) -> StepRequest:
+    """The engine step for a chat completion request; ``default_max`` caps an answer the request sets no
+    ``max_tokens`` for (None: the room left in the workspace)."""
+    tools = chat_tools(body)
     client = chat_messages(body.messages)
     messages, engine_tools = engine_transcript(client, tools, fmt)
     kwargs, budget = thinking(body.reasoning_effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = body.max_completion_tokens or body.max_tokens or default_max  # each at least 1 when set
+    grammar, trigger = formats.grammar(formats.requested(body.response_format), tools, body.tool_choice, fmt.tools)
     return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-                       sampling=sampling(body, max_tokens),
+                       sampling=formats.constrained(sampling(body, max_tokens), grammar, trigger),
                        overrides=overrides(body.kvmem, config, len(client), len(messages) - len(client)),
                        cache_key=body.prompt_cache_key)
 
 
-def completion_step(body: S.CompletionRequest, config: KVMemConfig) -> StepRequest:
-    """The engine step for a raw-prompt completion request."""
+def completion_step(body: S.CompletionRequest, config: KVMemConfig, default_max: int | None = None) -> StepRequest:
+    """The engine step for a raw-prompt completion request (``default_max`` as for ``chat_step``)."""
     if body.echo:
         raise invalid("echo is not supported", "echo")
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     if not prompt:
         raise invalid("prompt is empty", "prompt")
-    return StepRequest(prompt=prompt, sampling=sampling(body, body.max_tokens), overrides=overrides(body.kvmem, config))
+    return StepRequest(prompt=prompt, sampling=sampling(body, body.max_tokens or default_max),
+                       overrides=overrides(body.kvmem, config))

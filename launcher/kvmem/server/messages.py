@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from kvmem.output_parser import OutputParser, Parsed, parse_output
-from kvmem.server import convert, sse
+from kvmem.server import convert, formats, sse
 from kvmem.server import schemas as S
 from kvmem.server.chat import first_item, kvmem_info, read_body
 from kvmem.server.errors import APIError, invalid, to_api_error
@@ -22,6 +22,12 @@ from kvmem.tool_syntax import Item
 from kvmem_core.contract import StepRequest, StepResult
 
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "abort": "end_turn"}
+
+
+def stop_reason(result: StepResult, called: bool) -> str:
+    """Anthropic's stop reason: ``max_tokens`` whenever the limit cut the answer (a tool use in it may be cut
+    short), else ``tool_use`` for an answer that calls tools."""
+    return "tool_use" if called and result.finish_reason != "length" else STOP_REASONS[result.finish_reason]
 
 
 def chat_messages(body: S.CountTokensRequest) -> list[dict[str, Any]]:
@@ -64,7 +70,8 @@ def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
     if not body.tools or (body.tool_choice or {}).get("type") == "none":
         return None
     return [{"type": "function", "function": {k: v for k, v in (("name", t.name), ("description", t.description),
-                                                                  ("parameters", t.input_schema)) if v is not None}}
+                                                                  ("parameters", t.input_schema), ("strict", t.strict))
+                                              if v is not None}}
             for t in body.tools]
 
 
@@ -75,9 +82,21 @@ def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     kwargs, budget = convert.thinking(None, thinking_kwargs(body.thinking), body.thinking and body.thinking.budget_tokens)
     if isinstance(body, S.MessagesRequest):
         knobs = convert.overrides(body.kvmem, state.config, len(turns), len(messages) - len(turns))
+        offered = chat_tools(body)
+        grammar, trigger = formats.grammar(formats.requested(body.output_format), offered, anthropic_choice(body.tool_choice),
+                                           state.engine.chat_format.tools)
         return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs, reasoning_budget=budget,
-                           sampling=convert.sampling(body, body.max_tokens), overrides=knobs)
+                           sampling=formats.constrained(convert.sampling(body, body.max_tokens), grammar, trigger),
+                           overrides=knobs)
     return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs)
+
+
+def anthropic_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Messages' ``tool_choice`` in chat's terms: ``any`` is ``required``, ``tool`` names one function."""
+    kind = (choice or {}).get("type")
+    if kind == "any":
+        return "required"
+    return {"type": "function", "function": {"name": choice.get("name")}} if kind == "tool" and choice else None
 
 
 def thinking_kwargs(thinking: S.AnthropicThinking | None) -> dict[str, Any]:
@@ -110,14 +129,15 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     body: S.MessagesRequest = await read_body(request, S.MessagesRequest)
     step = step_of(body, state)
     model = state.served_model(body.model)
-    parser = state.engine.chat_format.parser(with_tools=chat_tools(body) is not None)
+    tools = chat_tools(body)
+    parser = state.engine.chat_format.parser(with_tools=tools is not None, declared=convert.tool_names(tools))
     head = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": model}
     if body.stream:
         return await _stream(request, state, step, head, parser)
     result = await state.run(step)
     out = parse_output(result.text, parser)
     return web.json_response({**head, "content": content_blocks(out), "stop_sequence": None,
-                              "stop_reason": "tool_use" if out.calls else STOP_REASONS[result.finish_reason],
+                              "stop_reason": stop_reason(result, bool(out.calls)),
                               "usage": usage(result), "kvmem": kvmem_info(result)})
 
 
@@ -188,7 +208,7 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
     try:
         item = await sse.relay(gen, first, blocks.write, parser)
         await blocks.close()
-        stop = "tool_use" if blocks.calls else STOP_REASONS[item.finish_reason]
+        stop = stop_reason(item, bool(blocks.calls))
         await send("message_delta", delta={"stop_reason": stop, "stop_sequence": None}, usage=usage(item))
         await send("message_stop")
     except (ConnectionResetError, ConnectionError):

@@ -65,7 +65,7 @@ def routing_keys(request: StepRequest) -> list[str]:
     """A step's routing keys, most specific first: its cache key, its preferred workspace, and, without a cache
     key, a hash of its conversation's opening (system, tools and first user message; a raw prompt's first
     characters). The API process cannot compute the first block's chain hash without tokenizing; the opening
-    determines it. A cache key names its own conversation: keyed steps with one opening may run apart."""
+    determines it. A cache key routes on its own: every step under it goes where the key went, whatever its opening."""
     keys = []
     if request.cache_key is not None:
         keys.append(f"key:{request.cache_key}")

@@ -16,9 +16,9 @@ import msgspec
 from aiohttp import web
 
 from kvmem.output_parser import Parsed, parse_output
-from kvmem.server import convert, sse
+from kvmem.server import convert, formats, sse
 from kvmem.server import schemas as S
-from kvmem.server.chat import first_item, kvmem_info, read_body, reasoning_tokens
+from kvmem.server.chat import cache_writes, first_item, kvmem_info, read_body, reasoning_tokens
 from kvmem.server.errors import APIError, invalid, to_api_error
 from kvmem.server.response_items import Events, OutputWriter, output_items
 from kvmem.server.state import STATE, ServerState
@@ -70,6 +70,16 @@ def _input_message(item: S.InputItem, where: str, out: list[dict[str, Any]]) -> 
     raise invalid(f"{where}: input item type {item.type!r} is not supported", f"{where}.type")
 
 
+def check_answered(history: list[dict[str, Any]]) -> None:
+    """400, as OpenAI answers, when a function call of the conversation (a previous response's included) has no
+    ``function_call_output``: the model would answer as if the call had run."""
+    answered = {m.get("tool_call_id") for m in history if m["role"] == "tool"}
+    for msg in history:
+        for call in msg.get("tool_calls") or ():
+            if call["id"] not in answered:
+                raise invalid(f"No tool output found for function call {call['id']}.", "input", "missing_tool_output")
+
+
 def chat_tools(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]] | None:
     """Flat Responses function tools as nested chat tools; hosted tools are refused."""
     if not tools:
@@ -78,7 +88,7 @@ def chat_tools(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]] | No
     for i, tool in enumerate(tools):
         if tool.type != "function" or not tool.name:
             raise invalid(f"tools[{i}]: only function tools with a name are supported", f"tools[{i}]")
-        fn = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+        fn = {"name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": tool.strict}
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     return out
 
@@ -96,6 +106,7 @@ class Turn:
         if not new:
             raise invalid("input is empty", "input")
         self.history = (previous["transcript"] if previous else []) + new
+        check_answered(self.history)
         self.tools = chat_tools(body.tools) if body.tool_choice != "none" else None
         head = [{"role": "system", "content": body.instructions}] if body.instructions else []
         transcript = head + self.history
@@ -105,12 +116,16 @@ class Turn:
         kwargs, budget = convert.thinking(effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
         before = previous["response"] if previous else {}
         self.cache_key = body.prompt_cache_key or before.get("prompt_cache_key")  # a chain keeps its key
+        self.format = body.text.format if body.text else None
+        grammar, trigger = formats.grammar(formats.requested(self.format), self.tools, body.tool_choice,
+                                           state.engine.chat_format.tools)
+        sampling = convert.sampling(body, body.max_output_tokens or state.max_tokens_default)
         self.step = StepRequest(
             messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-            sampling=convert.sampling(body, body.max_output_tokens), overrides=knobs,
+            sampling=formats.constrained(sampling, grammar, trigger), overrides=knobs,
             cache_key=self.cache_key, workspace_id=before.get("kvmem", {}).get("workspace_id"))
         self.model = state.served_model(body.model)
-        self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None)
+        self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None, declared=convert.tool_names(self.tools))
         self.id = "resp_" + uuid.uuid4().hex
         self.created = time.time()
 
@@ -123,12 +138,13 @@ class Turn:
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": b.instructions, "metadata": b.metadata or {}, "temperature": b.temperature, "top_p": b.top_p,
             "max_output_tokens": b.max_output_tokens, "previous_response_id": b.previous_response_id, "store": b.store,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "usage": None,
+            "text": {"format": echoed(self.format)}, "truncation": "disabled", "usage": None,
             "prompt_cache_key": self.cache_key,
         }
         if result is not None:
             out["usage"] = {
-                "input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": result.cached_tokens},
+                "input_tokens": result.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": cache_writes(result)},
                 "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
                 "total_tokens": result.prompt_tokens + result.completion_tokens,
             }
@@ -147,6 +163,16 @@ class Turn:
                 reply["tool_calls"] = out.calls
             state.responses.put(self.id, response, self.history + [reply])
         return response
+
+
+def echoed(fmt: S.TextFormat | None) -> dict[str, Any]:
+    """``text.format`` as the response echoes it (a JSON schema format always with a name and a schema)."""
+    if fmt is None:
+        return {"type": "text"}
+    out = {k: v for k, v in msgspec.to_builtins(fmt).items() if v is not None}
+    if fmt.type == "json_schema":
+        out = {"name": "response", "schema": {}, **out}
+    return out
 
 
 def _builtins(tools: list[S.ResponsesTool] | None) -> list[dict[str, Any]]:
@@ -192,7 +218,8 @@ async def stream_response(request: web.Request, state: ServerState, turn: Turn) 
     try:
         result = await sse.relay(gen, first, writer.write, turn.parser)
         output = await writer.close()
-        await ev.send("response.completed", response=turn.finish(state, result, writer.parsed, output))
+        response = turn.finish(state, result, writer.parsed, output)
+        await ev.send(f"response.{response['status']}", response=response)  # completed, or incomplete as OpenAI's
     except (ConnectionResetError, ConnectionError):
         return ev.resp
     except Exception as exc:

@@ -77,6 +77,37 @@ class ChatTool(msgspec.Struct):
     type: Literal["function"] = "function"
 
 
+class JsonSchema(msgspec.Struct):
+    """Chat's ``response_format.json_schema``."""
+
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    """Chat's ``response_format``: plain ``text``, any JSON object, or JSON of a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class TextFormat(msgspec.Struct):
+    """Responses' ``text.format`` (the schema's fields flat in it)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextOptions(msgspec.Struct):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
@@ -100,6 +131,7 @@ class ChatRequest(Sampling, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     reasoning_effort: Effort | None = None
     reasoning_budget_tokens: Budget | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -154,6 +186,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: PositiveInt | None = None
+    text: TextOptions | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
@@ -194,6 +227,14 @@ class AnthropicTool(msgspec.Struct):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     type: str | None = None
+    strict: bool | None = None
+
+
+class OutputFormat(msgspec.Struct):
+    """Messages' ``output_format``: JSON of a schema."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any] | None = None
 
 
 class AnthropicThinking(msgspec.Struct):
@@ -220,6 +261,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: TopK | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_format: OutputFormat | None = None
     kvmem: KVMemOptions | None = None
 
 

@@ -1,0 +1,250 @@
+"""Structured output: a grammar masks each decode step's logits, so the answer follows it token by token.
+
+A request's grammar (``SamplingParams.grammar``) is Lark text in llguidance's dialect, where
+``%json {...}`` embeds a JSON schema; the server writes it (response formats, strict tool
+calls). llguidance (Rust, no torch) computes the mask over the engine's own vocabulary, read
+once through the calls both adapters have (``token_bytes``, ``is_eog``, ``tokenize``), so the
+one decode loop (``kvmem_core.sampling.decode``) serves every backend. It is imported only
+when a step carries a grammar: ``kvmem_core`` imports without it.
+
+A grammar with a ``trigger`` (``SamplingParams.grammar_trigger``) is lazy: the text is free
+until it ends with the trigger (a tool-call marker), then the grammar runs until it is
+complete, and the text is free again until the next trigger.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter
+from kvmem_core.contract import SamplingParams
+from kvmem_core.errors import GrammarError
+
+_CONTROL = re.compile(rb"<\|[^|<>]{1,64}\|>")  # <|im_end|>, <|eot_id|>: control tokens, never grammar text
+
+
+class Vocabulary:
+    """An engine's vocabulary as llguidance's tokenizer, built on first use (one pass over the token bytes)."""
+
+    def __init__(self, n_vocab: int, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
+                 tokenize: Callable[[str], Sequence[int]]) -> None:
+        self.n_vocab = n_vocab
+        self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
+        self._tokenizer: Any = None
+        self._closers: dict[str, int] | None = None
+        self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._token_bytes(token)
+
+    @property
+    def ends(self) -> list[int]:
+        """The end-of-generation tokens."""
+        return self.tokenizer.eos_tokens
+
+    def closers(self) -> dict[str, int]:
+        """The token of each of ``Constraint.CLOSERS`` that is one token, in that order."""
+        if self._closers is None:
+            ids = {text: self._tokenize(text) for text in Constraint.CLOSERS}
+            self._closers = {text: t[0] for text, t in ids.items() if len(t) == 1}
+        return self._closers
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = self._build()
+        return self._tokenizer
+
+    def _build(self) -> Any:
+        import llguidance
+
+        eog = [t for t in range(self.n_vocab) if self._is_eog(t)]
+        ends = set(eog)
+        tokens = [self._marked(t, ends) for t in range(self.n_vocab)]
+        self.lengths = np.array([len(b) if b[:1] != b"\xff" else 1 << 20 for b in tokens], dtype=np.int64)
+        wrapper = _Wrapper(tokens, eog, self._tokenize)
+        return llguidance.LLTokenizer(wrapper, n_vocab=self.n_vocab, eos_token=eog)  # type: ignore[arg-type]
+
+    def _marked(self, token: int, eog: set[int]) -> bytes:
+        """A token's bytes, with llguidance's 0xFF prefix on control tokens (no grammar text may use them)."""
+        data = self._token_bytes(token)
+        return b"\xff" + data if token in eog or _CONTROL.fullmatch(data) else data
+
+
+class _Wrapper:
+    """What ``llguidance.LLTokenizer`` reads from a tokenizer: token bytes, end tokens, a text tokenizer."""
+
+    def __init__(self, tokens: list[bytes], eog: list[int], tokenize: Callable[[str], Sequence[int]]) -> None:
+        self.tokens = tokens
+        self.eos_token_id = eog[0] if eog else 0
+        self.bos_token_id = None
+        self.special_token_ids = list(eog)
+        self.is_tokenizer_wrapper = True
+        self._tokenize = tokenize
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(self._tokenize(text.decode("utf-8", "replace") if isinstance(text, bytes) else text))
+
+
+class Formats:
+    """One engine's output formats: its vocabulary, read on the first step that has a format."""
+
+    def __init__(self, adapter: EngineAdapter) -> None:
+        self.adapter = adapter
+        self.vocabulary: Vocabulary | None = None
+
+    def constraint(self, sampling: SamplingParams, n_vocab: int) -> Constraint | None:
+        """The step's format as a constraint over the ``n_vocab`` tokens of the logits; None without a format."""
+        if sampling.grammar is None:
+            return None
+        if self.vocabulary is None:
+            adapter = self.adapter
+            bos = len(adapter.tokenize("", special=False))  # what the tokenizer puts in front of a whole text
+            self.vocabulary = Vocabulary(n_vocab, adapter.token_bytes, adapter.is_eog,
+                                         lambda text: adapter.tokenize(text, special=False)[bos:])
+        return Constraint(sampling.grammar, self.vocabulary, sampling.grammar_trigger)
+
+
+def check(grammar: str) -> None:
+    """``GrammarError`` (a 400) when ``grammar`` does not compile, or llguidance is not installed."""
+    try:
+        import llguidance
+    except ImportError:
+        raise GrammarError("structured output needs the llguidance package: pip install llguidance") from None
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
+    if error:
+        raise GrammarError(f"the output format does not compile to a grammar: {error}")
+
+
+class Constraint:
+    """One step's grammar over its decode loop: ``allow`` masks the logits to what may come next, ``take``
+    advances by the token taken. Free (no mask) before a lazy grammar's trigger and after it completes.
+
+    A small model can loop inside a JSON string or list until its tokens run out, which would cut the answer
+    short of its closing brackets. So the grammar closes the answer itself once the tokens left come near what
+    closing takes (``closing_cost``, a dry run of the closing policy on a copy of the grammar's state, checked
+    every ``CHECK_EVERY`` tokens within ``WATCH`` of the end, every token nearer), or once the last ``LOOP_SPAN``
+    tokens repeat a pattern of at most ``LOOP_PERIOD``. Closing, each token is an end token when the grammar
+    is complete, else one it forces, else inside a JSON string the closing quote, else the first of
+    ``CLOSERS`` it allows (end a container, else a short value), else its shortest allowed token.
+    """
+
+    WATCH, CHECK_EVERY, MARGIN = 256, 8, 4
+    LOOP_SPAN, LOOP_PERIOD = 128, 64
+    CLOSERS = ("}", "]", ",", "0", "false", "null", '"', "[", "{", ' "', " 0", " false", " null", " [", " {")
+
+    def __init__(self, grammar: str, vocab: Vocabulary, trigger: str | None = None) -> None:
+        import llguidance
+
+        self.vocab = vocab
+        self.trigger = trigger.encode() if trigger else b""
+        self.matcher = llguidance.LLMatcher(vocab.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
+        self.active = not self.trigger
+        self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
+        self._tail = b""  # the free text's end, where a trigger may be completing
+        self._restart()
+
+    def _restart(self) -> None:
+        self.closing = False
+        self._taken: list[int] = []  # tokens under the grammar, for loop detection
+        self._quotes = Quotes()
+        self._need = 0  # tokens closing took at the last dry run
+
+    def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
+        """``logits`` with every token the grammar forbids next at -inf (a copy); only the closing token, when
+        the answer is closing; unchanged while free."""
+        if not self.active:
+            return logits
+        allowed = self._allowed(self.matcher)[:logits.size]
+        if not self.closing and left <= self.WATCH and (left <= self._need + 2 * self.MARGIN
+                                                        or len(self._taken) % self.CHECK_EVERY == 0):
+            self._need = self.closing_cost(left)
+        self.closing = self.closing or left <= self._need + self.MARGIN or self._looping()
+        closer = self._closer(self.matcher, allowed, self._quotes) if self.closing else None
+        if closer is not None:
+            allowed = np.zeros_like(allowed)
+            allowed[closer] = True
+        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def take(self, token: int, data: bytes) -> None:
+        """Advance by a sampled ``token`` (``data``: its bytes): the grammar consumes it, or, while free, the
+        text is watched for the trigger. A grammar that completed frees the text."""
+        if self.active:
+            self.matcher.consume_token(token)
+            self._taken.append(token)
+            self._quotes.follow(data)
+            if self.trigger and self.matcher.is_accepting():
+                self.matcher.reset()
+                self.active, self._tail = False, b""
+                self._restart()
+            return
+        text = self._tail + data
+        at = text.find(self.trigger)
+        if at < 0:
+            self._tail = text[-len(self.trigger):]
+            return
+        self.active = True
+        rest = text[at + len(self.trigger):]  # what the trigger's token wrote past it
+        if rest:
+            self.matcher.consume_tokens(self.vocab.tokenizer.tokenize_bytes(rest))
+
+    def closing_cost(self, limit: int) -> int:
+        """Tokens the closing policy takes from here to a complete answer (``limit`` when it needs more)."""
+        matcher, quotes = self.matcher.deep_copy(), self._quotes.copy()
+        for n in range(limit):
+            if matcher.is_accepting() or matcher.is_error():
+                return n
+            token = self._closer(matcher, self._allowed(matcher), quotes)
+            if token is None:
+                return limit
+            matcher.consume_token(token)
+            quotes.follow(self.vocab.token_bytes(token))
+        return limit
+
+    def _allowed(self, matcher: Any) -> np.ndarray:
+        matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
+
+    def _looping(self) -> bool:
+        """The last ``LOOP_SPAN`` tokens repeat with a period of at most ``LOOP_PERIOD``."""
+        span, recent = self.LOOP_SPAN, self._taken[-self.LOOP_SPAN - self.LOOP_PERIOD:]
+        return any(len(recent) >= span + p and recent[-span:] == recent[-span - p:-p]
+                   for p in range(1, self.LOOP_PERIOD + 1))
+
+    def _closer(self, matcher: Any, allowed: np.ndarray, quotes: Quotes) -> int | None:
+        """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's."""
+        if matcher.is_accepting() and self.vocab.ends:
+            return self.vocab.ends[0]
+        forced = matcher.compute_ff_tokens()
+        if forced:
+            return forced[0]
+        closers = self.vocab.closers()
+        candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
+        chosen = next((t for t in candidates if allowed[t]), None)
+        if chosen is None:
+            rest = np.flatnonzero(allowed[:self.vocab.n_vocab])
+            chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
+        return chosen
+
+
+class Quotes:
+    """Whether JSON text so far ends inside a string (its quotes and backslash escapes followed byte by byte)."""
+
+    def __init__(self, inside: bool = False, escaped: bool = False) -> None:
+        self.inside, self.escaped = inside, escaped
+
+    def copy(self) -> Quotes:
+        return Quotes(self.inside, self.escaped)
+
+    def follow(self, data: bytes) -> None:
+        for byte in data:
+            if self.escaped:
+                self.escaped = False
+            elif byte == 0x5C and self.inside:  # a backslash
+                self.escaped = True
+            elif byte == 0x22:  # a double quote
+                self.inside = not self.inside
