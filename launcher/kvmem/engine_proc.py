@@ -12,6 +12,7 @@ restarts it.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import sys
@@ -27,6 +28,8 @@ from kvmem_core.errors import KVMemError
 
 log = logging.getLogger("kvmem.engine")
 FATAL_TYPES = (MemoryError, OSError, AssertionError, SystemError, zmq.ZMQError)
+# a disk full, read-only or failing under a file the engine writes: that request fails, the process is sound
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 DEVICE_FAULTS = ("out of memory", "CUDA error", "HIP error", "device-side assert", "illegal memory access",
                  "CUBLAS_STATUS", "cuDNN error", "NCCL error")
 
@@ -40,7 +43,11 @@ def load(spec: P.EngineSpec) -> Engine:
 
 def is_fatal(exc: BaseException) -> bool:
     """True for errors after which this process cannot be trusted: out of memory, a lost or faulted device,
-    the store's disk failing (``OSError``), a broken internal invariant (``AssertionError``), a dead socket."""
+    an ``OSError`` other than a storage fault (``STORAGE_ERRNOS``: the store turns its NVMe tier off on those and
+    serves on; one reaching here fails its request only), a broken internal invariant (``AssertionError``), a
+    dead socket."""
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        return False
     if isinstance(exc, FATAL_TYPES):
         return True
     return isinstance(exc, RuntimeError) and any(fault in str(exc) for fault in DEVICE_FAULTS)
@@ -52,6 +59,8 @@ def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
         return P.Failed(id=req_id, status=exc.http_status, code=exc.code, message=str(exc))
     if is_fatal(exc):
         return None
+    if isinstance(exc, OSError):
+        return P.Failed(id=req_id, status=503, code="storage_error", message=f"storage error: {exc}")
     log.error("request %s failed", req_id, exc_info=exc)
     return P.Failed(id=req_id, status=500, code="internal_error", message=f"internal error: {type(exc).__name__}: {exc}")
 

@@ -80,6 +80,9 @@ def test_request_errors_fail_one_request_and_only_unusable_engine_errors_are_fat
                 RuntimeError("a bug one request hit")):
         failed = request_error("r", exc)
         assert (failed.status, failed.code) == (500, "internal_error") and type(exc).__name__ in failed.message
-    for exc in (MemoryError(), OSError(28, "No space left on device"), AssertionError("invariant"),
+    for code in (28, 30, 5):  # ENOSPC, EROFS, EIO: a disk fault fails its request only, never a restart loop
+        failed = request_error("r", OSError(code, "disk fault"))
+        assert (failed.status, failed.code) == (503, "storage_error")
+    for exc in (MemoryError(), OSError(24, "Too many open files"), AssertionError("invariant"),
                 RuntimeError("CUDA error: an illegal memory access was encountered"), RuntimeError("CUDA out of memory.")):
         assert request_error("r", exc) is None
