@@ -31,6 +31,11 @@ def client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
+def engine_metric(server: LiveServer, name: str) -> float:
+    text = requests.get(server.url + "/metrics", timeout=5).text
+    return next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f"kvmem_engine_{name} ")), 0.0)
+
+
 def long_answer_stream(server: LiveServer) -> requests.Response:
     body = {"messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
             "max_tokens": 400, "temperature": 0, "stream": True}
@@ -60,6 +65,22 @@ def test_a_plain_request_abandoned_by_its_client_is_aborted(server: LiveServer, 
     started = time.monotonic()
     client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
     assert time.monotonic() - started < 4.0
+
+
+def test_a_client_gone_during_prefill_frees_the_engine_within_a_chunk_and_keeps_its_blocks(
+        server: LiveServer, client: openai.OpenAI) -> None:
+    notes = " ".join(f"Remark {i}: build step {i} failed twice." for i in range(210))  # ~3K tokens, 6 chunks of 512
+    body = {"messages": [{"role": "user", "content": "Summarize. " + notes}], "max_tokens": 4, "temperature": 0}
+    stored_before = engine_metric(server, "blocks_stored")
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)  # gone during the prefill
+    client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+    stored_by_abort = engine_metric(server, "blocks_stored") - stored_before
+    text_tokens = requests.post(server.url + "/v1/tokenize", json={"content": body["messages"][0]["content"]}, timeout=30)
+    prompt_blocks = len(text_tokens.json()["tokens"]) // 64
+    assert 8 <= stored_by_abort < prompt_blocks - 8  # the chunks done stay stored; the rest was never prefilled
+    workspaces = get_json(server.url + "/v1/kvmem/workspaces")[1]["data"]
+    assert any(w["tokens"] == stored_by_abort * 64 for w in workspaces)  # in the conversation's workspace
 
 
 def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: LiveServer, client: openai.OpenAI) -> None:
@@ -137,11 +158,6 @@ def test_stored_responses_and_their_kv_outlive_a_server_restart(tmp_path) -> Non
             client.responses.retrieve(first.id)
     finally:
         second_server.stop()
-
-
-def engine_metric(server: LiveServer, name: str) -> float:
-    text = requests.get(server.url + "/metrics", timeout=5).text
-    return next(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f"kvmem_engine_{name} "))
 
 
 def test_a_full_disk_turns_the_nvme_tier_off_and_every_turn_is_answered(tmp_path) -> None:
