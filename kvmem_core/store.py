@@ -32,15 +32,18 @@ import numpy as np
 
 from kvmem_core.blockfile import encode_header
 from kvmem_core.config import GIB, KVMemConfig
-from kvmem_core.errors import CapacityError, CorruptBlockError
+from kvmem_core.errors import CorruptBlockError
 from kvmem_core.host import HostTier
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
-from kvmem_core.nvme import NvmeTier, WriteDone
-from kvmem_core.policy import EvictionPolicy, LRUPolicy, plan_workspace_eviction
+from kvmem_core.nvme import NvmeTier
+from kvmem_core.policy import EvictionPolicy, LRUPolicy
+from kvmem_core.store_capacity import CapacityMixin
+from kvmem_core.store_disk import NVME_RETRY_S, DiskState, WriteThroughMixin
 from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
 REPLICA_ENV = "KVMEM_REPLICA"
+RETRY_ENV = "KVMEM_NVME_RETRY_S"
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,12 +63,13 @@ class LoadResult:
     missing: tuple[str, ...]
 
 
-class BlockStore:
+class BlockStore(CapacityMixin, WriteThroughMixin):
     """Blocks of every workspace across the host and NVMe tiers; see the module docstring."""
 
     def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
                  retention: str = "evict-idle", policy: EvictionPolicy | None = None,
-                 clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "") -> None:
+                 clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "",
+                 nvme_retry_s: float = NVME_RETRY_S) -> None:
         assert retention in ("evict-idle", "keep-all")
         self.layout = layout
         self.retention = retention
@@ -82,14 +86,19 @@ class BlockStore:
         self._active: str | None = None
         self._counts: Counter[str] = Counter()
         self._events: list[dict[str, Any]] = []
+        self._clock = clock
+        self._disk = DiskState()
+        self._retry_s = nvme_retry_s
         if self.nvme is not None:
             self._restore()
 
     @classmethod
     def from_config(cls, config: KVMemConfig, layout: BlockLayout, **kwargs: Any) -> BlockStore:
         """The store ``config`` describes; ``$KVMEM_REPLICA`` (set by the server for each of several replicas)
-        names this store's owner in a shared NVMe directory."""
+        names this store's owner in a shared NVMe directory; ``$KVMEM_NVME_RETRY_S`` how long the NVMe tier stays
+        off after a disk fault."""
         kwargs.setdefault("nvme_owner", os.environ.get(REPLICA_ENV, ""))
+        kwargs.setdefault("nvme_retry_s", float(os.environ.get(RETRY_ENV, NVME_RETRY_S)))
         return cls(layout, cpu_bytes=int(config.cpu_gb * GIB), nvme_dir=config.nvme_dir,
                    nvme_bytes=int(config.nvme_gb * GIB), retention=config.retention, **kwargs)
 
@@ -227,7 +236,8 @@ class BlockStore:
 
     def flush(self) -> None:
         """Wait until every queued write (blocks, manifests, removals) has landed and is fsynced; then raise
-        the first failure among them, if any (all of them were applied and counted)."""
+        the first failure among them that is not a disk fault, if any (all of them were applied and counted).
+        A disk fault turns the NVMe tier off instead (``store_disk``): what it could not write waits in RAM."""
         if self.nvme is not None:
             self.nvme.submit_sync()
             self._pending += 1
@@ -249,13 +259,17 @@ class BlockStore:
                 self.nvme.close()
 
     def metrics(self) -> dict[str, float]:
-        """Counts and bytes per tier, evictions, misses, corrupt files, write-through queue length."""
+        """Counts and bytes per tier, evictions, misses, corrupt files, write-through queue length; with a disk,
+        whether it is off after a fault, the blocks waiting in RAM for it, and the faults so far."""
         out = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
                "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
                "write_queue": self._pending}
         if self.nvme is not None:
-            out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity)
-        for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed"):
+            out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity,
+                       nvme_offline=int(self._disk.mode == "off"),
+                       nvme_waiting_blocks=sum(gen == 0 for gen, _ in self._writing.values()))
+        for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed",
+                     "nvme_faults"):
             out[name] = self._counts[name]
         return out
 
@@ -274,75 +288,10 @@ class BlockStore:
             header = encode_header(meta, self.layout)
             self._ensure_capacity(header.file_size)
             self._make_host_room(kv.nbytes)
-            gen = next(self._gen)
-            self._writing[h] = (gen, header.file_size)
-            self.nvme.used += header.file_size
-            self.nvme.submit_block(h, gen, header, kv)
-            self._pending += 1
+            self._reserve_and_write(h, header, kv)
         self.host.put(h, kv)
         self.policy.insert(h)
         self._metas[h] = meta
-
-    def _ensure_capacity(self, nbytes: int) -> None:
-        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows."""
-        used, capacity, flag = self._bound()
-        if used + nbytes <= capacity:
-            return
-        plan = None
-        if self.retention == "evict-idle":
-            idle = [(w.id, w.hashes) for w in self.workspaces.oldest_first()
-                    if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)]
-            plan = plan_workspace_eviction(idle, self.workspaces.owners, self._freeable_bytes, used + nbytes - capacity)
-        if plan is None:
-            why = ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
-                   else "evicting every idle, unpinned workspace would not free enough")
-            raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and {why}; raise {flag}")
-        for ws_id in plan:
-            self._evict_workspace(ws_id)
-
-    def _bound(self) -> tuple[int, int, str]:
-        if self.nvme is None:
-            return self.host.used, self.host.capacity, "--kvmem-cpu-gb (or set --kvmem-nvme-dir)"
-        return self.nvme.used, self.nvme.capacity, "--kvmem-nvme-gb"
-
-    def _freeable_bytes(self, h: str) -> int:
-        if h in self._pins or h not in self._metas:
-            return 0
-        if self.nvme is None:
-            kv = self.host.get(h)
-            return kv.nbytes if kv is not None else 0
-        return self.nvme.sizes.get(h, self._writing.get(h, (0, 0))[1])
-
-    def _evict_workspace(self, ws_id: str) -> None:
-        ws = self.workspaces.get(ws_id)
-        log.info("evicting idle workspace %s (%d blocks, last used %.0f)", ws_id, len(ws.hashes), ws.last_used)
-        self._counts["evicted_workspaces"] += 1
-        self._events.append({"event": "evicted_workspace", "workspace": ws_id, "blocks": len(ws.hashes)})
-        for h in self.workspaces.delete(ws_id):
-            self._maybe_free(h)
-
-    def _make_host_room(self, nbytes: int) -> None:
-        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty."""
-        while not self.host.can_fit(nbytes):
-            if self._evict_one():
-                continue
-            if not self._pending:
-                raise CapacityError(f"the host tier ({self.host.capacity / GIB:.3f} GiB) is full of pinned "
-                                    "blocks; raise --kvmem-cpu-gb")
-            self._drain(wait=True)
-
-    def _evict_one(self) -> bool:
-        """Drop the policy's first clean, unpinned host copy; False if there is none."""
-        victim = next((h for h in self.policy.candidates() if self._is_evictable(h)), None)
-        if victim is None:
-            return False
-        self.host.pop(victim)
-        self.policy.remove(victim)
-        self._counts["evictions"] += 1
-        return True
-
-    def _is_evictable(self, h: str) -> bool:
-        return h not in self._pins and h in self.nvme.sizes
 
     def _maybe_free(self, h: str) -> None:
         """Drop a block once no workspace references it and nobody holds a pin on it."""
@@ -353,12 +302,6 @@ class BlockStore:
         self.policy.remove(h)
         if self.nvme is not None:
             self._drop_file(h)
-
-    def _drop_file(self, h: str) -> None:
-        _, reserved = self._writing.pop(h, (0, 0))
-        self.nvme.used -= reserved + self.nvme.sizes.pop(h, 0)
-        self.nvme.submit_remove(h)
-        self._pending += 1
 
     # -- loading --------------------------------------------------------------------
 
@@ -426,69 +369,3 @@ class BlockStore:
             k += 1
         return dataclasses.replace(match, matched_blocks=k), adopted
 
-    def _forget(self, h: str) -> None:
-        """Unindex a block of a shared directory that no workspace here holds; its file stays for the others."""
-        del self._metas[h]
-        self.nvme.forget(h)
-
-    # -- background results, restart ----------------------------------------------------
-
-    def _drain(self, wait: bool = False) -> None:
-        """Apply finished writer jobs; re-raise the first failure among them."""
-        if self.nvme is None:
-            return
-        first: BaseException | None = None
-        done = self.nvme.next_done(block=wait)
-        while done is not None:
-            error = self._apply(done)  # every result is applied, also after a failure
-            first = first or error
-            done = self.nvme.next_done(block=False)
-        if first is not None:
-            raise first
-
-    def _apply(self, done: WriteDone) -> BaseException | None:
-        if done.kind != "sync-error":
-            self._pending -= 1
-        if done.kind == "block" and self._writing.get(done.key, (0, 0))[0] == done.gen:
-            _, size = self._writing.pop(done.key)
-            if done.error is None:
-                self.nvme.sizes[done.key] = size
-            else:
-                self.nvme.used -= size
-        if done.error is not None:
-            log.error("NVMe %s %s failed: %s", done.kind, done.key, done.error)
-            self._counts["write_errors"] += 1
-            self._events.append({"event": "write_error", "kind": done.kind, "key": done.key, "error": str(done.error)})
-        return done.error
-
-    def _restore(self) -> None:
-        metas, corrupt = self.nvme.scan()
-        self._metas = {m.chain_hash: m for m in metas}
-        for name in corrupt:
-            self._counts["corrupt"] += 1
-            self._events.append({"event": "corrupt_block", "block": name, "error": "failed its check at start"})
-        truncated = []
-        for data in self.nvme.read_manifests():
-            ws = Workspace.from_manifest(data)
-            whole = next((i for i, h in enumerate(ws.hashes) if h not in self._metas), len(ws.hashes))
-            if whole < len(ws.hashes):
-                log.warning("workspace %s: %d of its blocks are missing; keeping its first %d", ws.id, len(ws.hashes) - whole, whole)
-                ws.hashes = ws.hashes[:whole]
-                truncated.append(ws.id)
-            self.workspaces.add(ws)
-        self.workspaces.take_dirty()
-        for ws_id in truncated:
-            self.workspaces.mark_dirty(ws_id)
-        for h in [h for h in self._metas if not self.workspaces.owners(h)]:
-            if self.nvme.owner:  # another process's, or adopted again on a miss
-                self._forget(h)
-                continue
-            self._counts["orphans_removed"] += 1
-            self._maybe_free(h)
-        self._sync_manifests()
-
-    def _sync_manifests(self) -> None:
-        for ws_id in self.workspaces.take_dirty():
-            ws = self.workspaces.get(ws_id)
-            if self.nvme is not None and self.nvme.submit_manifest(ws_id, ws.to_manifest() if ws else None):
-                self._pending += 1

@@ -173,12 +173,22 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
         f"answers   up to {args.max_tokens_default or 'the room left in the workspace'} tokens without max_tokens",
         f"web UI    {_ui_dir(args) or 'off'}",
+        f"restart   {persistence(config)}",
         "knobs:",
     ]
     width = max(len(name) for name in sources)
     for name, value in config.describe().items():
         lines.append(f"  {name:<{width}}  {show_value(value):<24} ({sources[name]})")
     return "\n".join(lines)
+
+
+def persistence(config: KVMemConfig) -> str:
+    """Whether conversations (their KV, workspaces and stored responses) survive a restart, and why."""
+    if config.nvme_dir:
+        return (f"conversations survive a restart: their KV and workspaces are kept in {config.nvme_dir} "
+                f"(up to {config.nvme_gb:g} GiB, --kvmem-nvme-gb)")
+    return (f"conversations are kept in host RAM only (up to {config.cpu_gb:g} GiB) and a restart loses them; "
+            "--kvmem-nvme-dir DIR keeps them on disk")
 
 
 def _ui_dir(args: argparse.Namespace) -> Path | None:
@@ -289,6 +299,7 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
         print(f"kvmem: serving {engine.model_id} ({placement.backend} on {placement.device})")
         print_urls(args)
 
+    print(f"kvmem: {persistence(config)}", flush=True)
     print(f"kvmem: loading {args.model or DEFAULT_MODEL} on {placement.backend} ({placement.device}); "
           "a model's first start without a shipped profile calibrates its retrieval heads (a few minutes on a CPU)", flush=True)
     try:

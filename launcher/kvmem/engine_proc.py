@@ -3,7 +3,10 @@
 Started by the API server as ``python -m kvmem.engine_proc IN_ADDR OUT_ADDR SPEC_JSON``; it
 connects a PULL socket to ``IN_ADDR`` (requests) and a PUSH socket to ``OUT_ADDR`` (replies),
 loads the engine, says ``Ready`` and serves. Text pieces stream back as ``Text`` frames while
-a step runs; between pieces it reads its inbox so an ``Abort`` (client gone) stops the step.
+a step runs. Between prefill chunks and between decoded pieces it reads its inbox, so an
+``Abort`` (client gone) stops the step within one chunk: during decode the step ends early
+(``Done``); during prefill it stops there (``Failed`` 499 ``client_gone``, which frees the
+server's slot), and the blocks completed before it stay stored, so a retry reuses them.
 An error caused by one request fails that request only (a ``KVMemError`` with its status,
 anything else a 500) and the engine serves on. Only errors that leave the process unusable
 are fatal (``is_fatal``): the process sends ``Dead`` and exits non-zero, and the server
@@ -12,6 +15,7 @@ restarts it.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import sys
@@ -27,8 +31,14 @@ from kvmem_core.errors import KVMemError
 
 log = logging.getLogger("kvmem.engine")
 FATAL_TYPES = (MemoryError, OSError, AssertionError, SystemError, zmq.ZMQError)
+# a disk full, read-only or failing under a file the engine writes: that request fails, the process is sound
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 DEVICE_FAULTS = ("out of memory", "CUDA error", "HIP error", "device-side assert", "illegal memory access",
                  "CUBLAS_STATUS", "cuDNN error", "NCCL error")
+
+
+class StepAborted(Exception):
+    """The client of the running step left (its ``Abort`` arrived) while the step prefilled."""
 
 
 def load(spec: P.EngineSpec) -> Engine:
@@ -40,7 +50,11 @@ def load(spec: P.EngineSpec) -> Engine:
 
 def is_fatal(exc: BaseException) -> bool:
     """True for errors after which this process cannot be trusted: out of memory, a lost or faulted device,
-    the store's disk failing (``OSError``), a broken internal invariant (``AssertionError``), a dead socket."""
+    an ``OSError`` other than a storage fault (``STORAGE_ERRNOS``: the store turns its NVMe tier off on those and
+    serves on; one reaching here fails its request only), a broken internal invariant (``AssertionError``), a
+    dead socket."""
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        return False
     if isinstance(exc, FATAL_TYPES):
         return True
     return isinstance(exc, RuntimeError) and any(fault in str(exc) for fault in DEVICE_FAULTS)
@@ -52,6 +66,8 @@ def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
         return P.Failed(id=req_id, status=exc.http_status, code=exc.code, message=str(exc))
     if is_fatal(exc):
         return None
+    if isinstance(exc, OSError):
+        return P.Failed(id=req_id, status=503, code="storage_error", message=f"storage error: {exc}")
     log.error("request %s failed", req_id, exc_info=exc)
     return P.Failed(id=req_id, status=500, code="internal_error", message=f"internal error: {type(exc).__name__}: {exc}")
 
@@ -66,6 +82,8 @@ class EngineLoop:
         self.pending: collections.deque[P.Message] = collections.deque()
         self.aborted: set[str] = set()
         self.parent = os.getppid()
+        self.running: str | None = None
+        setattr(engine, "prefill_progress", self.check_abort)  # KVMemEngine reports each prefill chunk
 
     def send(self, msg: Any) -> None:
         self.outbox.send(P.encode(msg))
@@ -98,9 +116,16 @@ class EngineLoop:
             else:
                 self.pending.append(msg)
 
+    def check_abort(self, done: int, total: int) -> None:
+        """Between prefill chunks: raise ``StepAborted`` if the running step's client has left."""
+        self.drain()
+        if self.running in self.aborted:
+            raise StepAborted(f"client gone after {done} of {total} prefill tokens")
+
     def step(self, msg: P.Step) -> None:
         self.drain()
         if msg.id in self.aborted:
+            self.send(client_gone(msg.id, "client gone before the step started"))
             return
 
         def on_text(piece: str) -> bool:
@@ -108,12 +133,18 @@ class EngineLoop:
             self.drain()
             return msg.id not in self.aborted
 
+        self.running = msg.id
         try:
             result = self.engine.step(P.from_wire_request(msg.request), on_text,
                                       lambda ws_id: self.send(P.Started(id=msg.id, workspace_id=ws_id)))
+        except StepAborted as exc:
+            self.send(client_gone(msg.id, str(exc)))
+            return
         except Exception as exc:
             self.fail(msg.id, exc)
             return
+        finally:
+            self.running = None
         self.send(P.Done(id=msg.id, result=P.to_wire_result(result), metrics=self.engine.metrics()))
 
     def call(self, msg: P.Call) -> None:
@@ -143,6 +174,11 @@ class EngineLoop:
         if failed is None:
             raise exc
         self.send(failed)
+
+
+def client_gone(req_id: str, why: str) -> P.Failed:
+    """The end of a step whose client left: nobody reads it, but it frees the server's step slot."""
+    return P.Failed(id=req_id, status=499, code="client_gone", message=why)
 
 
 def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:

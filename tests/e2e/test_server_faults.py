@@ -10,6 +10,7 @@ from typing import Iterator
 import openai
 import pytest
 import requests
+from disk_support import small_tmpfs
 from serving import LiveServer, get_json
 
 pytestmark = pytest.mark.llamacpp
@@ -28,6 +29,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def engine_metric(server: LiveServer, name: str) -> float:
+    text = requests.get(server.url + "/metrics", timeout=5).text
+    return next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f"kvmem_engine_{name} ")), 0.0)
 
 
 def long_answer_stream(server: LiveServer) -> requests.Response:
@@ -59,6 +65,22 @@ def test_a_plain_request_abandoned_by_its_client_is_aborted(server: LiveServer, 
     started = time.monotonic()
     client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
     assert time.monotonic() - started < 4.0
+
+
+def test_a_client_gone_during_prefill_frees_the_engine_within_a_chunk_and_keeps_its_blocks(
+        server: LiveServer, client: openai.OpenAI) -> None:
+    notes = " ".join(f"Remark {i}: build step {i} failed twice." for i in range(210))  # ~3K tokens, 6 chunks of 512
+    body = {"messages": [{"role": "user", "content": "Summarize. " + notes}], "max_tokens": 4, "temperature": 0}
+    stored_before = engine_metric(server, "blocks_stored")
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)  # gone during the prefill
+    client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+    stored_by_abort = engine_metric(server, "blocks_stored") - stored_before
+    text_tokens = requests.post(server.url + "/v1/tokenize", json={"content": body["messages"][0]["content"]}, timeout=30)
+    prompt_blocks = len(text_tokens.json()["tokens"]) // 64
+    assert 8 <= stored_by_abort < prompt_blocks - 8  # the chunks done stay stored; the rest was never prefilled
+    workspaces = get_json(server.url + "/v1/kvmem/workspaces")[1]["data"]
+    assert any(w["tokens"] == stored_by_abort * 64 for w in workspaces)  # in the conversation's workspace
 
 
 def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: LiveServer, client: openai.OpenAI) -> None:
@@ -138,40 +160,39 @@ def test_stored_responses_and_their_kv_outlive_a_server_restart(tmp_path) -> Non
         second_server.stop()
 
 
-def test_a_fatal_engine_error_fails_its_request_with_the_dead_message_and_the_engine_comes_back(tmp_path) -> None:
-    """A real fatal error (the NVMe blocks directory replaced by a file: writes fail with OSError) reaches
-    the server as a DEAD frame; once the disk is repaired the restarted engine serves the stored KV."""
-    nvme = tmp_path / "nvme"
-    live = LiveServer(tmp_path, "--no-ui", "--ctx", "4096", "--kvmem-budget", "1024", "--kvmem-nvme-dir", str(nvme)).start()
-    try:
-        client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=30)
-        turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say yes."}]
-        client.chat.completions.create(model="", messages=turn, max_tokens=4, temperature=0)
-        client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)  # flushed
-        blocks = next(p for p in nvme.rglob("blocks") if p.is_dir())
-        blocks.rename(blocks.with_name("blocks.saved"))
-        blocks.write_text("a file where the directory was")
-        failed = None
-        for i in range(4):  # block writes are asynchronous: a failure surfaces at the engine's next store call
-            try:
-                client.chat.completions.create(model="", messages=[{"role": "user", "content": f"Count to {i}. " * 40}],
-                                               max_tokens=4)
-            except openai.APIStatusError as exc:
-                failed = exc
-                break
-        assert failed is not None and failed.status_code == 503 and failed.body["code"] == "engine_died"
-        assert "NotADirectoryError" in failed.body["message"]
-        blocks.unlink()
-        blocks.with_name("blocks.saved").rename(blocks)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                again = client.chat.completions.create(model="", messages=turn, max_tokens=4, temperature=0)
-                break
-            except openai.APIStatusError as exc:
-                assert exc.status_code == 503 and exc.response.headers["Retry-After"]
-                assert time.monotonic() < deadline
-                time.sleep(0.3)
-        assert again.usage.prompt_tokens_details.cached_tokens >= 128  # the first turn's blocks, from disk
-    finally:
-        live.stop()
+def test_a_full_disk_turns_the_nvme_tier_off_and_every_turn_is_answered(tmp_path) -> None:
+    """The fault of the issue on a real small filesystem: an agent conversation of 7 growing turns on a disk that
+    fills up. Every turn is answered by the same engine, the tier counts its fault; once space returns the
+    waiting blocks land, and after a restart the conversation's KV is read from disk."""
+    with small_tmpfs(tmp_path / "mnt", "24m") as mount:
+        ballast = mount / "ballast"
+        ballast.write_bytes(b"\0" * (20 << 20))  # 4 MB left: two or three SmolLM2 blocks
+        flags = ("--no-ui", "--ctx", "4096", "--kvmem-budget", "1024", "--kvmem-nvme-dir", str(mount / "nvme"))
+        live = LiveServer(tmp_path / "a", *flags, env={"KVMEM_NVME_RETRY_S": "1"}).start()
+        try:
+            client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            pid = live.health()["engine_pid"]
+            messages = [{"role": "system", "content": SYSTEM}]
+            for turn in range(7):
+                messages.append({"role": "user", "content": f"Step {turn}: " + "list the files again. " * 12})
+                answer = client.chat.completions.create(model="", messages=messages, max_tokens=4, temperature=0)
+                messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+            assert live.health()["engine_pid"] == pid
+            assert engine_metric(live, "store_nvme_faults") >= 1  # off, or retrying every second meanwhile
+            ballast.unlink()
+            time.sleep(1.1)
+            client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+            deadline = time.monotonic() + 30
+            while engine_metric(live, "store_nvme_waiting_blocks") > 0:  # refreshed by each answer
+                assert time.monotonic() < deadline, "the waiting blocks never reached the disk"
+                client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+            assert engine_metric(live, "store_nvme_offline") == 0 and live.health()["engine_pid"] == pid
+        finally:
+            live.stop()
+        again = LiveServer(tmp_path / "b", *flags).start()
+        try:
+            client = openai.OpenAI(base_url=again.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            reply = client.chat.completions.create(model="", messages=messages[:-1], max_tokens=4, temperature=0)
+            assert reply.usage.prompt_tokens_details.cached_tokens >= reply.usage.prompt_tokens - 128
+        finally:
+            again.stop()

@@ -161,7 +161,7 @@ def _fill(store: BlockStore, ids: np.ndarray) -> tuple[str, list]:
     return ws.id, blocks
 
 
-def test_writer_errors_are_raised_not_swallowed(tmp_path):
+def test_a_failed_write_turns_the_tier_off_and_keeps_the_block_in_ram(tmp_path):
     store = make_store(tmp_path)
     blocks_dir = store.nvme.blocks_dir
     blocks_dir.rmdir()
@@ -169,13 +169,14 @@ def test_writer_errors_are_raised_not_swallowed(tmp_path):
     ws, _ = store.open_workspace("ns", np.arange(16))
     meta, kv = synthetic_chain(LAYOUT, np.arange(16), "ns")[0]
     store.append(ws.id, meta, kv)
-    with pytest.raises(OSError):
-        store.flush()
-    assert store.metrics()["write_errors"] == 1 and store.tier(meta.chain_hash) == "host"
-    assert store.metrics()["nvme_bytes"] == 0
+    store.flush()  # a disk fault is not raised: the tier is off, the block waits in RAM
+    metrics = store.metrics()
+    assert (metrics["write_errors"], metrics["nvme_faults"], metrics["nvme_offline"]) == (1, 1, 1)
+    assert store.tier(meta.chain_hash) == "host" and metrics["nvme_waiting_blocks"] == 1
+    assert metrics["nvme_bytes"] == encode_header(meta, LAYOUT).file_size  # reserved for when the disk is back
 
 
-def test_several_failed_writes_raise_once_and_the_store_still_closes(tmp_path):
+def test_several_failed_writes_count_one_fault_and_the_store_still_closes(tmp_path, caplog):
     store = make_store(tmp_path)
     blocks_dir = store.nvme.blocks_dir
     blocks_dir.rmdir()
@@ -184,9 +185,10 @@ def test_several_failed_writes_raise_once_and_the_store_still_closes(tmp_path):
     chain = synthetic_chain(LAYOUT, np.arange(64), "ns")
     for meta, kv in chain:
         store.append(ws.id, meta, kv)
-    with pytest.raises(OSError):
-        store.flush()
+    store.flush()
     assert store.metrics()["write_errors"] == len(chain) and store.metrics()["write_queue"] == 0
+    assert store.metrics()["nvme_faults"] == 1
+    assert len([r for r in caplog.records if r.levelname == "WARNING" and "NVMe tier off" in r.message]) == 1
     closing = threading.Thread(target=store.close, daemon=True)  # every failed job was accounted for
     closing.start()
     closing.join(10)

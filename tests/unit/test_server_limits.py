@@ -6,6 +6,7 @@ import json
 from typing import Iterator
 
 import pytest
+import zmq
 from kvmem import protocol as P
 from kvmem.server.engine_client import EngineClient
 from kvmem.server.errors import APIError
@@ -93,3 +94,37 @@ def test_engine_calls_queue_with_the_steps_and_get_429_past_the_bound(op: str, a
 
     err = asyncio.run(go())
     assert (err.status, err.code, err.headers) == (429, "queue_full", {"Retry-After": "1"})
+
+
+def test_a_request_the_socket_refuses_fails_with_503_at_once_and_frees_the_slot(tmp_path) -> None:
+    """A PUSH socket with no engine connected refuses a non-blocking send: the request is not left waiting for
+    a reply that cannot come, and the next one finds the slot free."""
+    async def go() -> list[APIError]:
+        engine = ready_engine()
+        engine._push = engine._ctx.socket(zmq.PUSH)
+        engine._push.bind(f"ipc://{tmp_path}/nobody")
+        errors = []
+        try:
+            for _ in range(2):
+                try:
+                    await asyncio.wait_for(_drain(engine.generate(StepRequest(messages=(MESSAGE,)))), 2)
+                except APIError as exc:
+                    errors.append(exc)
+            try:
+                await asyncio.wait_for(engine.call("tokenize", "hi"), 2)
+            except APIError as exc:
+                errors.append(exc)
+            assert not engine._slot.locked() and engine.busy == 0
+        finally:
+            engine._push.close(0)
+            await engine.close()
+        return errors
+
+    errors = asyncio.run(go())
+    assert [(e.status, e.code) for e in errors] == [(503, "engine_unavailable")] * 3
+    assert "could not be sent" in errors[0].message and errors[0].headers == {"Retry-After": "2"}
+
+
+async def _drain(stream) -> None:  # noqa: ANN001 - an async generator
+    async for _ in stream:
+        pass

@@ -80,6 +80,37 @@ def test_request_errors_fail_one_request_and_only_unusable_engine_errors_are_fat
                 RuntimeError("a bug one request hit")):
         failed = request_error("r", exc)
         assert (failed.status, failed.code) == (500, "internal_error") and type(exc).__name__ in failed.message
-    for exc in (MemoryError(), OSError(28, "No space left on device"), AssertionError("invariant"),
+    for code in (28, 30, 5):  # ENOSPC, EROFS, EIO: a disk fault fails its request only, never a restart loop
+        failed = request_error("r", OSError(code, "disk fault"))
+        assert (failed.status, failed.code) == (503, "storage_error")
+    for exc in (MemoryError(), OSError(24, "Too many open files"), AssertionError("invariant"),
                 RuntimeError("CUDA error: an illegal memory access was encountered"), RuntimeError("CUDA out of memory.")):
         assert request_error("r", exc) is None
+
+def test_a_step_aborted_before_it_starts_still_ends_so_the_server_frees_its_slot() -> None:
+    """Its ``Abort`` came in with it: the engine never runs it (no engine call is made) but answers ``client_gone``;
+    without that answer the server would hold the step slot for good."""
+    import types
+
+    import zmq
+
+    from kvmem.engine_proc import EngineLoop
+
+    ctx = zmq.Context()
+    to_engine, inbox, outbox, from_engine = (ctx.socket(kind) for kind in (zmq.PUSH, zmq.PULL, zmq.PUSH, zmq.PULL))
+    try:
+        to_engine.bind("inproc://in")
+        inbox.connect("inproc://in")
+        from_engine.bind("inproc://out")
+        outbox.connect("inproc://out")
+        request = P.to_wire_request(StepRequest(messages=({"role": "user", "content": "hi"},)))
+        for msg in (P.Step(id="s", request=request), P.Abort(id="s"), P.Shutdown()):
+            to_engine.send(P.encode(msg))
+        while not inbox.poll(100):
+            pass
+        EngineLoop(types.SimpleNamespace(), inbox, outbox).run()  # an engine with no methods: none may be called
+        assert from_engine.poll(2000), "the aborted step ended without a word: its slot stays taken"
+        reply = P.decode(from_engine.recv())
+        assert isinstance(reply, P.Failed) and (reply.id, reply.status, reply.code) == ("s", 499, "client_gone")
+    finally:
+        ctx.destroy(linger=0)

@@ -3,8 +3,9 @@
 Steps and calls are serialized: one runs in the engine while at most ``max_queue`` wait;
 past that a request is refused with 429. The slot is held until the engine reports the
 request's end, even when the client left early (its ``Abort`` makes that quick), so a new
-step never races an old one. When the process exits, in-flight requests fail with 503 and a fresh
-engine is spawned on new sockets; requests meanwhile get 503 with ``Retry-After``.
+step never races an old one. A request frame that cannot be sent fails its request with 503 at once
+and frees the slot (the engine never saw it). When the process exits, in-flight requests fail with 503
+and a fresh engine is spawned on new sockets; requests meanwhile get 503 with ``Retry-After``.
 """
 from __future__ import annotations
 
@@ -88,13 +89,9 @@ class EngineClient:
         ``on_start`` learns the step's workspace id before its first piece."""
         req_id = uuid.uuid4().hex
         frame = wire_frame(P.Step(id=req_id, request=P.to_wire_request(request)))
-        await self._take_slot()
-        queue: asyncio.Queue[P.Message] = asyncio.Queue()
-        self._streams[req_id] = queue
-        self._active = req_id
+        queue = await self._open(req_id, frame)
         finished = False
         try:
-            self._send(frame)
             while True:
                 msg = await queue.get()
                 if isinstance(msg, P.Started):
@@ -122,12 +119,8 @@ class EngineClient:
         req_id = uuid.uuid4().hex
         wire = P.to_wire_request(request) if request is not None else None
         frame = wire_frame(P.Call(id=req_id, op=op, arg=arg, request=wire, path=path))
-        await self._take_slot()
-        queue: asyncio.Queue[P.Message] = asyncio.Queue()
-        self._streams[req_id] = queue
-        self._active = req_id
+        queue = await self._open(req_id, frame)
         try:
-            self._send(frame)
             msg = await queue.get()
         finally:
             self._streams.pop(req_id, None)
@@ -150,12 +143,30 @@ class EngineClient:
             self._slot.release()
             raise engine_unavailable()
 
-    def _send(self, msg: Any) -> None:
-        """Push a message (or a frame already encoded) to the engine."""
+    async def _open(self, req_id: str, frame: bytes) -> asyncio.Queue[P.Message]:
+        """Take the slot, send the request's frame and return the queue its replies arrive on. A frame that
+        cannot be sent (the socket refuses it) frees the slot and fails the request with 503 at once."""
+        await self._take_slot()
+        queue: asyncio.Queue[P.Message] = asyncio.Queue()
+        self._streams[req_id] = queue
+        self._active = req_id
         try:
-            self._push.send(msg if isinstance(msg, bytes) else P.encode(msg), flags=zmq.NOBLOCK)
+            await self._push.send(frame, flags=zmq.NOBLOCK)  # settles at once: sent, or refused (no engine, full)
+        except zmq.ZMQError as exc:
+            self._streams.pop(req_id, None)
+            self._release()
+            log.error("could not send a request to the engine: %s", exc)
+            raise engine_unavailable(f"the request could not be sent to the engine ({exc}); retry shortly") from None
+        return queue
+
+    def _send(self, msg: Any) -> None:
+        """Push a control message (abort, shutdown) to the engine without waiting; a failure is logged."""
+        try:
+            sent = self._push.send(P.encode(msg), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.warning("engine send failed: %s", exc)
+            return
+        sent.add_done_callback(_log_send_failure)
 
     async def _spawn(self) -> None:
         self._generation += 1
@@ -238,6 +249,11 @@ class EngineClient:
             queue.put_nowait(P.Failed(id=req_id, status=503, code="engine_died", message=reason))
         if self._active is not None:
             self._release()
+
+
+def _log_send_failure(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("engine send failed: %s", sent.exception())
 
 
 def wire_frame(msg: P.Step | P.Call) -> bytes:

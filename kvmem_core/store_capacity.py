@@ -1,0 +1,137 @@
+"""Budget accounting of ``BlockStore``: what bounds it, what retention evicts, what leaves the host cache.
+
+A mixin over the store's state (its tiers, metas, pins, workspaces, queued writes), so the
+façade in ``store.py`` keeps to the calls. The bounding tier is the disk when there is
+one (file bytes, reserved when a block is appended), else host RAM (payload bytes). With
+a disk the host tier is a cache: a copy leaves when its file has landed and nobody pins
+it. Blocks waiting for a disk that is off after a fault (``store_disk``) stay in RAM;
+when they fill it, retention evicts idle workspaces holding them.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvmem_core.config import GIB
+from kvmem_core.errors import CapacityError
+from kvmem_core.policy import plan_workspace_eviction
+
+if TYPE_CHECKING:
+    from kvmem_core.host import HostTier
+    from kvmem_core.layout import BlockMeta
+    from kvmem_core.nvme import NvmeTier
+    from kvmem_core.policy import EvictionPolicy
+    from kvmem_core.workspace import WorkspaceRegistry
+
+log = logging.getLogger("kvmem.store")
+
+
+class CapacityMixin:
+    """Eviction and budget checks of ``BlockStore`` (see module docstring)."""
+
+    host: HostTier
+    nvme: NvmeTier | None
+    policy: EvictionPolicy
+    retention: str
+    workspaces: WorkspaceRegistry
+    _metas: dict[str, BlockMeta]
+    _pins: Counter[str]
+    _writing: dict[str, tuple[int, int]]
+    _pending: int
+    _active: str | None
+    _counts: Counter[str]
+    _events: list[dict[str, Any]]
+    _drain: Callable[..., None]
+    _maybe_free: Callable[[str], None]
+    disk_fault: Callable[[], str]
+
+    def _ensure_capacity(self, nbytes: int) -> None:
+        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows."""
+        used, capacity, flag = self._bound()
+        if used + nbytes <= capacity:
+            return
+        plan = self._plan_eviction(self._freeable_bytes, used + nbytes - capacity)
+        if plan is None:
+            raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and "
+                                f"{self._why_no_eviction()}; raise {flag}")
+        for ws_id in plan:
+            self._evict_workspace(ws_id)
+
+    def _plan_eviction(self, size_of: Callable[[str], int], need: int) -> list[str] | None:
+        """Idle, unpinned workspaces to evict, oldest first, to free ``need`` bytes as ``size_of`` counts them;
+        None when the retention forbids it or they fall short."""
+        if self.retention != "evict-idle":
+            return None
+        idle = [(w.id, w.hashes) for w in self.workspaces.oldest_first()
+                if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)]
+        return plan_workspace_eviction(idle, self.workspaces.owners, size_of, need)
+
+    def _why_no_eviction(self) -> str:
+        return ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
+                else "evicting every idle, unpinned workspace would not free enough")
+
+    def _bound(self) -> tuple[int, int, str]:
+        if self.nvme is None:
+            return self.host.used, self.host.capacity, "--kvmem-cpu-gb (or set --kvmem-nvme-dir)"
+        return self.nvme.used, self.nvme.capacity, "--kvmem-nvme-gb"
+
+    def _freeable_bytes(self, h: str) -> int:
+        if h in self._pins or h not in self._metas:
+            return 0
+        if self.nvme is None:
+            return self._host_bytes(h)
+        return self.nvme.sizes.get(h, self._writing.get(h, (0, 0))[1])
+
+    def _host_bytes(self, h: str) -> int:
+        kv = self.host.get(h)
+        return kv.nbytes if kv is not None else 0
+
+    def _unwritten_host_bytes(self, h: str) -> int:
+        """Host bytes of a block waiting for the disk (its write failed or was never queued); 0 otherwise."""
+        waiting = h not in self._pins and self._writing.get(h, (None, 0))[0] == 0
+        return self._host_bytes(h) if waiting else 0
+
+    def _evict_workspace(self, ws_id: str) -> None:
+        ws = self.workspaces.get(ws_id)
+        log.info("evicting idle workspace %s (%d blocks, last used %.0f)", ws_id, len(ws.hashes), ws.last_used)
+        self._counts["evicted_workspaces"] += 1
+        self._events.append({"event": "evicted_workspace", "workspace": ws_id, "blocks": len(ws.hashes)})
+        for h in self.workspaces.delete(ws_id):
+            self._maybe_free(h)
+
+    def _make_host_room(self, nbytes: int) -> None:
+        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty; with the disk off,
+        evict idle workspaces whose blocks wait for it."""
+        while not self.host.can_fit(nbytes):
+            if self._evict_one():
+                continue
+            if self._pending:
+                self._drain(wait=True)
+                continue
+            plan = self._plan_eviction(self._unwritten_host_bytes, self.host.used + nbytes - self.host.capacity)
+            if plan is None:
+                raise CapacityError(self._host_full_message())
+            for ws_id in plan:
+                self._evict_workspace(ws_id)
+
+    def _host_full_message(self) -> str:
+        held = f"the host tier ({self.host.capacity / GIB:.3f} GiB) is full"
+        fault = self.disk_fault()
+        if fault:
+            return (f"{held} of blocks waiting for the NVMe tier, which is off after a disk fault ({fault}), and "
+                    f"{self._why_no_eviction()}; free disk space or raise --kvmem-cpu-gb")
+        return f"{held} of pinned blocks; raise --kvmem-cpu-gb"
+
+    def _evict_one(self) -> bool:
+        """Drop the policy's first clean, unpinned host copy; False if there is none."""
+        victim = next((h for h in self.policy.candidates() if self._is_evictable(h)), None)
+        if victim is None:
+            return False
+        self.host.pop(victim)
+        self.policy.remove(victim)
+        self._counts["evictions"] += 1
+        return True
+
+    def _is_evictable(self, h: str) -> bool:
+        return h not in self._pins and h in self.nvme.sizes
