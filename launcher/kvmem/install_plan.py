@@ -46,11 +46,11 @@ class Gpu:
 
 
 def run_tool(cmd: list[str]) -> str | None:
-    """The tool's stdout, or None when it is missing, fails or hangs."""
+    """The tool's stdout, or None when it is missing, fails or hangs (here and in ``kvmem.devices``)."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
