@@ -19,9 +19,9 @@ import numpy as np
 from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
-from kvmem_llamacpp import blob
 from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.threads import Threads, resolve_threads
+from kvmem_llamacpp import blob
 from kvmem_llamacpp.capture import QueryCapture
 from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
