@@ -3,8 +3,9 @@
 ``--threads`` (env ``KVMEM_THREADS``) is for one-token decode steps, ``--threads-batch``
 (env ``KVMEM_THREADS_BATCH``) for prefill batches. Unset, both are the cores this process
 may run on (``os.sched_getaffinity``, so a container's or ``taskset``'s limit counts, not
-the machine's core count). Adapters resolve an unset count here too, so an environment
-variable pins every engine a process tree starts (the tests pin 1).
+the machine's core count), and ``auto``: the engine then follows the cores other processes
+leave free (``kvmem_core.thread_governor``). Adapters resolve an unset count here too, so an
+environment variable pins every engine a process tree starts (the tests pin 1).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ THREADS_BATCH_ENV = "KVMEM_THREADS_BATCH"
 
 @dataclass(frozen=True)
 class Threads:
-    """Resolved thread counts: ``decode`` for one-token steps, ``batch`` for prefill."""
+    """Resolved thread counts: ``decode`` for one-token steps, ``batch`` for prefill; ``auto`` when neither was
+    given, so both may follow the cores other processes leave free, up to ``decode``."""
 
     decode: int
     batch: int
+    auto: bool = False
 
 
 def usable_cores() -> int:
@@ -47,12 +50,13 @@ def parse_count(text: str, what: str) -> int:
 
 def resolve_threads(threads: int | None = None, threads_batch: int | None = None,
                     env: Mapping[str, str] | None = None) -> Threads:
-    """Explicit counts win, then ``KVMEM_THREADS`` / ``KVMEM_THREADS_BATCH``, then every usable core;
-    an unset batch count follows the decode count. ConfigError on a count below 1."""
+    """Explicit counts win, then ``KVMEM_THREADS`` / ``KVMEM_THREADS_BATCH``, then every usable core (``auto``
+    when both are unset); an unset batch count follows the decode count. ConfigError on a count below 1."""
     env = os.environ if env is None else env
-    decode = _pick(threads, env.get(THREADS_ENV), THREADS_ENV) or usable_cores()
-    batch = _pick(threads_batch, env.get(THREADS_BATCH_ENV), THREADS_BATCH_ENV) or decode
-    return Threads(decode, batch)
+    given_decode = _pick(threads, env.get(THREADS_ENV), THREADS_ENV)
+    given_batch = _pick(threads_batch, env.get(THREADS_BATCH_ENV), THREADS_BATCH_ENV)
+    decode = given_decode or usable_cores()
+    return Threads(decode, given_batch or decode, auto=given_decode is None and given_batch is None)
 
 
 def _pick(value: int | None, text: str | None, what: str) -> int | None:

@@ -19,8 +19,9 @@ import numpy as np
 from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
-from kvmem_llamacpp import blob
+from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.threads import Threads, resolve_threads
+from kvmem_llamacpp import blob
 from kvmem_llamacpp.capture import QueryCapture
 from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
@@ -49,6 +50,8 @@ class LlamaCppAdapter:
         m = self.model
         self.capture = QueryCapture(m.n_layer, m.n_head, m.head_dim)
         threads = resolve_threads(n_threads, n_threads_batch)
+        self._governor = ThreadGovernor(threads.decode)
+        self._governed = threads.auto
         context = functools.partial(LlamaContext, m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
                                     f32_cache=f32_cache)
         self.ctx, self._capture_ctx = self._make_contexts(context, m.n_gpu_layers != 0 if capture_context is None
@@ -134,6 +137,8 @@ class LlamaCppAdapter:
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         ctx = self.ctx if capture_from is None or self._capture_ctx is None else self._capture_ctx
+        if self._governed and ctx.threads.decode != (n := self._governor.poll()):
+            ctx.set_threads(Threads(n, n, auto=True))
         if capture_from is not None:
             self.capture.arm(len(tokens), capture_from)
         if ctx is not self.ctx:
@@ -154,7 +159,11 @@ class LlamaCppAdapter:
         return self.ctx.n_ctx - len(self._view)
 
     def set_threads(self, threads: Threads) -> None:
-        """Compute with other thread counts from the next forward on (``kvmem bench speed``'s thread sweep)."""
+        """Compute with other thread counts from the next forward on (``kvmem bench speed``'s thread sweep);
+        ``auto`` counts follow the cores other processes leave free, up to ``threads.decode``."""
+        self._governed = threads.auto
+        if threads.auto and threads.decode != self._governor.cores:
+            self._governor = ThreadGovernor(threads.decode)
         for ctx in self._contexts():
             ctx.set_threads(threads)
 

@@ -87,4 +87,8 @@ def thread_table(threads: dict[str, Any]) -> str:
     lines = [f"threads on {threads['device']} ({threads['model']}, {threads['usable_cores']} usable cores)",
              "threads  prefill tok/s  decode tok/s"]
     lines += [f"{r['threads']:7d}  {r['prefill_tok_s']:13.1f}  {r['decode_tok_s']:12.1f}" for r in threads["rows"]]
+    if threads.get("busy"):
+        lines.append("machine        threads  decode tok/s (each repeat)")
+        lines += [f"{r['condition']:13s}  {r['threads']:>7s}  {' '.join(f'{v:.1f}' for v in r['decode_tok_s'])}"
+                  for r in threads["busy"]]
     return "\n".join(lines)

@@ -1,19 +1,23 @@
 """``kvmem models``: the known models, whether each is available locally, and which one is the default.
 
-It only looks: nothing is installed or assembled (the default assembles on first use).
+It only looks (the default assembles on first use), unless ``--assemble``: that assembles every chunked model
+whose parts are installed, now, and empties the parts' installed copies, so each model is stored once.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from kvmem.models import DEFAULT, KNOWN
+from kvmem.models import DEFAULT, KNOWN, ChunkedModel
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="list the known models (--model NAME) and where each is found")
     parser.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    parser.add_argument("--assemble", action="store_true",
+                        help="assemble the models shipped in parts now and free the parts' installed copies")
     parser.set_defaults(func=run)
 
 
@@ -40,7 +44,18 @@ def table(models: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(line, widths)), line[5]]) for line in lines)
 
 
+def assemble() -> None:
+    """Assemble each chunked model whose parts are installed (or that is assembled already), then free its parts."""
+    for model in KNOWN:
+        if isinstance(model, ChunkedModel) and model.availability().state != "missing":
+            freed = model.release_parts()
+            print(f"kvmem: {model.title} is at {model.target()}" + (f"; freed its parts' {freed / 1e6:.0f} MB"
+                                                                   if freed else ""), file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.assemble:
+        assemble()
     models = rows()
     print(json.dumps(models) if args.json else table(models))
     return 0

@@ -122,10 +122,14 @@ def generate_streamed(engine: Engine, request: StepRequest) -> StepResult:
 
 
 def stats(engine: Engine, result: StepResult) -> dict[str, Any]:
-    """Prompt and cache-hit tokens, prefill and decode speed, blocks per tier, the selection."""
+    """Prompt and cache-hit tokens, prefill and decode speed, blocks per tier, the selection, the backend and
+    device the engine runs on."""
     t = result.timings
     m = engine.metrics()
+    caps = engine.adapter.caps
     return {
+        "backend": caps.backend,
+        "device": caps.devices[0],
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,
         "completion_tokens": result.completion_tokens,
@@ -143,4 +147,5 @@ def stats_line(s: dict[str, Any]) -> str:
     sel = s["selection"]
     return (f"[kvmem] prompt {s['prompt_tokens']} tok (cache hit {s['cached_tokens']}) | "
             f"prefill {s['prefill_tok_s']} tok/s | decode {s['decode_tok_s']} tok/s | "
-            f"blocks host {s['host_blocks']} nvme {s['nvme_blocks']} | {sel.get('method')} ({sel.get('position_mode')})")
+            f"blocks host {s['host_blocks']} nvme {s['nvme_blocks']} | {sel.get('method')} ({sel.get('position_mode')}) | "
+            f"{s['backend']} on {s['device']}")

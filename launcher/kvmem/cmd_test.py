@@ -1,10 +1,14 @@
-"""``kvmem test``: the project's test suite (``--slow`` adds the long checks; other arguments go to pytest)."""
+"""``kvmem test``: the project's test suite (``--slow`` adds the long checks; other arguments go to pytest).
+
+Each test has pytest-timeout's limit from pyproject.toml (5 minutes); ``--slow`` raises it to 30 for the long checks.
+"""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
+SLOW_TIMEOUT_S = 1800
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,5 +25,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvmem test: no tests folder at {TESTS_DIR} (run from a source checkout)")
         return 2
     marker = "not gpu" if args.slow else "not slow and not gpu"
-    code = pytest.main([str(TESTS_DIR), "-m", marker, *args.extra])
+    limit = ["-o", f"timeout={SLOW_TIMEOUT_S}"] if args.slow else []
+    code = pytest.main([str(TESTS_DIR), "-m", marker, *limit, *args.extra])
     return 1 if code == pytest.ExitCode.NO_TESTS_COLLECTED else int(code)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kvmem.install_plan import run_tool
 from kvmem_core.errors import ConfigError
 
 BACKENDS = ("auto", "torch", "llama.cpp")
@@ -100,17 +99,6 @@ def _mib(value: object) -> int:
 
 
 Runner = Callable[[list[str]], str | None]
-
-
-def run_tool(cmd: list[str]) -> str | None:
-    """The tool's stdout, or None if it is missing or fails."""
-    if shutil.which(cmd[0]) is None:
-        return None
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 def probe_gpus(run: Runner = run_tool) -> list[Gpu]:

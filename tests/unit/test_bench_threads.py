@@ -1,12 +1,15 @@
 """``kvmem bench speed``'s thread sweep and its decode-vs-plain goal, on a stand-in adapter."""
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pytest
 
 from kvmem.bench.speed_common import goals
-from kvmem.bench.speed_threads import measure, thread_counts
+from kvmem.bench.speed_threads import busy_rows, measure, one_core_busy, thread_counts
 from kvmem.cmd_bench import thread_table
 from kvmem_core.adapter import ForwardOut
 from kvmem_core.threads import Threads
@@ -71,3 +74,24 @@ def test_decode_vs_plain_is_a_goal_only_where_it_was_measured() -> None:
 def test_thread_table_says_why_a_sweep_was_skipped() -> None:
     text = thread_table({"model": "tok.gguf", "skipped": "tok.gguf holds no weights (a tokenizer-only GGUF)"})
     assert text == "threads  not measured: tok.gguf holds no weights (a tokenizer-only GGUF)"
+
+
+def test_busy_rows_compare_the_default_with_each_count_as_is_and_with_a_core_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kvmem.bench.speed_threads.usable_cores", lambda: 2)
+    adapter = FakeAdapter()
+    rows = busy_rows(adapter, decode=2, repeats=2)
+    assert [(r["condition"], r["threads"]) for r in rows] == [
+        (c, t) for c in ("as is", "one core busy") for t in ("auto", "1", "2")]
+    assert adapter.threads[:6] == [Threads(2, 2, auto=True)] * 2 + [Threads(1, 1)] * 2 + [Threads(2, 2)] * 2
+    assert all(len(r["decode_tok_s"]) == 2 for r in rows)
+    text = thread_table({"device": "cpu", "model": "m.gguf", "usable_cores": 2, "rows": [], "busy": rows})
+    assert text.splitlines()[-1].split()[:4] == ["one", "core", "busy", "2"]
+
+
+def test_one_core_busy_runs_a_spinning_process_only_inside_the_block() -> None:
+    with one_core_busy() as spinner:
+        assert spinner.poll() is None
+        time.sleep(0.2)
+        assert spinner.poll() is None and Path(f"/proc/{spinner.pid}/stat").read_text().split()[2] in "RS"
+    assert spinner.poll() is not None

@@ -78,6 +78,7 @@ def test_prompt_beyond_ctx_and_mandatory_over_budget_keep_stored_blocks(tmp_path
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert len(result["ids"]) == 4 and result["stats"]["prompt_tokens"] > 32
+    assert (result["stats"]["backend"], result["stats"]["device"]) == ("llama.cpp", "cpu")  # what it chose
     stored = sorted(p.name for p in (tmp_path / "nvme").rglob("*") if p.is_file())
     assert stored
     one_line_error(kvmem("run", "-p", "word " * 200, "--ctx", "64", env=env), "--ctx is 64")

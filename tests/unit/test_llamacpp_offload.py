@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from kvmem.install_plan import Gpu, llama_build  # noqa: E402
 from kvmem_core.errors import ConfigError  # noqa: E402
 from kvmem_llamacpp import offload  # noqa: E402
 from kvmem_llamacpp.ggml import BackendDevice, backend_devices  # noqa: E402
@@ -63,15 +64,19 @@ def test_the_installed_build_reports_its_options_and_devices() -> None:
         assert not offload.can_offload()
 
 
-def test_readme_build_lines_use_options_this_llama_cpp_knows() -> None:
-    """The README's HIP line and the error's rebuild lines carry flags of this build's CMake options."""
-    readme = (ROOT / "README.md").read_text()
-    hip_line = next(line for line in readme.splitlines() if "-DGGML_HIP=on" in line)
+def test_build_lines_use_options_this_llama_cpp_knows() -> None:
+    """The docs' HIP line, the error's rebuild lines and ./kvmem's GPU builds carry flags of this build's CMake
+    options."""
+    docs = (ROOT / "docs" / "llamacpp.md").read_text()
+    hip_line = next(line for line in docs.splitlines() if line.startswith("  CMAKE_ARGS=\"-DGGML_HIP=on"))
     assert offload.GPU_BUILD_FLAGS["hip"] in hip_line and 'HIPCXX="$(hipconfig -l)/clang"' in hip_line
     options = offload.build_options()
-    for runtime, flags in offload.GPU_BUILD_FLAGS.items():
+    one_click = [llama_build("x86_64", gpu, {}, run=lambda cmd: None)[0] for gpu in (Gpu("nvidia", "90"),
+                                                                                  Gpu("amd", "gfx1100"))]
+    for runtime, flags in [*offload.GPU_BUILD_FLAGS.items(), *zip(("cuda", "hip"), one_click)]:
         names = [flag[2:].split("=")[0] for flag in flags.split() if flag.startswith("-DGGML_")]
         assert names and all(name in options for name in names), (runtime, names)
+    for runtime, flags in offload.GPU_BUILD_FLAGS.items():
         assert flags in offload.rebuild_command(runtime)
 
 

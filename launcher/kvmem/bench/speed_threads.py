@@ -4,11 +4,19 @@ One adapter is loaded once; for each count, its threads are switched (``set_thre
 prompt is prefilled into an empty view and single tokens are decoded after it. The best of
 a few rounds is kept (the machine may be shared). With every layer on a GPU the CPU threads
 mostly feed the device, so the rows there show how little they matter.
+
+The ``busy`` rows compare decode with the default count (``auto``: every core, less those other
+processes keep busy, ``kvmem_core.thread_governor``) against each fixed count, on the machine as
+it is and while a spinning process keeps one core busy: llama.cpp's threads meet at a barrier
+after every operation, so a count that needs the busy core collapses.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from typing import Any, Callable
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import UnsupportedModelError
@@ -44,17 +52,49 @@ def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
     try:
         rows = [measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
                 for n in thread_counts(usable_cores())]
+        busy = busy_rows(adapter, decode=16 if quick else 64, repeats=1 if quick else 3)
         device = adapter.caps.devices[0]
     finally:
         adapter.close()
     for row in rows:
         log(f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, decode {row['decode_tok_s']:.1f} tok/s")
-    return {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows}
+    for row in busy:
+        log(f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s")
+    return {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows, "busy": busy}
 
 
-def measure(adapter: Any, n: int, *, prompt: int, decode: int, rounds: int) -> dict[str, Any]:
-    """Best-of-``rounds`` prefill and decode tok/s of ``adapter`` with ``n`` threads for both."""
-    adapter.set_threads(Threads(n, n))
+def busy_rows(adapter: Any, *, decode: int, repeats: int) -> list[dict[str, Any]]:
+    """Decode tok/s (each repeat's best of 2 rounds) of the default count and of every fixed count, on the machine
+    as it is and while another process keeps one core busy."""
+    cores = usable_cores()
+    counts: list[tuple[str, Threads]] = [("auto", Threads(cores, cores, auto=True))]
+    counts += [(str(n), Threads(n, n)) for n in thread_counts(cores)]
+    rows = []
+    for condition, load in (("as is", nullcontext), ("one core busy", one_core_busy)):
+        with load():
+            for label, threads in counts:
+                speeds = [measure(adapter, threads, prompt=32, decode=decode, rounds=2)["decode_tok_s"]
+                          for _ in range(repeats)]
+                rows.append({"condition": condition, "threads": label, "decode_tok_s": speeds})
+    return rows
+
+
+@contextmanager
+def one_core_busy() -> Iterator[subprocess.Popen]:
+    """A process that spins on one core for as long as the block runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # running, and seen by the governor's next look
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def measure(adapter: Any, n: int | Threads, *, prompt: int, decode: int, rounds: int) -> dict[str, Any]:
+    """Best-of-``rounds`` prefill and decode tok/s of ``adapter`` with ``n`` threads for both (or those counts)."""
+    threads = n if isinstance(n, Threads) else Threads(n, n)
+    adapter.set_threads(threads)
     ids = (adapter.tokenize(TEXT * (prompt // 16 + 1)))[:prompt]
     prefill, steps = [], []
     for _ in range(rounds):
@@ -67,5 +107,5 @@ def measure(adapter: Any, n: int, *, prompt: int, decode: int, rounds: int) -> d
             _ = adapter.forward([ids[i]], [len(ids) + i]).logits
         steps.append(decode / (time.perf_counter() - t0))
     adapter.clear_view()
-    return {"threads": n, "prefill_tok_s": round(max(prefill), 1), "decode_tok_s": round(max(steps), 1),
+    return {"threads": threads.decode, "prefill_tok_s": round(max(prefill), 1), "decode_tok_s": round(max(steps), 1),
             "prompt_tokens": len(ids), "decode_tokens": decode}
