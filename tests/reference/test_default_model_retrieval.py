@@ -63,7 +63,8 @@ def evidence_blocks(engine: KVMemEngine, session: Session) -> set[int]:
     return out
 
 
-@pytest.mark.timeout(900)  # ~4 minutes of CPU prefill on a busy 2-vCPU machine; the default limit is 300 s
+@pytest.mark.slow  # ~2-4 minutes of CPU prefill on 2 vCPUs
+@pytest.mark.timeout(900)
 def test_an_update_later_in_the_workspace_beats_the_stale_value(engine: KVMemEngine, update_session: Session) -> None:
     old = update_session.fact.statements[0].split()[-1]
     answer, selection = ask(engine, update_session)

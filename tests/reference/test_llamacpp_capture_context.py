@@ -27,6 +27,7 @@ def engines():
         engine.close()
 
 
+@pytest.mark.slow  # two engines on the default model: ~35 s
 def test_a_retrieval_step_answers_the_same_with_either_capture(engines):
     one, two = (engines[s].step(chat(TRANSCRIPT, max_tokens=12), lambda piece: True) for s in (False, True))
     assert one.selection["blocks"] == two.selection["blocks"]

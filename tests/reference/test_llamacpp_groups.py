@@ -49,6 +49,7 @@ def blocks_of(span: tuple[int, int]) -> set[int]:
     return set(range(span[0] // BT, -(-span[1] // BT)))
 
 
+@pytest.mark.slow  # ~30 s of CPU prefill
 def test_a_pinned_message_is_mandatory_for_its_step_only(engine: KVMemEngine) -> None:
     request = chat(TRANSCRIPT, max_tokens=2, pin=[11])
     prompt = build_prompt(engine.adapter, request)

@@ -59,6 +59,7 @@ def test_second_turn_prefills_only_its_suffix_and_stays_identical(engine, plain)
     assert list(r2.token_ids) == cold
 
 
+@pytest.mark.slow  # ~20 s
 def test_full_after_a_retrieval_step_recomputes_what_saw_the_selection(engine, plain):
     messages = [{"role": "user", "content": PARAGRAPH * 30 + "Which details did the ledger keep for each ship?"}]
     ids = engine.tokenize(engine.adapter.render_chat(messages))
