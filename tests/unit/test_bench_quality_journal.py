@@ -29,7 +29,10 @@ def test_the_journal_appends_each_session_and_resumes_from_it(tmp_path: Path) ->
     journal.add("q", run_session(api, SESSIONS[0], View("default", None, None)))
     assert len(path.read_text().splitlines()) == 3 and json.loads(path.read_text().splitlines()[0])["queue"] == "q"
     again = Journal(path, resume=True)
-    assert again.done == {("q", SESSIONS[0].id)} and len(again.outcomes) == 3
+    assert again.done == {("1000/default", SESSIONS[0].id)} and len(again.outcomes) == 3
+    other_shard = Queue(Cell(1000), View("default", None, None), 3, SESSIONS)
+    assert again.has(other_shard, SESSIONS[0]) and not again.has(other_shard, SESSIONS[1])
+    assert not again.has(Queue(Cell(1000), View("1/8", 128, None), 0, SESSIONS), SESSIONS[0])
     assert Journal(path, resume=False).outcomes == [] and not path.exists()  # a fresh run starts a fresh journal
 
 
@@ -40,6 +43,6 @@ def test_a_queue_past_its_deadline_starts_nothing_and_a_done_queue_no_server(tmp
     opts = RunOptions(tmp_path, url=f"http://127.0.0.1:{free_port()}", deadline=0.0)
     run_queue(queue, opts, journal, threading.Event(), lines.append)
     assert journal.outcomes == [] and lines == ["[1000/default/0] stopped before 2 sessions"]
-    journal.done.update((queue.name, s.id) for s in SESSIONS)
+    journal.done.update((queue.cell_view, s.id) for s in SESSIONS)
     run_queue(queue, RunOptions(tmp_path / "never"), journal, threading.Event(), lines.append)  # nothing left to run
     assert not (tmp_path / "never").exists()

@@ -177,7 +177,8 @@ def _evidence_spans(api: Api, turns: list[dict[str, Any]], counts: list[int], wr
 
 class Journal:
     """``outcomes.jsonl`` in the output folder: one line per outcome, appended (and flushed) as each session ends,
-    from any thread; ``done`` holds the (queue, session) pairs already there (``--resume``)."""
+    from any thread; ``done`` holds the (size/view, session) pairs already there (``--resume``), whichever shard
+    answered them, so a resumed run may split its cells over another number of servers."""
 
     def __init__(self, path: Path, resume: bool) -> None:
         self.path, self.lock = path, threading.Lock()
@@ -186,7 +187,7 @@ class Journal:
             self.outcomes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         elif path.exists():
             path.unlink()
-        self.done = {(o["queue"], o["session"]) for o in self.outcomes}
+        self.done = {(f"{o['size']}/{o['view']}", o["session"]) for o in self.outcomes}
 
     def add(self, queue: str, got: list[Outcome]) -> None:
         rows = [{**o.to_dict(), "queue": queue} for o in got]
@@ -194,7 +195,11 @@ class Journal:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
             f.flush()
             self.outcomes += rows
-            self.done.update((queue, r["session"]) for r in rows)
+            self.done.update((f"{r['size']}/{r['view']}", r["session"]) for r in rows)
+
+    def has(self, queue: Queue, session: Session) -> bool:
+        """Whether ``session`` was answered in ``queue``'s cell and view (by any shard)."""
+        return (queue.cell_view, session.id) in self.done
 
 
 @dataclass(frozen=True)
@@ -219,7 +224,7 @@ def run_queue(queue: Queue, opts: RunOptions, journal: Journal, stop: threading.
               log: Callable[[str], None]) -> None:
     """``queue``'s sessions on its own server, each appended to ``journal`` as it ends. A server that cannot start
     turns every session of the queue into an error outcome (counted wrong), never a lost row."""
-    todo = [s for s in queue.sessions if (queue.name, s.id) not in journal.done]
+    todo = [s for s in queue.sessions if not journal.has(queue, s)]
     if not todo:
         return
     try:
@@ -228,7 +233,7 @@ def run_queue(queue: Queue, opts: RunOptions, journal: Journal, stop: threading.
     except ServeError as exc:
         log(f"[{queue.name}] server failed: {exc}")
         for s in todo:
-            if (queue.name, s.id) not in journal.done:
+            if not journal.has(queue, s):
                 journal.add(queue.name, [_outcome(s, queue.view, m, None, None, 0.0, f"server: {str(exc)[:300]}")
                                          for m in queue.view.methods])
 

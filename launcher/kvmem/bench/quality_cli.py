@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     work = _queues(args, plan, trained, cpt)
     with sigterm_as_interrupt():
         finished = run_queues(work, opts, journal, args.parallel)
-    complete = finished and all((q.name, s.id) in journal.done for q in work for s in q.sessions)
+    complete = finished and all(journal.has(q, s) for q in work for s in q.sessions)
     return _write(args, plan, work, journal.outcomes, trained, cpt, complete)
 
 

@@ -200,8 +200,12 @@ class Queue:
     sessions: tuple[Session, ...] = field(default=(), compare=False)
 
     @property
+    def cell_view(self) -> str:
+        return f"{self.cell.size}/{self.view.label}"
+
+    @property
     def name(self) -> str:
-        return f"{self.cell.size}/{self.view.label}/{self.shard}"
+        return f"{self.cell_view}/{self.shard}"
 
 
 def queues(plan: Plan, trained_ctx: int, sessions: dict[int, list[Session]], shards: dict[int, int]) -> list[Queue]:
