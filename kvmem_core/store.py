@@ -38,7 +38,7 @@ from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
 from kvmem_core.nvme import NvmeTier
 from kvmem_core.policy import EvictionPolicy, LRUPolicy
 from kvmem_core.store_capacity import CapacityMixin
-from kvmem_core.store_disk import NVME_RETRY_S, DiskState, WriteThroughMixin
+from kvmem_core.store_disk import NVME_RETRY_S, ORPHAN_GRACE_S, DiskState, WriteThroughMixin
 from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
@@ -69,7 +69,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
     def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
                  retention: str = "evict-idle", policy: EvictionPolicy | None = None,
                  clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "",
-                 nvme_retry_s: float = NVME_RETRY_S) -> None:
+                 nvme_retry_s: float = NVME_RETRY_S, orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
         assert retention in ("evict-idle", "keep-all")
         self.layout = layout
         self.retention = retention
@@ -89,6 +89,8 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         self._clock = clock
         self._disk = DiskState()
         self._retry_s = nvme_retry_s
+        self._orphan_grace_s = orphan_grace_s
+        self._foreign = False  # other owners' manifests named blocks at start (set by ``_restore``)
         if self.nvme is not None:
             self._restore()
 
@@ -349,11 +351,12 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         self._sync_manifests()
 
     def _adopt(self, match: PrefixMatch, token_ids: Sequence[int] | np.ndarray) -> tuple[PrefixMatch, list[str]]:
-        """In a shared directory, index the blocks other stores wrote that extend ``match`` (in order, up to the
-        first one no store has written or whose tokens differ) and return the match extended by them, with the
-        hashes indexed. Without an owner, ``match`` unchanged."""
+        """Index the blocks on disk that other stores wrote that extend ``match`` (in order, up to the first one
+        no store has written or whose tokens differ) and return the match extended by them, with the hashes
+        indexed: replicas sharing the directory, or the replicas that used it before this one engine. In a
+        directory no other store uses, ``match`` unchanged."""
         adopted: list[str] = []
-        if self.nvme is None or not self.nvme.owner:
+        if self.nvme is None or not (self.nvme.owner or self._foreign):
             return match, adopted
         ids, size = np.asarray(token_ids, dtype=np.int64), self.layout.block_tokens
         k = match.matched_blocks
