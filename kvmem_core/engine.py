@@ -58,7 +58,7 @@ class KVMemEngine(WorkspaceOps):
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)
         adapter.clear_view()
-        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace) if adapter.caps.recurrent_state else None
+        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace, self.store) if adapter.caps.recurrent_state else None
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
         self.formats = Formats(adapter)

@@ -39,6 +39,7 @@ from kvmem_core.nvme import NvmeTier
 from kvmem_core.policy import EvictionPolicy, LRUPolicy
 from kvmem_core.store_capacity import CapacityMixin
 from kvmem_core.store_disk import NVME_RETRY_S, ORPHAN_GRACE_S, DiskState, WriteThroughMixin
+from kvmem_core.store_side import SideDataMixin
 from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
@@ -63,7 +64,7 @@ class LoadResult:
     missing: tuple[str, ...]
 
 
-class BlockStore(CapacityMixin, WriteThroughMixin):
+class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     """Blocks of every workspace across the host and NVMe tiers; see the module docstring."""
 
     def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
@@ -91,6 +92,9 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         self._retry_s = nvme_retry_s
         self._orphan_grace_s = orphan_grace_s
         self._foreign = False  # other owners' manifests named blocks at start (set by ``_restore``)
+        self._others_ws: set[str] | None = set()  # the workspaces they named (None: one could not be read)
+        self._side: dict[str, tuple[str, int]] = {}
+        self.on_side_dropped: Callable[[str], None] | None = None  # told when a workspace's side data goes with it
         if self.nvme is not None:
             self._restore()
 
@@ -174,6 +178,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
             return False
         for h in self.workspaces.delete(ws_id):
             self._maybe_free(h)
+        self._drop_sides(ws_id)
         if self._active == ws_id:
             self._active = None
         self._sync_manifests()
@@ -265,9 +270,10 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         whether it is off after a fault, the blocks waiting in RAM for it, and the faults so far."""
         out = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
                "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
-               "write_queue": self._pending}
+               "write_queue": self._pending, "side_host_bytes": self.side_bytes("host")}
         if self.nvme is not None:
             out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity,
+                       side_nvme_bytes=self.side_bytes("nvme"),
                        nvme_offline=int(self._disk.mode == "off"),
                        nvme_waiting_blocks=sum(gen == 0 for gen, _ in self._writing.values()))
         for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed",

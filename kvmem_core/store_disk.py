@@ -65,6 +65,7 @@ class WriteThroughMixin:
     _retry_s: float
     _orphan_grace_s: float
     _foreign: bool
+    _others_ws: set[str] | None
     _clock: Callable[[], float]
     _maybe_free: Callable[[str], None]
 
@@ -197,6 +198,7 @@ class WriteThroughMixin:
         update may be in flight). A manifest of another owner that cannot be read keeps every file."""
         others = self.nvme.others_named()
         self._foreign = others is None or bool(others[1])
+        self._others_ws = None if others is None else others[0]
         grace = self._orphan_grace_s if self.nvme.owner else 0.0
         for h in unowned:
             if others is None or h in others[1] or (grace > 0 and self.nvme.age(h) < grace):
