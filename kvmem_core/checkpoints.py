@@ -69,7 +69,7 @@ class Checkpoints:
         counted in ``store``'s budgets when given (see module docstring)."""
         checkpoints = cls(adapter, files=CheckpointFiles(nvme_dir, namespace) if nvme_dir else None, store=store)
         if store is not None:
-            store.on_side_dropped = checkpoints.forget
+            store.on_side_dropped, store.on_side_shed = checkpoints.forget, checkpoints.shed
             if checkpoints.files is not None:
                 checkpoints._count_files()
         return checkpoints
@@ -172,6 +172,14 @@ class Checkpoints:
             if cached == m:
                 self.restore(ids[:m])
                 return m
+
+    def shed(self, tier: str, key_hex: str) -> None:
+        """The store dropped a checkpoint from ``tier`` (``host``: RAM, ``nvme``: its file) to make room."""
+        key = bytes.fromhex(key_hex)
+        if tier == "host":
+            self._items.pop(key, None)
+        elif self.files is not None:
+            self.files.remove(key)
 
     def forget(self, ws_id: str) -> None:
         """Drop the checkpoints first taken for workspace ``ws_id``."""

@@ -95,6 +95,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
         self._others_ws: set[str] | None = set()  # the workspaces they named (None: one could not be read)
         self._side: dict[str, tuple[str, int]] = {}
         self.on_side_dropped: Callable[[str], None] | None = None  # told when a workspace's side data goes with it
+        self.on_side_shed: Callable[[str, str], None] | None = None  # told of side data dropped to make room
         if self.nvme is not None:
             self._restore()
 

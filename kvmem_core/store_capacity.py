@@ -48,14 +48,18 @@ class CapacityMixin:
     _side_entries: Callable[[str], list[str]]
     _side_size: Callable[[str, str], int]
     _drop_sides: Callable[[str], None]
+    _shed_side: Callable[[str, int], bool]
     disk_fault: Callable[[], str]
 
     def _ensure_capacity(self, nbytes: int) -> None:
-        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows."""
+        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows, else shedding
+        side data (``store_side``)."""
         used, capacity, flag = self._bound()
         if used + nbytes <= capacity:
             return
         plan = self._plan_eviction(self._freeable_bytes, used + nbytes - capacity)
+        if plan is None and self._shed_side("host" if self.nvme is None else "nvme", used + nbytes - capacity):
+            return
         if plan is None:
             raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and "
                                 f"{self._why_no_eviction()}; raise {flag}")
@@ -113,15 +117,18 @@ class CapacityMixin:
         self._drop_sides(ws_id)
 
     def _make_host_room(self, nbytes: int) -> None:
-        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty; with the disk off,
-        evict idle workspaces whose blocks wait for it."""
+        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty; then evict idle
+        workspaces whose blocks wait for a disk that is off, or whose side data is in RAM; then shed side data."""
         while not self.host.can_fit(nbytes):
             if self._evict_one():
                 continue
             if self._pending:
                 self._drain(wait=True)
                 continue
-            plan = self._plan_eviction(self._unwritten_host_bytes, self.host.used + nbytes - self.host.capacity)
+            need = self.host.used + nbytes - self.host.capacity
+            plan = self._plan_eviction(self._unwritten_host_bytes, need)
+            if plan is None and self._shed_side("host", need):
+                continue
             if plan is None:
                 raise CapacityError(self._host_full_message())
             for ws_id in plan:

@@ -9,7 +9,9 @@ first, their side data counted as freed with them (``store_capacity._plan_evicti
 workspace that goes (evicted or deleted) takes its side data along: the ledger entries are
 dropped and ``on_side_dropped(ws_id)`` tells the owner of the data to free it at once.
 Side data is optional: when it does not fit, ``keep_side`` says so and the caller does
-without it (a checkpoint then is recomputed when needed).
+without it (a checkpoint then is recomputed when needed); and where blocks (or newer side
+data) find no room otherwise, side data of the tier is shed, oldest first, before the store
+refuses (``on_side_shed(tier, key)`` tells its owner), so it never costs a step.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class SideDataMixin:
     _side: dict[str, tuple[str, int]]  # "<tier>:<key>" -> (workspace id, bytes)
     _others_ws: set[str] | None
     on_side_dropped: Callable[[str], None] | None
+    on_side_shed: Callable[[str, str], None] | None
     _ensure_capacity: Callable[[int], None]
     _make_host_room: Callable[[int], None]
 
@@ -90,6 +93,23 @@ class SideDataMixin:
             self.drop_side(tier, key)
         if entries and self.on_side_dropped is not None:
             self.on_side_dropped(ws_id)
+
+    def _shed_side(self, tier: str, need: int) -> bool:
+        """Drop side data of ``tier``, oldest first, until ``need`` bytes are free, telling its owner; False, with
+        nothing dropped, when all of it would free less."""
+        entries = [(entry, size) for entry, (_, size) in self._side.items() if entry.startswith(tier + ":")]
+        if sum(size for _, size in entries) < need:
+            return False
+        freed = 0
+        for entry, size in entries:
+            if freed >= need:
+                break
+            key = entry.split(":", 1)[1]
+            self.drop_side(tier, key)
+            freed += size
+            if self.on_side_shed is not None:
+                self.on_side_shed(tier, key)
+        return True
 
     def _count_side(self, tier: str, nbytes: int) -> None:
         if tier == "host":
