@@ -42,16 +42,25 @@ def on_disk(nvme: Path, ws_id: str, blocks: int, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
-def answer(client: openai.OpenAI, messages: list[dict[str, str]], deadline: float) -> Any:
-    """The turn's answer, asked again while the engine restarts (503 with Retry-After)."""
+def answer(client: openai.OpenAI, messages: list[dict[str, str]], deadline: float) -> tuple[Any, int]:
+    """The turn's answer, asked again while the engine restarts (503 with Retry-After); and how many asks failed."""
+    failed = 0
     while True:
         try:
-            return client.chat.completions.create(model="", messages=messages, max_tokens=8, temperature=0)
+            return client.chat.completions.create(model="", messages=messages, max_tokens=8, temperature=0), failed
         except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            failed += 1
             if isinstance(exc, openai.APIStatusError):
                 assert exc.status_code == 503 and exc.response.headers["Retry-After"], exc
             assert time.monotonic() < deadline, "the engine did not come back"
             time.sleep(0.3)
+
+
+def kill_point(rng: random.Random, kill: int, turn_s: float) -> float:
+    """Seconds into a turn for kill ``kill`` (0-based) of ``KILLS``: one in each of ``KILLS`` equal slices of 5-90 %
+    of a turn's time, so early kills land in the prefill and late ones in decode and the writes after it; the
+    later turns, with more history, take no less time than the first (``turn_s``)."""
+    return (0.05 + 0.85 * (kill + rng.random()) / KILLS) * turn_s
 
 
 def kill_later(pid: int, delay: float) -> threading.Timer:
@@ -69,14 +78,18 @@ def test_an_engine_killed_mid_conversation_comes_back_with_every_answered_turn(t
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=120)
         messages = [{"role": "system", "content": "You are a build agent. Answer in one short line."}]
         answered = 0  # prompt tokens of the last answered turn: all of it is the conversation's stored history
+        turn_s = 0.0  # how long the first turn took, unkilled: each kill lands inside a later turn
         for turn in range(KILLS + 1):
             note = " ".join(f"Log {turn}.{i}: step {i} of the build wrote {i * 7} files." for i in range(40))
             messages.append({"role": "user", "content": note})
             pid = live.health()["engine_pid"]
-            timer = kill_later(pid, rng.uniform(0.1, 2.5)) if turn else None
-            reply = answer(client, messages, time.monotonic() + 180)
+            timer = kill_later(pid, kill_point(rng, turn - 1, turn_s)) if turn else None
+            started = time.monotonic()
+            reply, failed = answer(client, messages, started + 180)
+            turn_s = turn_s if turn else time.monotonic() - started
             if timer is not None:
                 timer.join()
+                assert failed, f"kill {turn} landed after its turn's answer: it tests nothing"
             cached = reply.usage.prompt_tokens_details.cached_tokens
             assert cached >= answered // BLOCK * BLOCK > 0 or turn == 0, (turn, cached, answered)
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
