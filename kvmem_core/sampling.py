@@ -62,7 +62,11 @@ class Sampler:
         p = self.params
         if p.temperature <= 0:
             return int(np.argmax(logits))
-        probs = filter_probs(logits.astype(np.float64) / p.temperature, p.top_k, p.top_p)
+        with np.errstate(over="ignore"):
+            z = logits.astype(np.float64) / p.temperature
+        if np.isposinf(z.max()):  # a temperature so small the logits overflow: its limit, greedy
+            return int(np.argmax(logits))
+        probs = filter_probs(z, p.top_k, p.top_p)
         return int(self.rng.choice(probs.size, p=probs))
 
 

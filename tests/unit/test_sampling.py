@@ -142,3 +142,8 @@ def test_decode_ends_at_the_next_token_once_the_client_is_gone_also_while_no_tex
     text, ids, finish = decode(params, np.eye(10, dtype=np.float32)[1], lambda t: b"a", lambda t: False,
                                lambda t: lambda: np.eye(10, dtype=np.float32)[1], streamed.append, alive=alive)
     assert (ids, finish, streamed) == ([1, 1, 1], "abort", []) and text == "aaa"
+
+
+def test_a_temperature_so_small_the_logits_overflow_samples_greedily() -> None:
+    logits = np.array([0.5, 3.0, -1.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=5e-324, seed=1))(logits) == 1
