@@ -18,6 +18,7 @@ import zipfile
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -25,6 +26,12 @@ from kvmem_core.nvme import temp_path, writer_alive
 
 MAX_FILES = 32  # a 27B-shaped state is ~150 MB: up to ~5 GB of disk per model
 _STATE = "state_"
+_NPZ_ENTRY = 1024  # more than a zip member's headers and an .npy header take
+
+
+def file_bytes(arrays: dict[str, np.ndarray]) -> int:
+    """An upper bound on the size of the file ``put`` writes for ``arrays`` (what the disk budget reserves)."""
+    return sum(a.nbytes for a in arrays.values()) + _NPZ_ENTRY * (len(arrays) + 3)
 
 
 class CheckpointFiles:
@@ -37,6 +44,7 @@ class CheckpointFiles:
         self.index: OrderedDict[bytes, tuple[int, str]] = self._scan()  # key -> (n_tokens, ws_id), oldest first
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvmem-checkpoints")
         self._pending: dict[bytes, Future[None]] = {}
+        self.on_remove: Callable[[bytes], None] | None = None  # told of every key removed (budget accounting)
 
     def _path(self, key: bytes) -> Path:
         return self.dir / f"{key.hex()}.npz"
@@ -62,7 +70,7 @@ class CheckpointFiles:
         self.index[key] = (n_tokens, ws_id)
         self._pending[key] = self._pool.submit(self._write, key, n_tokens, ws_id, arrays)
         while len(self.index) > self.capacity:
-            self._remove(next(iter(self.index)))
+            self.remove(next(iter(self.index)))
 
     def _write(self, key: bytes, n_tokens: int, ws_id: str, arrays: dict[str, np.ndarray]) -> None:
         path = self._path(key)
@@ -80,18 +88,28 @@ class CheckpointFiles:
             with np.load(self._path(key)) as z:
                 return {k[len(_STATE):]: z[k] for k in z.files if k.startswith(_STATE)}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-            self._remove(key)
+            self.remove(key)
             return None
+
+    def size(self, key: bytes) -> int:
+        """Bytes of a checkpoint's file on disk (0 when it is gone)."""
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def forget(self, ws_id: str) -> None:
         """Delete the checkpoints first taken for workspace ``ws_id``."""
         for key in [k for k, (_, ws) in self.index.items() if ws == ws_id]:
-            self._remove(key)
+            self.remove(key)
 
-    def _remove(self, key: bytes) -> None:
+    def remove(self, key: bytes) -> None:
+        """Delete a checkpoint (after its write if that is still queued: one writer thread)."""
         self.index.pop(key, None)
         self._pending.pop(key, None)
-        self._pool.submit(self._path(key).unlink, missing_ok=True)  # after the key's write: one writer thread
+        self._pool.submit(self._path(key).unlink, missing_ok=True)
+        if self.on_remove is not None:
+            self.on_remove(key)
 
     def close(self) -> None:
         """Finish the writes in flight."""

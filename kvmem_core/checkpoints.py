@@ -11,19 +11,29 @@ earlier one (the empty state at worst), never going on from a wrong state.
 With an NVMe directory, every checkpoint is also written to disk (``CheckpointFiles``), so
 after a restart a hybrid workspace resumes from its stored checkpoints instead of being
 prefilled again from the start.
+
+With a ``store``, checkpoints count in its budgets as side data of the workspace they were
+first taken for (``kvmem_core.store_side``): the state's bytes in RAM under
+``--kvmem-cpu-gb``, its file under ``--kvmem-nvme-gb``. One that does not fit is not kept
+there (it is recomputed when needed); a workspace the store evicts or deletes takes its
+checkpoints along at once. The files found at start are counted under their workspaces;
+those whose workspace is gone (and no other replica's) are removed.
 """
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from kvmem_core.adapter import RecurrentCheckpoints
-from kvmem_core.checkpoint_files import CheckpointFiles
+from kvmem_core.checkpoint_files import CheckpointFiles, file_bytes
 from kvmem_core.errors import CorruptBlockError
+
+if TYPE_CHECKING:
+    from kvmem_core.store import BlockStore
 
 MAX_CHECKPOINTS = 16  # a step takes up to four; a 27B qwen35 state is ~150 MB of host memory
 
@@ -45,30 +55,57 @@ class Checkpoints:
     """
 
     def __init__(self, adapter: RecurrentCheckpoints, capacity: int = MAX_CHECKPOINTS,
-                 files: CheckpointFiles | None = None) -> None:
-        self.adapter, self.capacity, self.files = adapter, capacity, files
+                 files: CheckpointFiles | None = None, store: BlockStore | None = None) -> None:
+        self.adapter, self.capacity, self.files, self.store = adapter, capacity, files, store
         self._zero = adapter.save_state()
         self._items: OrderedDict[bytes, Checkpoint] = OrderedDict()
+        if files is not None:
+            files.on_remove = lambda key: self._release("nvme", key)
 
     @classmethod
-    def open(cls, adapter: RecurrentCheckpoints, nvme_dir: Any, namespace: str) -> Checkpoints:
-        """Checkpoints in host memory, also written under ``nvme_dir`` (for model ``namespace``) when given."""
-        return cls(adapter, files=CheckpointFiles(nvme_dir, namespace) if nvme_dir else None)
+    def open(cls, adapter: RecurrentCheckpoints, nvme_dir: Any, namespace: str,
+             store: BlockStore | None = None) -> Checkpoints:
+        """Checkpoints in host memory, also written under ``nvme_dir`` (for model ``namespace``) when given;
+        counted in ``store``'s budgets when given (see module docstring)."""
+        checkpoints = cls(adapter, files=CheckpointFiles(nvme_dir, namespace) if nvme_dir else None, store=store)
+        if store is not None:
+            store.on_side_dropped, store.on_side_shed = checkpoints.forget, checkpoints.shed
+            if checkpoints.files is not None:
+                checkpoints._count_files()
+        return checkpoints
+
+    def _count_files(self) -> None:
+        """Count the files found at start under their workspaces; remove those that do not fit or whose workspace
+        is gone, unless another replica's manifest names it."""
+        for key, (_, ws_id) in list(self.files.index.items()):
+            if not self._charge("nvme", key, ws_id, self.files.size(key)) and not self.store.foreign_workspace(ws_id):
+                self.files.remove(key)
 
     def take(self, tokens: Sequence[int], ws_id: str) -> None:
-        """Keep the adapter's live state as the state after exactly ``tokens``."""
+        """Keep the adapter's live state as the state after exactly ``tokens`` (in RAM and on disk where it fits)."""
         key = _key(tokens)
         if key in self._items:
             self._items.move_to_end(key)
             return
-        self._keep(key, Checkpoint(len(tokens), ws_id, self.adapter.save_state()))
-        if self.files is not None:
-            self.files.put(key, len(tokens), ws_id, self.adapter.state_arrays(self._items[key].state))
+        state = self.adapter.save_state()
+        arrays = self.adapter.state_arrays(state)
+        if self._charge("host", key, ws_id, sum(a.nbytes for a in arrays.values())):
+            self._keep(key, Checkpoint(len(tokens), ws_id, state))
+        if self.files is not None and key not in self.files.index and self._charge("nvme", key, ws_id, file_bytes(arrays)):
+            self.files.put(key, len(tokens), ws_id, arrays)
 
     def _keep(self, key: bytes, checkpoint: Checkpoint) -> None:
         self._items[key] = checkpoint
         while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+            self._release("host", self._items.popitem(last=False)[0])
+
+    def _charge(self, tier: str, key: bytes, ws_id: str, nbytes: int) -> bool:
+        """Count a checkpoint in the store's ``tier``; False when it does not fit (always True without a store)."""
+        return self.store is None or self.store.keep_side(tier, key.hex(), ws_id, nbytes)
+
+    def _release(self, tier: str, key: bytes) -> None:
+        if self.store is not None:
+            self.store.drop_side(tier, key.hex())
 
     def has(self, tokens: Sequence[int]) -> bool:
         if len(tokens) == 0:
@@ -88,7 +125,11 @@ class Checkpoints:
             arrays = self.files.get(key)
             if arrays is None:
                 raise CorruptBlockError(f"the recurrent-state checkpoint after {n_tokens} tokens failed to load")
-            self._keep(key, Checkpoint(n_tokens, ws_id, self.adapter.state_from_arrays(arrays)))
+            state = self.adapter.state_from_arrays(arrays)
+            if not self._charge("host", key, ws_id, sum(a.nbytes for a in arrays.values())):
+                self.adapter.restore_state(state)  # used once, not kept: no room in RAM
+                return
+            self._keep(key, Checkpoint(n_tokens, ws_id, state))
         self._items.move_to_end(key)
         self.adapter.restore_state(self._items[key].state)
 
@@ -132,10 +173,19 @@ class Checkpoints:
                 self.restore(ids[:m])
                 return m
 
+    def shed(self, tier: str, key_hex: str) -> None:
+        """The store dropped a checkpoint from ``tier`` (``host``: RAM, ``nvme``: its file) to make room."""
+        key = bytes.fromhex(key_hex)
+        if tier == "host":
+            self._items.pop(key, None)
+        elif self.files is not None:
+            self.files.remove(key)
+
     def forget(self, ws_id: str) -> None:
         """Drop the checkpoints first taken for workspace ``ws_id``."""
         for key in [k for k, c in self._items.items() if c.ws_id == ws_id]:
             del self._items[key]
+            self._release("host", key)
         if self.files is not None:
             self.files.forget(ws_id)
 

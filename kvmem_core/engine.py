@@ -58,11 +58,12 @@ class KVMemEngine(WorkspaceOps):
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)
         adapter.clear_view()
-        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace) if adapter.caps.recurrent_state else None
+        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace, self.store) if adapter.caps.recurrent_state else None
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
         self.formats = Formats(adapter)
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
+        self.decode_alive: Callable[[], bool] | None = None  # after each decoded token; False: the client left
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
         self._counts: Counter[str] = Counter(blocks_recomputed=0)  # listed in metrics from the start
@@ -407,6 +408,6 @@ class KVMemEngine(WorkspaceOps):
             return lambda: out.logits
 
         text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
-                                   steer, self.formats.constraint(sampling, logits.size))
+                                   steer, self.formats.constraint(sampling, logits.size), self.decode_alive)
         return text, ids, finish, pending
 

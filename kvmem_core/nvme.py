@@ -25,6 +25,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,35 @@ class NvmeTier:
             except (OSError, ValueError) as exc:
                 log.warning("nvme: skipping unreadable workspace manifest %s: %s", p.name, exc)
         return out
+
+    def others_named(self) -> tuple[set[str], set[str]] | None:
+        """The workspace ids and block hashes the other owners' manifests name (every manifest under
+        ``workspaces/`` but this store's own); None when one of them cannot be read: it may name anything."""
+        top = self.root / "workspaces"
+        dirs = [top, *(d for d in top.iterdir() if d.is_dir())]
+        ws_ids: set[str] = set()
+        hashes: set[str] = set()
+        for d in dirs:
+            if d == self.ws_dir:
+                continue
+            for p in d.glob("*.json"):
+                try:
+                    data = json.loads(p.read_bytes())
+                    ws_ids.add(data["id"])
+                    hashes.update(data["hashes"])
+                except FileNotFoundError:
+                    continue  # deleted by its owner meanwhile: it names nothing any more
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("nvme: unreadable manifest %s: no orphan is collected this start: %s", p, exc)
+                    return None
+        return ws_ids, hashes
+
+    def age(self, block_hash: str) -> float:
+        """Seconds since a block file was last written (0 when it is gone)."""
+        try:
+            return max(0.0, time.time() - self.path(block_hash).stat().st_mtime)
+        except FileNotFoundError:
+            return 0.0
 
     def submit_block(self, block_hash: str, gen: int, header: EncodedHeader, kv: BlockKV) -> None:
         """Queue a block file write; its bytes must already be reserved."""

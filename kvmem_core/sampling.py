@@ -62,7 +62,11 @@ class Sampler:
         p = self.params
         if p.temperature <= 0:
             return int(np.argmax(logits))
-        probs = filter_probs(logits.astype(np.float64) / p.temperature, p.top_k, p.top_p)
+        with np.errstate(over="ignore"):
+            z = logits.astype(np.float64) / p.temperature
+        if np.isposinf(z.max()):  # a temperature so small the logits overflow: its limit, greedy
+            return int(np.argmax(logits))
+        probs = filter_probs(z, p.top_k, p.top_p)
         return int(self.rng.choice(probs.size, p=probs))
 
 
@@ -160,7 +164,8 @@ def within(params: SamplingParams, room: int) -> SamplingParams:
 
 def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[int], bytes],
            is_eog: Callable[[int], bool], advance: Advance, on_text: OnText,
-           steer: Steer | None = None, constraint: Constraint | None = None) -> tuple[str, list[int], str]:
+           steer: Steer | None = None, constraint: Constraint | None = None,
+           alive: Callable[[], bool] | None = None) -> tuple[str, list[int], str]:
     """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
 
     Every sampled token but an end-of-generation one is in the ids (the one that completed a
@@ -169,7 +174,9 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
     reason is ``stop`` (end of generation or a stop string), ``length`` or ``abort``. A
     ``steer`` may force tokens in place of sampled ones; its ``lead`` starts the text (and
     is streamed first), outside the ids. A ``constraint`` masks the logits of every token
-    sampled outside the steer's free spans (forced tokens and think blocks are not its).
+    sampled outside the steer's free spans (forced tokens and think blocks are not its). ``alive`` is
+    asked after every token: False ends with ``abort`` there, also while no text streams (a tail held back
+    for a stop string, a partial UTF-8 character), where ``on_text`` is not called.
     """
     sample, stream = Sampler(params), TextStream(params.stop, on_text)
     lead = steer.lead if steer is not None else ""
@@ -192,6 +199,8 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
         if steer is not None:
             steer.observe(data)
         ended = stream.push(data)
+        if ended is None and alive is not None and not alive():
+            ended = stream.ended = "abort"  # what is held back stays unsent: nobody reads it
         if ended is not None:
             finish = ended
             break

@@ -38,7 +38,8 @@ from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
 from kvmem_core.nvme import NvmeTier
 from kvmem_core.policy import EvictionPolicy, LRUPolicy
 from kvmem_core.store_capacity import CapacityMixin
-from kvmem_core.store_disk import NVME_RETRY_S, DiskState, WriteThroughMixin
+from kvmem_core.store_disk import NVME_RETRY_S, ORPHAN_GRACE_S, DiskState, WriteThroughMixin
+from kvmem_core.store_side import SideDataMixin
 from kvmem_core.workspace import PrefixMatch, Route, Workspace, WorkspaceRegistry, describe, detail
 
 log = logging.getLogger("kvmem.store")
@@ -63,13 +64,13 @@ class LoadResult:
     missing: tuple[str, ...]
 
 
-class BlockStore(CapacityMixin, WriteThroughMixin):
+class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     """Blocks of every workspace across the host and NVMe tiers; see the module docstring."""
 
     def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
                  retention: str = "evict-idle", policy: EvictionPolicy | None = None,
                  clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "",
-                 nvme_retry_s: float = NVME_RETRY_S) -> None:
+                 nvme_retry_s: float = NVME_RETRY_S, orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
         assert retention in ("evict-idle", "keep-all")
         self.layout = layout
         self.retention = retention
@@ -89,6 +90,12 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         self._clock = clock
         self._disk = DiskState()
         self._retry_s = nvme_retry_s
+        self._orphan_grace_s = orphan_grace_s
+        self._foreign = False  # other owners' manifests named blocks at start (set by ``_restore``)
+        self._others_ws: set[str] | None = set()  # the workspaces they named (None: one could not be read)
+        self._side: dict[str, tuple[str, int]] = {}
+        self.on_side_dropped: Callable[[str], None] | None = None  # told when a workspace's side data goes with it
+        self.on_side_shed: Callable[[str, str], None] | None = None  # told of side data dropped to make room
         if self.nvme is not None:
             self._restore()
 
@@ -172,6 +179,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
             return False
         for h in self.workspaces.delete(ws_id):
             self._maybe_free(h)
+        self._drop_sides(ws_id)
         if self._active == ws_id:
             self._active = None
         self._sync_manifests()
@@ -263,9 +271,10 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         whether it is off after a fault, the blocks waiting in RAM for it, and the faults so far."""
         out = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
                "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
-               "write_queue": self._pending}
+               "write_queue": self._pending, "side_host_bytes": self.side_bytes("host")}
         if self.nvme is not None:
             out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity,
+                       side_nvme_bytes=self.side_bytes("nvme"),
                        nvme_offline=int(self._disk.mode == "off"),
                        nvme_waiting_blocks=sum(gen == 0 for gen, _ in self._writing.values()))
         for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed",
@@ -349,11 +358,12 @@ class BlockStore(CapacityMixin, WriteThroughMixin):
         self._sync_manifests()
 
     def _adopt(self, match: PrefixMatch, token_ids: Sequence[int] | np.ndarray) -> tuple[PrefixMatch, list[str]]:
-        """In a shared directory, index the blocks other stores wrote that extend ``match`` (in order, up to the
-        first one no store has written or whose tokens differ) and return the match extended by them, with the
-        hashes indexed. Without an owner, ``match`` unchanged."""
+        """Index the blocks on disk that other stores wrote that extend ``match`` (in order, up to the first one
+        no store has written or whose tokens differ) and return the match extended by them, with the hashes
+        indexed: replicas sharing the directory, or the replicas that used it before this one engine. In a
+        directory no other store uses, ``match`` unchanged."""
         adopted: list[str] = []
-        if self.nvme is None or not self.nvme.owner:
+        if self.nvme is None or not (self.nvme.owner or self._foreign):
             return match, adopted
         ids, size = np.asarray(token_ids, dtype=np.int64), self.layout.block_tokens
         k = match.matched_blocks

@@ -44,14 +44,22 @@ class CapacityMixin:
     _events: list[dict[str, Any]]
     _drain: Callable[..., None]
     _maybe_free: Callable[[str], None]
+    _side: dict[str, tuple[str, int]]
+    _side_entries: Callable[[str], list[str]]
+    _side_size: Callable[[str, str], int]
+    _drop_sides: Callable[[str], None]
+    _shed_side: Callable[[str, int], bool]
     disk_fault: Callable[[], str]
 
     def _ensure_capacity(self, nbytes: int) -> None:
-        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows."""
+        """Make ``nbytes`` fit the bounding tier, evicting idle workspaces if the retention allows, else shedding
+        side data (``store_side``)."""
         used, capacity, flag = self._bound()
         if used + nbytes <= capacity:
             return
         plan = self._plan_eviction(self._freeable_bytes, used + nbytes - capacity)
+        if plan is None and self._shed_side("host" if self.nvme is None else "nvme", used + nbytes - capacity):
+            return
         if plan is None:
             raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and "
                                 f"{self._why_no_eviction()}; raise {flag}")
@@ -59,13 +67,15 @@ class CapacityMixin:
             self._evict_workspace(ws_id)
 
     def _plan_eviction(self, size_of: Callable[[str], int], need: int) -> list[str] | None:
-        """Idle, unpinned workspaces to evict, oldest first, to free ``need`` bytes as ``size_of`` counts them;
-        None when the retention forbids it or they fall short."""
+        """Idle, unpinned workspaces to evict, oldest first, to free ``need`` bytes as ``size_of`` counts them
+        (their blocks, and their side data, which goes with them); None when the retention forbids it or they
+        fall short."""
         if self.retention != "evict-idle":
             return None
-        idle = [(w.id, w.hashes) for w in self.workspaces.oldest_first()
+        idle = [(w.id, [*w.hashes, *self._side_entries(w.id)]) for w in self.workspaces.oldest_first()
                 if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)]
-        return plan_workspace_eviction(idle, self.workspaces.owners, size_of, need)
+        owners = lambda h: 1 if h in self._side else self.workspaces.owners(h)  # noqa: E731
+        return plan_workspace_eviction(idle, owners, size_of, need)
 
     def _why_no_eviction(self) -> str:
         return ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
@@ -77,6 +87,8 @@ class CapacityMixin:
         return self.nvme.used, self.nvme.capacity, "--kvmem-nvme-gb"
 
     def _freeable_bytes(self, h: str) -> int:
+        if h in self._side:
+            return self._side_size(h, "host" if self.nvme is None else "nvme")
         if h in self._pins or h not in self._metas:
             return 0
         if self.nvme is None:
@@ -88,7 +100,10 @@ class CapacityMixin:
         return kv.nbytes if kv is not None else 0
 
     def _unwritten_host_bytes(self, h: str) -> int:
-        """Host bytes of a block waiting for the disk (its write failed or was never queued); 0 otherwise."""
+        """Host bytes of a block waiting for the disk (its write failed or was never queued), or of side data in
+        RAM; 0 otherwise."""
+        if h in self._side:
+            return self._side_size(h, "host")
         waiting = h not in self._pins and self._writing.get(h, (None, 0))[0] == 0
         return self._host_bytes(h) if waiting else 0
 
@@ -99,17 +114,21 @@ class CapacityMixin:
         self._events.append({"event": "evicted_workspace", "workspace": ws_id, "blocks": len(ws.hashes)})
         for h in self.workspaces.delete(ws_id):
             self._maybe_free(h)
+        self._drop_sides(ws_id)
 
     def _make_host_room(self, nbytes: int) -> None:
-        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty; with the disk off,
-        evict idle workspaces whose blocks wait for it."""
+        """Evict clean, unpinned host copies (LRU), waiting for write-through if all are dirty; then evict idle
+        workspaces whose blocks wait for a disk that is off, or whose side data is in RAM; then shed side data."""
         while not self.host.can_fit(nbytes):
             if self._evict_one():
                 continue
             if self._pending:
                 self._drain(wait=True)
                 continue
-            plan = self._plan_eviction(self._unwritten_host_bytes, self.host.used + nbytes - self.host.capacity)
+            need = self.host.used + nbytes - self.host.capacity
+            plan = self._plan_eviction(self._unwritten_host_bytes, need)
+            if plan is None and self._shed_side("host", need):
+                continue
             if plan is None:
                 raise CapacityError(self._host_full_message())
             for ws_id in plan:

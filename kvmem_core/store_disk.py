@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvmem.store")
 NVME_RETRY_S = 30.0  # how long the tier stays off after a disk fault before writes are tried again
+ORPHAN_GRACE_S = 300.0  # a block file younger than this may still be waiting for its manifest in a live replica
 
 
 @dataclass
@@ -62,6 +63,9 @@ class WriteThroughMixin:
     _events: list[dict[str, Any]]
     _disk: DiskState
     _retry_s: float
+    _orphan_grace_s: float
+    _foreign: bool
+    _others_ws: set[str] | None
     _clock: Callable[[], float]
     _maybe_free: Callable[[str], None]
 
@@ -183,13 +187,25 @@ class WriteThroughMixin:
         self.workspaces.take_dirty()
         for ws_id in truncated:
             self.workspaces.mark_dirty(ws_id)
-        for h in [h for h in self._metas if not self.workspaces.owners(h)]:
-            if self.nvme.owner:  # another process's, or adopted again on a miss
+        self._collect_orphans([h for h in self._metas if not self.workspaces.owners(h)])
+        self._sync_manifests()
+
+    def _collect_orphans(self, unowned: list[str]) -> None:
+        """Remove the files of blocks no manifest names (a crash cut their manifest update short): one pass over
+        the blocks the start found. Never removed, only unindexed (the file stays, adopted again on a miss): a
+        block another owner's manifest names (replicas sharing the directory, or replicas that used it before one
+        engine), and, with an owner, one written less than ``orphan_grace_s`` ago (a live replica's manifest
+        update may be in flight). A manifest of another owner that cannot be read keeps every file."""
+        others = self.nvme.others_named()
+        self._foreign = others is None or bool(others[1])
+        self._others_ws = None if others is None else others[0]
+        grace = self._orphan_grace_s if self.nvme.owner else 0.0
+        for h in unowned:
+            if others is None or h in others[1] or (grace > 0 and self.nvme.age(h) < grace):
                 self._forget(h)
                 continue
             self._counts["orphans_removed"] += 1
             self._maybe_free(h)
-        self._sync_manifests()
 
     def _forget(self, h: str) -> None:
         """Unindex a block of a shared directory that no workspace here holds; its file stays for the others."""

@@ -84,6 +84,7 @@ class EngineLoop:
         self.parent = os.getppid()
         self.running: str | None = None
         setattr(engine, "prefill_progress", self.check_abort)  # KVMemEngine reports each prefill chunk
+        setattr(engine, "decode_alive", self.still_wanted)  # and asks after each decoded token
 
     def send(self, msg: Any) -> None:
         self.outbox.send(P.encode(msg))
@@ -121,6 +122,11 @@ class EngineLoop:
         self.drain()
         if self.running in self.aborted:
             raise StepAborted(f"client gone after {done} of {total} prefill tokens")
+
+    def still_wanted(self) -> bool:
+        """After each decoded token: False once the running step's client has left (decode ends there)."""
+        self.drain()
+        return self.running not in self.aborted
 
     def step(self, msg: P.Step) -> None:
         self.drain()

@@ -46,3 +46,25 @@ def test_blocks_an_answer_completes_are_stored_once_it_is_out():
         assert result.timings["archive_s"] > 0  # exported after the answer, not between its tokens
     finally:
         engine.close()
+
+
+def test_decode_stops_at_the_next_token_once_the_client_is_gone():
+    """The model counts on from 59; a stop string it follows holds every piece back, so no text streams. The
+    engine asks after each token whether the client is still there (``decode_alive``, the engine process's
+    abort check): gone after the third token, decode ends there, the tokens so far committed."""
+    from kvmem_core.engine import KVMemEngine
+    from kvmem_llamacpp import create_adapter
+
+    engine = KVMemEngine(create_adapter(str(model_path()), CFG), CFG, heads=((17, 3),))
+    try:
+        asked: list[int] = []
+        engine.decode_alive = lambda: asked.append(1) is None and len(asked) < 3
+        prompt = ", ".join(str(i) for i in range(1, 60)) + ","
+        stop = " " + ", ".join(str(i) for i in range(60, 90))
+        request = StepRequest(prompt=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=60, stop=(stop,)))
+        streamed: list[str] = []
+        result = engine.step(request, streamed.append)
+        assert result.finish_reason == "abort" and len(result.token_ids) == 3 and streamed == []
+        assert stop.startswith(result.text)
+    finally:
+        engine.close()

@@ -127,3 +127,23 @@ def test_decode_streams_a_tokens_text_after_starting_the_next_forward() -> None:
 def test_an_unset_max_tokens_becomes_the_room_left() -> None:
     assert within(SamplingParams(max_tokens=None), 300).max_tokens == 300
     assert within(SamplingParams(max_tokens=9), 300).max_tokens == 9
+
+
+def test_decode_ends_at_the_next_token_once_the_client_is_gone_also_while_no_text_streams() -> None:
+    """Every token's text starts the stop string, so nothing streams (``on_text`` is never called); the client
+    leaving after the third token ends decode at that token, not at the stop string's mismatch or the limit."""
+    checks, streamed = [], []
+
+    def alive() -> bool:
+        checks.append(True)
+        return len(checks) < 3
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=("a" * 50,))
+    text, ids, finish = decode(params, np.eye(10, dtype=np.float32)[1], lambda t: b"a", lambda t: False,
+                               lambda t: lambda: np.eye(10, dtype=np.float32)[1], streamed.append, alive=alive)
+    assert (ids, finish, streamed) == ([1, 1, 1], "abort", []) and text == "aaa"
+
+
+def test_a_temperature_so_small_the_logits_overflow_samples_greedily() -> None:
+    logits = np.array([0.5, 3.0, -1.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=5e-324, seed=1))(logits) == 1

@@ -1,6 +1,9 @@
 """The engine wire: every message survives a round trip; foreign frames are refused."""
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import msgspec
 import pytest
 
@@ -114,3 +117,39 @@ def test_a_step_aborted_before_it_starts_still_ends_so_the_server_frees_its_slot
         assert isinstance(reply, P.Failed) and (reply.id, reply.status, reply.code) == ("s", 499, "client_gone")
     finally:
         ctx.destroy(linger=0)
+
+
+def test_the_engine_loop_tells_decode_at_each_token_whether_its_client_is_still_there() -> None:
+    """``decode_alive``, set on the engine, reads the aborts that arrived: True until the running step's ``Abort``
+    comes in, then False (decode ends at that token); another request's abort changes nothing."""
+    import types
+
+    import zmq
+
+    from kvmem.engine_proc import EngineLoop
+
+    ctx = zmq.Context()
+    to_engine, inbox = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        to_engine.bind("inproc://in")
+        inbox.connect("inproc://in")
+        engine = types.SimpleNamespace()
+        loop = EngineLoop(engine, inbox, ctx.socket(zmq.PUSH))
+        loop.running = "s"
+        assert engine.decode_alive() is True
+        to_engine.send(P.encode(P.Abort(id="other")))
+        assert until(lambda: engine.decode_alive() and "other" in loop.aborted)
+        to_engine.send(P.encode(P.Abort(id="s")))
+        assert until(lambda: not engine.decode_alive())
+    finally:
+        ctx.destroy(linger=0)
+
+
+def until(check: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Whether ``check`` holds within ``timeout`` (a frame crosses the socket in the meantime)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
