@@ -43,8 +43,9 @@ class Constraint(Protocol):
         """``logits`` with the tokens the format forbids next at -inf; ``left``: tokens the answer may still take."""
         ...
 
-    def take(self, token: int, data: bytes) -> None:
-        """A token sampled under the mask (``data``: its bytes)."""
+    def take(self, token: int, data: bytes, left: int | None = None) -> None:
+        """A token sampled under the mask (``data``: its bytes); ``left``: the tokens the next step may take, when
+        there is one (the constraint may prepare its mask while the model computes that step's logits)."""
         ...
 
 
@@ -192,10 +193,10 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
             finish = "stop"
             break
         ids.append(token)
-        next_logits = advance(token) if i + 1 < params.max_tokens else None
-        data = token_bytes(token)
-        if shaped:
-            constraint.take(token, data)
+        more, data = i + 1 < params.max_tokens, token_bytes(token)
+        if shaped:  # before the model runs the token, so the next mask is made while it does
+            constraint.take(token, data, params.max_tokens - i - 1 if more else None)
+        next_logits = advance(token) if more else None
         if steer is not None:
             steer.observe(data)
         ended = stream.push(data)

@@ -14,6 +14,8 @@ complete, and the text is free again until the next trigger.
 from __future__ import annotations
 
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,6 +25,14 @@ from kvmem_core.contract import SamplingParams
 from kvmem_core.errors import GrammarError
 
 _CONTROL = re.compile(rb"<\|[^|<>]{1,64}\|>")  # <|im_end|>, <|eot_id|>: control tokens, never grammar text
+# each byte of llguidance's bitmask as the eight logit offsets it means: 0 where a token is allowed, -inf where not
+_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(np.float32)
+
+
+@cache
+def _planner() -> ThreadPoolExecutor:
+    """The one thread that plans next steps' masks while the model computes (llguidance drops the GIL)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="kvmem-grammar")
 
 
 class Vocabulary:
@@ -145,6 +155,9 @@ class Constraint:
             raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
         self.active = not self.trigger
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
+        self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the planned step's offsets: 0 or -inf
+        self._masked = np.zeros(0, dtype=np.float32)  # what ``allow`` returns, rewritten each step
+        self._ahead: tuple[int, Future[Plan]] | None = None  # the next step's plan, for its ``left``, under way
         self._tail = b""  # the free text's end, where a trigger may be completing
         self._restart()
 
@@ -155,24 +168,60 @@ class Constraint:
         self._need = 0  # tokens closing took at the last dry run
 
     def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
-        """``logits`` with every token the grammar forbids next at -inf (a copy); only the closing token, when
-        the answer is closing; unchanged while free."""
-        if not self.active:
+        """``logits`` with every token the grammar forbids next at -inf; only the closing token, when the answer
+        is closing; ``logits`` itself while free. The masked logits are a buffer of the constraint's own, valid
+        until its next ``allow``. Uses the plan ``take`` started for this ``left``, else plans now."""
+        plan = self._settle(left)
+        if plan is None:
             return logits
-        allowed = self._allowed(self.matcher)[:logits.size]
-        if not self.closing and left <= self.WATCH and (left <= self._need + 2 * self.MARGIN
-                                                        or len(self._taken) % self.CHECK_EVERY == 0):
-            self._need = self.closing_cost(left)
-        self.closing = self.closing or left <= self._need + self.MARGIN or self._looping()
-        closer = self._closer(self.matcher, allowed, self._quotes) if self.closing else None
-        if closer is not None:
-            allowed = np.zeros_like(allowed)
-            allowed[closer] = True
-        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+        self.closing, self._need = plan
+        if self._masked.shape != logits.shape or self._masked.dtype != logits.dtype:
+            self._masked = np.empty_like(logits)
+        return np.add(logits, self._bias[:logits.size], out=self._masked)
 
-    def take(self, token: int, data: bytes) -> None:
+    def take(self, token: int, data: bytes, left: int | None = None) -> None:
         """Advance by a sampled ``token`` (``data``: its bytes): the grammar consumes it, or, while free, the
-        text is watched for the trigger. A grammar that completed frees the text."""
+        text is watched for the trigger. A grammar that completed frees the text. With ``left`` (the tokens the
+        next step may take), this and the next step's plan run on the planner thread, off the decode's critical
+        path, while the caller runs the model; every other call waits for them first."""
+        self._settle(None)
+        if left is None:
+            self._take(token, data)
+        else:
+            self._ahead = (left, _planner().submit(self._take_and_plan, token, data, left))
+
+    def _settle(self, left: int | None) -> Plan | None:
+        """Wait for the plan under way; -> the plan for ``left`` (the one under way when it was for ``left``)."""
+        ahead, self._ahead = self._ahead, None
+        planned = ahead[1].result() if ahead is not None else None
+        if left is None or (ahead is not None and ahead[0] == left):
+            return planned
+        return self._plan(left)
+
+    def _take_and_plan(self, token: int, data: bytes, left: int) -> Plan | None:
+        self._take(token, data)
+        return self._plan(left)
+
+    def _plan(self, left: int) -> Plan | None:
+        """What the next step with ``left`` tokens to go is: (closing, the closing cost), its mask in ``_bias``;
+        None while free. Reads the state only, so a plan made ahead and not used changes nothing."""
+        if not self.active:
+            return None
+        need = self._need
+        if not self.closing and left <= self.WATCH and (left <= need + 2 * self.MARGIN
+                                                        or len(self._taken) % self.CHECK_EVERY == 0):
+            need = self.closing_cost(left)
+        closing = self.closing or left <= need + self.MARGIN or self._looping()
+        allowed = self._allowed(self.matcher)
+        closer = self._closer(self.matcher, allowed, self._quotes) if closing else None
+        if closer is None:
+            np.take(_BYTE_BIAS, self._bits.view(np.uint8), axis=0, out=self._bias.reshape(-1, 8))
+        else:
+            self._bias.fill(-np.inf)
+            self._bias[closer] = 0.0
+        return closing, need
+
+    def _take(self, token: int, data: bytes) -> None:
         if self.active:
             self.matcher.consume_token(token)
             self._taken.append(token)
@@ -206,8 +255,9 @@ class Constraint:
         return limit
 
     def _allowed(self, matcher: Any) -> np.ndarray:
+        """``matcher``'s mask: in ``_bits``, and as one bool per token (a view of a fresh array)."""
         matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
 
     def _looping(self) -> bool:
         """The last ``LOOP_SPAN`` tokens repeat with a period of at most ``LOOP_PERIOD``."""
@@ -229,6 +279,10 @@ class Constraint:
             rest = np.flatnonzero(allowed[:self.vocab.n_vocab])
             chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
         return chosen
+
+
+Plan = tuple[bool, int]
+"""A step's plan: whether the answer is closing, and the tokens closing took at the last dry run."""
 
 
 class Quotes:

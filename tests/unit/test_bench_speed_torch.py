@@ -31,7 +31,7 @@ def test_contract_keys_and_headline_ratios(result: dict) -> None:
 def test_structured_output_on_the_torch_engine_parses_and_its_mask_is_timed(result: dict) -> None:
     structured = result["structured"]  # the same decode loop and grammar as llama.cpp's, over this tokenizer
     assert structured["parses"] and structured["tokens"] > 0 and structured["vocab"] >= 49152
-    assert 0 < structured["mask_ms_per_token"] and structured["mask_share"] > 0
+    assert 0 < structured["mask_ms_per_token"] and structured["mask_alone_share"] > 0 and "exposed_ms_per_token" in structured
 
 
 def test_points_are_engine_steps_that_reuse_the_workspace(result: dict) -> None:
