@@ -78,7 +78,7 @@ class _Adapter:
 
     WAIT = 0.02
 
-    def forward(self, tokens, positions):
+    def forward(self, tokens, positions, **kwargs):
         return ForwardOut(read=lambda: time.sleep(self.WAIT) or np.zeros(len(tokens), dtype=np.float32))
 
 
@@ -90,9 +90,23 @@ def test_forward_clock_separates_prefill_replay_and_decode_and_waits_for_multi_t
     assert [n for n, _ in clock.calls] == [512, 488, 256, 1, 1]
     assert min(durations[:3]) >= _Adapter.WAIT > max(durations[3:])
     assert clock.replay_s(1000) == durations[2]
+    assert clock.first_pass_s(1000) == pytest.approx(sum(durations[:2]))
     assert outs[0].logits.shape == (512,) and outs[-1].logits.shape == (1,)
     clock.reset()
     assert clock.calls == [] and clock.replay_s(0) == 0.0
+
+
+def test_forward_clock_keeps_probes_apart_so_a_probed_window_is_no_replay():
+    adapter = _Adapter()
+    clock = ForwardClock(adapter)
+    adapter.forward([0] * 129, [])
+    adapter.forward([0] * 256, [], capture_from=128, stop_after=7)  # the probe: the scorer's layers only
+    adapter.forward([0] * 256, [])  # the window in full, once, after selection
+    adapter.forward([0], [])
+    full = [sec for _, sec in clock.calls]
+    assert [n for n, _ in clock.calls] == [129, 256, 1] and [n for n, _ in clock.probes] == [256]
+    assert clock.replay_s(385) == 0.0 and clock.first_pass_s(385) == pytest.approx(full[0] + full[1])
+    assert clock.probe_s() == clock.probes[0][1] and clock.probed_tokens() == 256
 
 
 def test_decode_rate_is_forwards_per_second_of_the_decode_phase():

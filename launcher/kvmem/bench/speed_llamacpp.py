@@ -141,16 +141,23 @@ def decode_rounds(engine: Any, request: StepRequest, rounds: int = 2) -> list[fl
 
 
 def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
-    """One workspace size's KVMem figures from a step's timings and the forward clock."""
+    """One workspace size's KVMem figures from a step's timings and the forward clock. ``overhead_s`` is what
+    the turn costs beyond computing each new token once in full (``ForwardClock.first_pass_s``): the probe of
+    the query window, a replay, scoring and materialization; ``select_materialize_s`` is its part outside
+    forwards. ``select_s`` is the engine's phase after the prefill (with a probe it holds the window's one full
+    forward)."""
     t = result.timings
-    ttft = t["prefill_s"] + t["select_s"]
+    ttft, new = t["prefill_s"] + t["select_s"], int(t["prefill_tokens"])
     forwards = max(0, len(result.token_ids) - 1)
-    replay = clock.replay_s(int(t["prefill_tokens"]))
+    replay, probe = clock.replay_s(new), clock.probe_s()
+    overhead = ttft - clock.first_pass_s(new)
     rss, peak = rss_mb()
     return {"workspace_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
-            "prefill_tokens": int(t["prefill_tokens"]), "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
-            "select_s": t["select_s"], "replay_s": replay, "select_materialize_s": t["select_s"] - replay,
-            "select_share": ratio(t["select_s"], ttft), "select_materialize_share": ratio(t["select_s"] - replay, ttft),
+            "prefill_tokens": new, "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
+            "select_s": t["select_s"], "replay_s": replay, "probe_s": probe, "probed_tokens": clock.probed_tokens(),
+            "select_materialize_s": overhead - replay - probe, "overhead_s": overhead,
+            "select_share": ratio(t["select_s"], ttft), "overhead_share": ratio(overhead, ttft),
+            "select_materialize_share": ratio(overhead - replay - probe, ttft),
             "kvmem_tok_s": decode_rate(result), "decode_tokens": forwards,
             "method": result.selection.get("method"), "selected_blocks": len(result.selection.get("blocks", ())),
             "rss_mb": rss, "peak_rss_mb": peak, "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6}
@@ -159,10 +166,12 @@ def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
 class ForwardClock:
     """Times every ``forward`` of one adapter (wrapping the bound method), to split a step's phases:
     prefill chunks come first, then at most one multi-token replay, then one-token decodes. A multi-token
-    forward is timed until its logits are out (a forward may return before the device finishes)."""
+    forward is timed until its logits are out (a forward may return before the device finishes). Probes
+    (forwards with ``stop_after``: only the layers the scorer reads) are kept apart in ``probes``."""
 
     def __init__(self, adapter: Any) -> None:
         self.calls: list[tuple[int, float]] = []
+        self.probes: list[tuple[int, float]] = []
         inner = adapter.forward
 
         def timed(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
@@ -170,22 +179,38 @@ class ForwardClock:
             out = inner(tokens, *args, **kwargs)
             if len(tokens) > 1:
                 _ = out.logits  # waits for the device
-            self.calls.append((len(tokens), time.perf_counter() - t0))
+            (self.probes if kwargs.get("stop_after") is not None else self.calls).append(
+                (len(tokens), time.perf_counter() - t0))
             return out
 
         adapter.forward = timed
 
     def reset(self) -> None:
-        self.calls = []
+        self.calls, self.probes = [], []
 
     def replay_s(self, prefill_tokens: int) -> float:
-        """Seconds of multi-token forwards after the prefill's ``prefill_tokens`` tokens."""
+        """Seconds of multi-token full forwards after the first ``prefill_tokens`` tokens (those recompute)."""
         seen, out = 0, 0.0
         for n, sec in self.calls:
             if seen >= prefill_tokens and n > 1:
                 out += sec
             seen += n
         return out
+
+    def first_pass_s(self, prefill_tokens: int) -> float:
+        """Seconds of the full forwards that compute the step's ``prefill_tokens`` new tokens once."""
+        seen, out = 0, 0.0
+        for n, sec in self.calls:
+            if seen >= prefill_tokens:
+                break
+            out, seen = out + sec, seen + n
+        return out
+
+    def probe_s(self) -> float:
+        return sum(sec for _, sec in self.probes)
+
+    def probed_tokens(self) -> int:
+        return sum(n for n, _ in self.probes)
 
 
 def baselines(model_path: str, ids: list[int], previous: list[int], decode_tokens: int, opts: dict[str, Any],
