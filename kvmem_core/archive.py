@@ -8,13 +8,18 @@ query's tokens must then be computed against the selected view. Without a probe 
 query window (the replayed tokens, ``_replay_start`` on) is prefilled against the streaming
 view and then replayed: computed twice. Retrieval-heads scoring reads queries and keys of a
 few layers only, so where the adapter can stop a forward after a layer (``caps.probe``), the
-window is *probed* instead: computed up to the deepest retrieval layer, which yields the same
-queries and the same K and V in those layers, then computed once in full against the
-selected view. The blocks the window completes are *held* meanwhile and stored afterwards,
-layers up to the probe's from the probe (what the store held before: every later step's
-scores and queries read only those) and deeper layers from the full forward (what the view
-holds too). Selection is the same as without a probe; ``tests/unit/test_probe.py`` checks
-it on a real model.
+window (its part in the last prefill chunk) is *probed* instead: computed up to the deepest
+retrieval layer, which yields the same queries and the same K and V in those layers, then
+computed once in full against the selected view. The prefill keeps its chunks and the room it
+makes for each (the probe only splits the last one), so every token sees the same view as
+without a probe. The blocks the window completes are *held* meanwhile and stored afterwards,
+layers up to the probe's from the probe (what the store held before) and deeper layers from
+the full forward (what the view holds too). Every step's scores read only layers up to the
+probe's, and those are the same everywhere as without a probe, so every selection is the same.
+So are the answers, until a step loads a held block back from the store: its deeper layers were
+computed against the selected view, where without a probe they were computed against the
+streaming view, so that step's logits may differ slightly.
+``tests/unit/test_probe.py`` checks scores, selections and answers on a real model.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from kvmem_core.groups import Span, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta, chain_hash
 from kvmem_core.prompt import MAX_QUERY_TOKENS, Prompt
 from kvmem_core.retrieval import MANDATORY_TAG
-from kvmem_core.step import ViewState
+from kvmem_core.step import ViewState, chunk_cuts
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
 
@@ -66,6 +71,7 @@ class ArchiveOps:
     _view_ws: str | None
     _counts: Any
     _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
+    _prefill_chunk: Callable[[KVMemConfig], int]
 
     def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = ()) -> None:
         """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
@@ -121,16 +127,18 @@ class ArchiveOps:
         assert out.logits is not None
         return out.logits
 
-    def _probe_plan(self, cfg: KVMemConfig, mode: str, start: int, n: int, chunk: int) -> Probe | None:
-        """The probe of tokens ``start:n`` where it is exact and saves work: the adapter stops forwards early,
-        retrieval-heads scoring (it reads only its heads' layers) with heads above the last layer, original
-        positions (held blocks stay where they are), no recurrent state, and the window in one prefill chunk
-        (so making room never drops a held block). None otherwise: prefill and replay as before."""
+    def _probe_plan(self, cfg: KVMemConfig, mode: str, prompt: Prompt, cached: int) -> Probe | None:
+        """The probe of a step that prefills ``prompt.ids[cached:]``, where it is exact and saves work: the adapter
+        stops forwards early, retrieval-heads scoring (it reads only its heads' layers) with heads above the last
+        layer, original positions (held blocks stay where they are), no recurrent state. It covers the query
+        window's part in the last prefill chunk (room is made once per chunk, before anything is held, so no held
+        block is dropped). None otherwise: prefill and replay as before."""
         heads = cfg.retrieval_heads or self.heads
         if (not self.adapter.caps.probe or self.checkpoints is not None or mode != "original" or not heads
-                or cfg.scorer != "retrieval-heads" or n - start > chunk):
+                or cfg.scorer != "retrieval-heads"):
             return None
-        stop = max(layer for layer, _ in heads)
+        stop, n = max(layer for layer, _ in (*heads, *self.heads)), len(prompt.ids)  # summaries index self.heads
+        start = max(self._replay_start(cfg, prompt), chunk_cuts(cached, n, self._prefill_chunk(cfg))[-2])
         return Probe(start, stop) if stop < self.layout.n_layers - 1 else None
 
     def _hold(self, probe: Probe, blocks: Sequence[int]) -> None:

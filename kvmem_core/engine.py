@@ -130,8 +130,7 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
             on_start(ws.id)
         mode = self._mode(cfg)
         self._setup_view(cfg, mode, fits, cached)
-        probe = self._probe_plan(cfg, mode, self._replay_start(cfg, prompt), len(prompt.ids),
-                                 self._prefill_chunk(cfg)) if scoring else None
+        probe = self._probe_plan(cfg, mode, prompt, cached) if scoring else None
         logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached, probe)
         t1 = time.perf_counter()
         selection: dict[str, Any] = {"method": "full" if fits else cfg.method, "position_mode": mode}
@@ -240,11 +239,13 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
             edge = len(ids) // self.layout.block_tokens * self.layout.block_tokens
             marks = (prompt.query_start, self._replay_start(cfg, prompt), edge)
-        cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks + ((probe.start,) if probe else ()))
+        cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks)
+        room = {s: e - s for s, e in zip(cuts, cuts[1:])}  # a probe splits a chunk, not the room made for it
+        cuts = sorted({*cuts, probe.start}) if probe else cuts
         for s, e in zip(cuts, cuts[1:]):
             chunk = ids[s:e]
-            if not fits:
-                self._make_room(cfg, mode, len(chunk))
+            if not fits and s in room:
+                self._make_room(cfg, mode, room[s])
             pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
             wants_q = not fits and cfg.method == "retrieval" and s + len(chunk) > q0
             capture = max(0, q0 - s) if wants_q else None
