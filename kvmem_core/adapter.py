@@ -33,6 +33,7 @@ class Capabilities:
     async_copies: bool = False
     devices: tuple[str, ...] = ("cpu",)
     prefill_chunk: int = PREFILL_CHUNK  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
+    probe: bool = False  # True: ``forward`` takes ``stop_after`` (compute only the layers up to it)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +108,10 @@ class EngineAdapter(Protocol):
         """Append ``tokens`` at ``positions`` to the view and run the model over them.
 
         Positions must exceed every position already in the view. ``capture_from``: index
-        into ``tokens`` from which pre-RoPE queries are returned.
+        into ``tokens`` from which pre-RoPE queries are returned. ``stop_after`` (adapters with
+        ``caps.probe``; needs ``capture_from``): a *probe* that computes layers up to that one only: their
+        queries are returned (deeper ones as zeros), no logits, and the new cells hold valid K and V up to that
+        layer only, so the caller drops them before anything attends to them.
         """
         ...
 

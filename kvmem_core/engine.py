@@ -3,7 +3,9 @@
 Render and tokenize, match the stored workspace, prefill the new suffix in chunks while
 archiving completed blocks, select blocks for the query, materialize them, replay the
 query, decode into the generation reserve, commit. When the whole prompt fits in the
-budget nothing is selected or replayed, so the result equals the plain engine's.
+budget nothing is selected or replayed, so the result equals the plain engine's. Where the
+adapter can, the query window is probed rather than prefilled and replayed
+(``kvmem_core.archive``): the same selection for less compute.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ from kvmem_core.adapter import PREFILL_CHUNK, EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, SamplingParams, StepRequest, StepResult
+from kvmem_core.archive import ArchiveOps, Probe
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
-from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta, chain_hash
-from kvmem_core.prompt import MAX_QUERY_TOKENS, Prompt, admit, build_prompt, check_request
+from kvmem_core.layout import BlockMeta
+from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import Thinking, thinking_for
-from kvmem_core.retrieval import (MANDATORY_TAG, BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
+from kvmem_core.retrieval import (BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
                                   make_scorer)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode, within
@@ -37,7 +40,7 @@ log = logging.getLogger("kvmem.engine")
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
-class KVMemEngine(WorkspaceOps):
+class KVMemEngine(ArchiveOps, WorkspaceOps):
     """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine`` (its workspace calls come
     from ``WorkspaceOps``).
 
@@ -128,11 +131,12 @@ class KVMemEngine(WorkspaceOps):
             on_start(ws.id)
         mode = self._mode(cfg)
         self._setup_view(cfg, mode, fits, cached)
-        logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached)
+        probe = self._probe_plan(cfg, mode, prompt, cached) if scoring else None
+        logits, queries = self._prefill(cfg, mode, fits, ws, prompt, cached, probe)
         t1 = time.perf_counter()
         selection: dict[str, Any] = {"method": "full" if fits else cfg.method, "position_mode": mode}
         if not fits:
-            logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle)
+            logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle, probe)
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
         sampling = within(request.sampling, cfg.ctx - len(prompt.ids))
@@ -227,8 +231,9 @@ class KVMemEngine(WorkspaceOps):
         return loaded + dropped
 
     def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
-                 cached: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q."""
+                 cached: int, probe: Probe | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q. With a
+        ``probe``, its window is probed (no logits) and the blocks it completes are held, not archived."""
         ids, q0 = prompt.ids, prompt.scored_from
         queries, out = [], None
         marks: tuple[int, ...] = ()
@@ -236,22 +241,30 @@ class KVMemEngine(WorkspaceOps):
             edge = len(ids) // self.layout.block_tokens * self.layout.block_tokens
             marks = (prompt.query_start, self._replay_start(cfg, prompt), edge)
         cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks)
+        room = {s: e - s for s, e in zip(cuts, cuts[1:])}  # a probe splits a chunk, not the room made for it
+        cuts = sorted({*cuts, probe.start}) if probe else cuts
         for s, e in zip(cuts, cuts[1:]):
             chunk = ids[s:e]
-            if not fits:
-                self._make_room(cfg, mode, len(chunk))
+            if not fits and s in room:
+                self._make_room(cfg, mode, room[s])
             pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
             wants_q = not fits and cfg.method == "retrieval" and s + len(chunk) > q0
             capture = max(0, q0 - s) if wants_q else None
-            out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture)
+            probing = probe is not None and s >= probe.start
+            stop = {"stop_after": probe.stop_after} if probing else {}  # adapters without caps.probe lack the kwarg
+            out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture, **stop)
             if out.queries is not None:
                 queries.append(out.queries)
-            self._archive(ws, append_computed(self.view, chunk), prompt.mandatory)
+            done = append_computed(self.view, chunk)
+            if probing:
+                self._hold(probe, done)
+            else:
+                self._archive(ws, done, prompt.mandatory)
             if e in marks:
                 self.checkpoints.take(ids[:e], ws.id)
             if self.prefill_progress is not None:
                 self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
-        assert out is not None and out.logits is not None
+        assert out is not None and (probe is not None or out.logits is not None)
         return out.logits, np.concatenate(queries, axis=1) if queries else None
 
     def _prefill_chunk(self, cfg: KVMemConfig) -> int:
@@ -278,39 +291,14 @@ class KVMemEngine(WorkspaceOps):
             self.adapter.drop(pos, pos + bt)
             self._counts["blocks_dropped"] += 1
 
-    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = ()) -> None:
-        """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
-        overlapping the ``mandatory`` token ranges are tagged so."""
-        bt = self.layout.block_tokens
-        tagged = overlapping(mandatory, max(blocks, default=-1) + 1, bt)
-        for b in blocks:
-            if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
-                continue
-            pos = self.view.blocks[b]
-            kv = self.adapter.read_block(pos, bt)
-            ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
-            parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
-            assert len(ws.hashes) == b, "blocks must be archived in order"
-            summary = self._summarize(kv, pos)
-            tags = frozenset({MANDATORY_TAG}) if tagged[b] else frozenset()
-            meta = BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), summary, tags)
-            self.store.append(ws.id, meta, kv)
-            self._counts["blocks_stored"] += 1
-
-    def _load(self, blocks: Sequence[int]) -> list[tuple[BlockMeta, BlockKV]]:
-        if not blocks:
-            return []
-        hashes = [self.store.workspaces.get(self._view_ws).hashes[b] for b in blocks]
-        result = self.store.complete_load(self.store.prepare_load(hashes))
-        if result.missing:
-            raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
-                                    "store; the step prefills them again")
-        return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
-
     def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,
-                logits: np.ndarray, oracle: Sequence[int] | None) -> tuple[np.ndarray, dict[str, Any]]:
-        """Score and select blocks, materialize them, replay the query; return its logits and the selection."""
+                logits: np.ndarray | None, oracle: Sequence[int] | None,
+                probe: Probe | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Score and select blocks, materialize them, replay the query; return its logits and the selection.
+        A ``probe``'s held blocks are candidates as the stored ones are, and stored once the window is computed."""
         metas = self.store.workspace_blocks(ws.id)
+        stored, held = len(metas), self._held_metas(ws, probe, prompt.mandatory) if probe is not None else []
+        metas = metas + held
         n, bt = len(prompt.ids), self.layout.block_tokens
         scores, method = None, cfg.method
         if oracle is not None:
@@ -319,7 +307,10 @@ class KVMemEngine(WorkspaceOps):
             assert queries is not None, "retrieval needs the query's features"
             index = self._index(ws.id, metas)
             scorer = self._scorer(cfg.scorer, cfg.retrieval_heads or self.heads)
-            scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
+            try:
+                scores = scorer.score(QueryFeatures(queries, self.layout.n_kv_heads), index)
+            finally:
+                index.truncate(stored)  # held summaries are the probe's: the stored ones are indexed next step
         r0 = self._replay_start(cfg, prompt)
         kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
         recompute = kept is None
@@ -333,11 +324,14 @@ class KVMemEngine(WorkspaceOps):
             logits = refill(self.view, self.adapter, lambda: self.checkpoints.restore(()))
             replayed = len(self.view.blocks) * bt + self.view.next_pos - self.view.tail_pos
             self.view.replayed_from = 0
-        elif changed:
+        elif changed or probe is not None:  # a probed window is computed in full only now
             logits = self._replay(r0)
-            self.view.replayed_from = r0
+            if changed:
+                self.view.replayed_from = r0
+        if probe is not None:
+            self._store_held(ws, probe, held)
         out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas),
-               "groups": cfg.groups}
+               "groups": cfg.groups, "probed_tokens": n - probe.start if probe else 0}
         if self.checkpoints is not None:
             out["recurrent"] = "recompute" if recompute else "keep"
         if oracle is not None:
@@ -360,23 +354,6 @@ class KVMemEngine(WorkspaceOps):
         """The adapter's own scorer for ``name`` (``make_scorer``, e.g. on its GPU), else the core's."""
         own = getattr(self.adapter, "make_scorer", None)
         return (own(name, heads) if own else None) or make_scorer(name, heads, key_source=self)
-
-    def _replay_start(self, cfg: KVMemConfig, prompt: Prompt) -> int:
-        """First token replayed against the selected view: the query, the recent window, at most MAX_QUERY_TOKENS."""
-        n = len(prompt.ids)
-        return min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
-
-    def _replay(self, r0: int) -> np.ndarray:
-        """Recompute tokens ``r0:`` of the view in place so they attend to the new history."""
-        v, bt = self.view, self.layout.block_tokens
-        p0 = v.tail_pos + r0 - v.tail_start if r0 >= v.tail_start else v.blocks[r0 // bt] + r0 % bt
-        tokens = v.tokens[r0:]
-        self.adapter.drop(p0, v.next_pos)
-        if self.checkpoints is not None:
-            self.checkpoints.restore(v.tokens[:r0])
-        out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
-        assert out.logits is not None
-        return out.logits
 
     def content_keys(self, block_hash: str) -> np.ndarray:
         """Pre-RoPE keys of a stored block (the ``per-token`` scorer's key source; loads its KV)."""

@@ -42,10 +42,14 @@ class ViewState:
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """Length of the common prefix of ``ids`` and the computed tokens."""
-        n = min(len(ids), len(self.tokens))
-        a = np.asarray(self.tokens[:n], dtype=np.int64)
-        diff = np.flatnonzero(a != np.asarray(ids[:n], dtype=np.int64))
-        return int(diff[0]) if diff.size else n
+        return common_prefix(self.tokens, ids)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 def reset(view: ViewState, adapter: EngineAdapter) -> None:

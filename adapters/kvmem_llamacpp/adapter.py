@@ -63,7 +63,7 @@ class LlamaCppAdapter:
         self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens,
                                   "float32" if f32_cache else "float16")
         self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train,
-                                 devices=(offload_runtime(m.n_gpu_layers),))
+                                 devices=(offload_runtime(m.n_gpu_layers),), probe=True)
         self._n_embd_kv = m.n_head_kv * m.head_dim
         self._v_trans = 0 if flash_attn else 1
         self._import = np.empty(0, dtype=np.uint8)
@@ -133,14 +133,16 @@ class LlamaCppAdapter:
     # ---- forward ----------------------------------------------------------------------
 
     def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
-                capture_from: int | None = None) -> ForwardOut:
+                capture_from: int | None = None, stop_after: int | None = None) -> ForwardOut:
         assert len(tokens) == len(positions) and len(tokens) > 0
+        assert stop_after is None or capture_from is not None, "a probe captures queries"
+        want_logits = want_logits and stop_after is None
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         ctx = self.ctx if capture_from is None or self._capture_ctx is None else self._capture_ctx
         if self._governed and ctx.threads.decode != (n := self._governor.poll()):
             ctx.set_threads(Threads(n, n, auto=True))
         if capture_from is not None:
-            self.capture.arm(len(tokens), capture_from)
+            self.capture.arm(len(tokens), capture_from, stop_after)
         if ctx is not self.ctx:
             _copy_view(self.ctx, ctx)
         step = ctx.n_batch

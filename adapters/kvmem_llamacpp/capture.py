@@ -6,6 +6,11 @@ first node with that name whose op is not ROPE holds the content-frame query wit
 bias, float32 ``[tokens, heads * head_dim]``: the queries the adapter contract asks for. It is read
 with ``ggml_backend_tensor_get``, so capture works whether the layer runs on the CPU or
 is offloaded to a GPU (the scheduler has synchronized the backend before the callback).
+
+A *probe* (``stop_after``) needs no layer past the deepest one it captures: the callback asks
+for the next layer's query and answers False when it is computed, which makes the scheduler
+stop computing that graph split (``ggml_backend_sched_compute_splits`` breaks out of it). The
+cells of the probed tokens then hold valid K and V up to ``stop_after`` and stale ones above.
 """
 from __future__ import annotations
 
@@ -26,12 +31,16 @@ class QueryCapture:
         self._start, self._lo, self._hi = 0, 0, 0
         self._done: set[int] = set()
         self._filled = np.zeros(n_layer, dtype=np.int64)
+        self._stop = n_layer - 1
         self.gate = EvalGate(self._on_tensor)
 
-    def arm(self, n_tokens: int, start: int) -> None:
+    def arm(self, n_tokens: int, start: int, stop_after: int | None = None) -> None:
         """Collect the queries of tokens ``start:`` of a forward of ``n_tokens``; call ``next_chunk`` before each
-        ``llama_decode`` of it."""
-        self._out = np.empty((self.n_layer, n_tokens - start, self.n_head * self.head_dim), dtype=np.float32)
+        ``llama_decode`` of it. ``stop_after``: the deepest layer wanted; the graph stops once it is done and the
+        queries of deeper layers come back as zeros."""
+        self._stop = self.n_layer - 1 if stop_after is None else stop_after
+        shape = (self.n_layer, n_tokens - start, self.n_head * self.head_dim)
+        self._out = np.empty(shape, dtype=np.float32) if stop_after is None else np.zeros(shape, dtype=np.float32)
         self._start, self._lo, self._hi = start, 0, 0
         self._filled[:] = 0
         self.gate.armed = True
@@ -44,7 +53,7 @@ class QueryCapture:
     def take(self) -> np.ndarray:
         """The queries armed for, float32 [layers, tokens, heads, head dim]; disarms."""
         self.gate.armed = False
-        assert (self._filled == self._out.shape[1]).all(), "a layer's queries were not captured"
+        assert (self._filled[:self._stop + 1] == self._out.shape[1]).all(), "a layer's queries were not captured"
         return self._out.reshape(self.n_layer, -1, self.n_head, self.head_dim)
 
     def _on_tensor(self, t_ptr: int, ask: bool, user_data: int) -> bool:
@@ -55,6 +64,8 @@ class QueryCapture:
         if not name.startswith(b"Qcur-") or not name[5:].isdigit() or t.op == self._rope:
             return not ask
         layer = int(name[5:])
+        if layer > self._stop:  # the probe is done once this node is: asked for it, then abort the split
+            return ask
         if ask:  # the first such node of each layer, in chunks that hold wanted tokens
             return layer not in self._done and self._hi > self._start
         first = max(self._start, self._lo)

@@ -94,6 +94,10 @@ class BlockIndex:
             n = 0
         self.append(metas[n:])
 
+    def truncate(self, n_blocks: int) -> None:
+        """Forget the indexed blocks from ``n_blocks`` on; the next ``append`` writes over their slots."""
+        del self.hashes[n_blocks:]
+
     def reserve(self, n_blocks: int) -> None:
         """Grow capacity to ``n_blocks`` now (avoids copies while appending a known count)."""
         if n_blocks > self._capacity:

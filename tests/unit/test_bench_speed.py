@@ -11,7 +11,7 @@ import pytest
 from model_support import small_model
 
 from kvmem.bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
-from kvmem.bench.speed_llamacpp import ForwardClock
+from kvmem.bench.speed_llamacpp import ForwardClock, baseline_ratios
 from kvmem_core.adapter import ForwardOut
 
 CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}
@@ -78,7 +78,7 @@ class _Adapter:
 
     WAIT = 0.02
 
-    def forward(self, tokens, positions):
+    def forward(self, tokens, positions, **kwargs):
         return ForwardOut(read=lambda: time.sleep(self.WAIT) or np.zeros(len(tokens), dtype=np.float32))
 
 
@@ -90,9 +90,23 @@ def test_forward_clock_separates_prefill_replay_and_decode_and_waits_for_multi_t
     assert [n for n, _ in clock.calls] == [512, 488, 256, 1, 1]
     assert min(durations[:3]) >= _Adapter.WAIT > max(durations[3:])
     assert clock.replay_s(1000) == durations[2]
+    assert clock.first_pass_s(1000) == pytest.approx(sum(durations[:2]))
     assert outs[0].logits.shape == (512,) and outs[-1].logits.shape == (1,)
     clock.reset()
     assert clock.calls == [] and clock.replay_s(0) == 0.0
+
+
+def test_forward_clock_keeps_probes_apart_so_a_probed_window_is_no_replay():
+    adapter = _Adapter()
+    clock = ForwardClock(adapter)
+    adapter.forward([0] * 129, [])
+    adapter.forward([0] * 256, [], capture_from=128, stop_after=7)  # the probe: the scorer's layers only
+    adapter.forward([0] * 256, [])  # the window in full, once, after selection
+    adapter.forward([0], [])
+    full = [sec for _, sec in clock.calls]
+    assert [n for n, _ in clock.calls] == [129, 256, 1] and [n for n, _ in clock.probes] == [256]
+    assert clock.replay_s(385) == 0.0 and clock.first_pass_s(385) == pytest.approx(full[0] + full[1])
+    assert clock.probe_s() == clock.probes[0][1] and clock.probed_tokens() == 256
 
 
 def test_decode_rate_is_forwards_per_second_of_the_decode_phase():
@@ -128,3 +142,45 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
     assert out["exposed_ms_per_token"] == pytest.approx(exposed, abs=1e-3)
     assert out["mask_share"] == pytest.approx(exposed / out["free_decode_ms_per_token"], abs=1e-3)
     assert out["mask_alone_share"] == pytest.approx(out["mask_ms_per_token"] / out["free_decode_ms_per_token"], abs=1e-3)
+
+
+def test_fair_baselines_are_ratios_of_reuse_over_each_and_goals_at_the_largest_workspace():
+    pts = points()
+    for p, cache, floor in zip(pts, (1.0, 2.0), (0.9, 1.95)):
+        p.update(prefix_ttft_s=cache, suffix_floor_s=floor)
+        p.update(baseline_ratios(p))
+    assert (pts[0]["ttft_vs_prefix_cache"], pts[0]["ttft_vs_suffix_floor"]) == pytest.approx((2.0, 2.0 / 0.9))
+    assert pts[1]["ttft_speedup"] == pytest.approx(40.0) and pts[1]["ttft_vs_prefix_cache"] == pytest.approx(1.25)
+    out = headline("llama.cpp", "m", pts, {})
+    assert (out["ttft_vs_prefix_cache"], out["ttft_vs_suffix_floor"]) == pytest.approx((1.25, 2.5 / 1.95))
+    met = goals({**out, "points": pts}, quick=True)
+    # 2.5 s against a 2.0 s cache misses 1.2x; against 1.25 * (1.95 + 0.05) = 2.5 s the floor goal is just met
+    assert met["ttft_vs_prefix_cache<=1.2"] is False and met["ttft<=1.25x(suffix_floor+50ms)"] is True
+    assert "ttft_vs_prefix_cache<=1.2" not in goals({"ttft_speedup": 1.0}, quick=True)  # not measured: not a goal
+    assert "vs cache" in table(pts).splitlines()[0]
+
+
+@pytest.mark.llamacpp
+def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_prefill():
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from kvmem.bench.speed_llamacpp import _argmax, baselines, prefill_from
+
+    path = str(small_model())
+    llm = llama_cpp.Llama(path, n_ctx=256, n_batch=512, verbose=False, n_threads=1, n_threads_batch=1)
+    try:
+        previous = llm.tokenize(b"The survey team logged soil samples at each camp. " * 6)
+        ids = previous + llm.tokenize(b" Which camp logged the most samples?", add_bos=False)
+        llm.eval(ids)
+        full = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
+        assert prefill_from(llm, ids, len(previous)) > 0 and llm.n_tokens == len(ids)
+        cached = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
+        assert _argmax(llm) == int(full.argmax()) and np.allclose(cached, full, atol=0.05)
+        prefill_from(llm, ids[len(previous):], 0)  # the floor: the suffix alone, from an empty cache
+        with pytest.raises(AssertionError, match="resident"):
+            prefill_from(llm, ids, len(previous))  # the cache no longer holds the previous prompt
+    finally:
+        llm.close()
+    out = baselines(path, ids, previous, 4, {"n_threads": 1, "n_threads_batch": 1}, rounds=1)
+    assert out["new_tokens"] == len(ids) - len(previous)
+    assert min(out["reprefill_ttft_s"], out["prefix_ttft_s"], out["suffix_floor_s"], out["full_tok_s"]) > 0
+    assert out["plain_prefill_tok_s"] == pytest.approx(out["new_tokens"] / out["suffix_floor_s"])

@@ -3,7 +3,8 @@ goal check, memory readings, the table and the PNG plots.
 
 A backend produces ``points`` (one per workspace size, ascending) with at least
 ``workspace_tokens``, ``reuse_ttft_s``, ``reprefill_ttft_s`` and ``kvmem_tok_s`` (plus
-``full_tok_s`` where dense attention over the whole workspace ran), and a ``transfer``
+``full_tok_s`` where dense attention over the whole workspace ran; ``prefix_ttft_s`` and
+``suffix_floor_s`` where the fair baselines ran: ``speed_baselines``), and a ``transfer``
 dict with the tier and raw throughputs of the same bytes. ``headline`` turns them into the
 output contract's ratios.
 """
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 from kvmem.bench.plots import save_figure
 
 GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tolerance": 0.10, "nvme_vs_raw": 0.8,
-         "decode_vs_plain": 0.95}
+         "decode_vs_plain": 0.95, "vs_prefix_cache": 1.2, "vs_floor": 1.25, "floor_slack_s": 0.05}
 
 
 def decode_rate(result: Any) -> float | None:
@@ -43,12 +44,15 @@ def floor_s(nbytes: float, gbps: float) -> float:
 
 
 def headline(backend: str, model: str, points: Sequence[dict[str, Any]], transfer: dict[str, Any]) -> dict[str, Any]:
-    """The contract's ratios: TTFT re-prefill / reuse at the largest workspace, decode tok/s at the
-    largest / at the smallest workspace, and tier / raw throughput of the same bytes."""
+    """The contract's ratios: TTFT re-prefill / reuse at the largest workspace, reuse / the dense prefix cache
+    and reuse / the suffix floor there (None where not measured), decode tok/s at the largest / at the smallest
+    workspace, and tier / raw throughput of the same bytes."""
     assert points, "no workspace sizes were measured"
     first, last = points[0], points[-1]
     return {"backend": backend, "model": model,
             "ttft_speedup": ratio(last["reprefill_ttft_s"], last["reuse_ttft_s"]),
+            "ttft_vs_prefix_cache": ratio(last["reuse_ttft_s"], last.get("prefix_ttft_s")),
+            "ttft_vs_suffix_floor": ratio(last["reuse_ttft_s"], last.get("suffix_floor_s")),
             "decode_flatness": ratio(last["kvmem_tok_s"], first["kvmem_tok_s"]),
             "nvme_vs_raw": transfer.get("nvme_vs_raw"), "host_vs_raw": transfer.get("host_vs_raw"),
             "workspace_growth": ratio(last["workspace_tokens"], first["workspace_tokens"]),
@@ -62,10 +66,22 @@ def goals(result: dict[str, Any], quick: bool) -> dict[str, bool | None]:
     out = {f"ttft_speedup>={need:g}": None if ttft is None else ttft >= need,
            "decode_flat_within_10pct": None if flat is None else abs(flat - 1) <= GOALS["decode_flatness_tolerance"],
            "nvme_vs_raw>=0.8": None if nvme is None else nvme >= GOALS["nvme_vs_raw"]}
+    if "ttft_vs_prefix_cache" in result:  # the fair baselines: within 1.2x the prefix cache, 1.25x (floor + 50 ms)
+        out.update(fair_goals(result))
     if "decode_vs_plain" in result:  # backends with a plain engine to compare against (llama.cpp)
         plain = result["decode_vs_plain"]
         out["decode_vs_plain>=0.95"] = None if plain is None else plain >= GOALS["decode_vs_plain"]
     return out
+
+
+def fair_goals(result: dict[str, Any]) -> dict[str, bool | None]:
+    """The fair-baseline goals at the largest workspace: reuse TTFT ≤ 1.2 × the dense prefix cache's, and
+    ≤ 1.25 × (suffix floor + 50 ms); None where not measured."""
+    cache, last = result.get("ttft_vs_prefix_cache"), (result.get("points") or [{}])[-1]
+    reuse, floor = last.get("reuse_ttft_s"), last.get("suffix_floor_s")
+    near_floor = None if reuse is None or floor is None else reuse <= GOALS["vs_floor"] * (floor + GOALS["floor_slack_s"])
+    return {"ttft_vs_prefix_cache<=1.2": None if cache is None else cache <= GOALS["vs_prefix_cache"],
+            "ttft<=1.25x(suffix_floor+50ms)": near_floor}
 
 
 def rss_mb() -> tuple[float, float]:
@@ -83,6 +99,8 @@ def table(points: Sequence[dict[str, Any]]) -> str:
     """Plain-text table of the per-workspace figures."""
     cols = [("workspace_tokens", "workspace", "{:d}"), ("reuse_ttft_s", "ttft reuse s", "{:.3f}"),
             ("reprefill_ttft_s", "ttft re-prefill s", "{:.2f}"), ("ttft_speedup", "speedup", "{:.1f}x"),
+            ("prefix_ttft_s", "ttft prefix cache s", "{:.3f}"), ("ttft_vs_prefix_cache", "vs cache", "{:.2f}x"),
+            ("suffix_floor_s", "suffix floor s", "{:.3f}"), ("ttft_vs_suffix_floor", "vs floor", "{:.2f}x"),
             ("kvmem_tok_s", "kvmem tok/s", "{:.1f}"), ("full_tok_s", "full tok/s", "{:.1f}"),
             ("select_share", "select share", "{:.0%}"), ("rss_mb", "rss MB", "{:.0f}")]
     cols = [c for c in cols if any(p.get(c[0]) is not None for p in points)]
@@ -117,7 +135,8 @@ def plot_speed(points: Sequence[dict[str, Any]], backend: str, out_dir: Path,
 
     matplotlib.use("Agg")
     series = [("ttft.png", "time to first token (s)", True, ttft or points,
-               {"KVMem reuse": "reuse_ttft_s", "stateless re-prefill": "reprefill_ttft_s"}),
+               {"KVMem reuse": "reuse_ttft_s", "stateless re-prefill": "reprefill_ttft_s",
+                "dense prefix cache": "prefix_ttft_s", "suffix floor": "suffix_floor_s"}),
               ("decode.png", "decode tok/s", False, points,
                {"KVMem (fixed budget)": "kvmem_tok_s", "full attention": "full_tok_s"}),
               ("memory.png", "resident memory (MB)", False, points, {"engine RSS": "rss_mb"})]

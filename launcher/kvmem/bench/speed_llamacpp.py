@@ -3,9 +3,10 @@
 The transcript grows by one tool result per turn and is sent whole every turn, as an agent
 sends it. When it passes each workspace size, that turn's step is timed: time to first
 token with KVMem (the workspace already holds the earlier turns) and decode tok/s at the
-fixed budget. Afterwards plain llama-cpp-python re-prefills the same token ids from empty
-(a stateless engine) and decodes over the whole transcript (``full``). Block transfers
-host→view and NVMe→view are timed next to a raw copy / file read of the same bytes.
+fixed budget. Afterwards plain llama-cpp-python measures the baselines of the same token ids
+(``baselines``): re-prefill from empty (a stateless engine) with decode over the whole
+transcript (``full``), a dense prefix cache that prefills only the suffix, and the suffix floor.
+Block transfers host→view and NVMe→view are timed next to a raw copy / file read of the same bytes.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.layout import BlockKV, BlockMeta
+from kvmem_core.step import common_prefix, reset
 from kvmem_core.store import BlockStore
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1)
@@ -61,19 +63,19 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     plain, placement = plain_opts(engine.adapter), engine.adapter.placement
     log(f"llama.cpp on {placement}; {plain['n_threads']} threads ({plain['n_threads_batch']} for prefill)")
     try:
-        points, transcripts = session(engine, plan["sizes"], decode_tokens, lines_per_turn, log)
+        points, transcripts, previous = session(engine, plan["sizes"], decode_tokens, lines_per_turn, log)
         transfer = transfers(engine)
         prompt_row = measure_prompt(engine.adapter)
         structured = structured_cost(engine)
         model = engine.model_id
     finally:
         engine.close()
-    for point, ids in zip(points, transcripts):
-        point.update(stateless(model_path, ids, decode_tokens, plain))
-        point["ttft_speedup"] = ratio(point["reprefill_ttft_s"], point["reuse_ttft_s"])
-        point["decode_vs_full"] = ratio(point["kvmem_tok_s"], point["full_tok_s"])
-        log(f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, "
-            f"full decode {point['full_tok_s']:.1f} tok/s")
+    for point, ids, prev in zip(points, transcripts, previous):
+        point.update(baselines(model_path, ids, prev, decode_tokens, plain))
+        point.update(baseline_ratios(point))
+        log(f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, prefix cache "
+            f"{point['prefix_ttft_s']:.2f} s, suffix floor {point['suffix_floor_s']:.2f} s ({point['new_tokens']} new "
+            f"tokens), full decode {point['full_tok_s']:.1f} tok/s")
     overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
@@ -88,12 +90,24 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     return out
 
 
+def baseline_ratios(point: dict[str, Any]) -> dict[str, float | None]:
+    """KVMem's reuse TTFT against each baseline of the same turn: ``ttft_speedup`` (re-prefill / reuse, > 1 is
+    KVMem faster), ``ttft_vs_prefix_cache`` and ``ttft_vs_suffix_floor`` (reuse / baseline, < 1 is KVMem
+    faster), and ``decode_vs_full``."""
+    reuse = point["reuse_ttft_s"]
+    return {"ttft_speedup": ratio(point["reprefill_ttft_s"], reuse),
+            "ttft_vs_prefix_cache": ratio(reuse, point.get("prefix_ttft_s")),
+            "ttft_vs_suffix_floor": ratio(reuse, point.get("suffix_floor_s")),
+            "decode_vs_full": ratio(point["kvmem_tok_s"], point["full_tok_s"])}
+
+
 def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
-            log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[list[int]]]:
-    """Grow one transcript turn by turn; time the first turn past each size. -> (points, token ids)"""
+            log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[list[int]], list[list[int]]]:
+    """Grow one transcript turn by turn; time the first turn past each size. -> (points, token ids, the previous
+    turn's prompt ids: what a prefix cache holds when the measured turn arrives)"""
     rng, clock = np.random.default_rng(0), ForwardClock(engine.adapter)
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
-    points, transcripts, todo, turn = [], [], list(sizes), 0
+    points, transcripts, previous, todo, turn = [], [], [], list(sizes), 0
     while todo:
         messages.append({"role": "user", "content": tool_result(turn, lines, rng)})
         turn += 1
@@ -107,11 +121,12 @@ def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
             points.append(point(engine, result, clock))
             points[-1]["kvmem_tok_s"] = max([points[-1]["kvmem_tok_s"] or 0.0, *decode_rounds(engine, request)])
             transcripts.append(engine.tokenize(engine.adapter.render_chat(messages)))
+            previous.append(engine.tokenize(engine.adapter.render_chat(messages[:-2])))
             p = points[-1]
             log(f"turn {turn}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
                 f"({p['prefill_tokens']} prefilled), decode {p['kvmem_tok_s']:.1f} tok/s")
         messages.append({"role": "assistant", "content": f"Noted the failures of run {turn - 1}."})
-    return points, transcripts
+    return points, transcripts, previous
 
 
 def decode_rounds(engine: Any, request: StepRequest, rounds: int = 2) -> list[float]:
@@ -126,16 +141,23 @@ def decode_rounds(engine: Any, request: StepRequest, rounds: int = 2) -> list[fl
 
 
 def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
-    """One workspace size's KVMem figures from a step's timings and the forward clock."""
+    """One workspace size's KVMem figures from a step's timings and the forward clock. ``overhead_s`` is what
+    the turn costs beyond computing each new token once in full (``ForwardClock.first_pass_s``): the probe of
+    the query window, a replay, scoring and materialization; ``select_materialize_s`` is its part outside
+    forwards. ``select_s`` is the engine's phase after the prefill (with a probe it holds the window's one full
+    forward)."""
     t = result.timings
-    ttft = t["prefill_s"] + t["select_s"]
+    ttft, new = t["prefill_s"] + t["select_s"], int(t["prefill_tokens"])
     forwards = max(0, len(result.token_ids) - 1)
-    replay = clock.replay_s(int(t["prefill_tokens"]))
+    replay, probe = clock.replay_s(new), clock.probe_s()
+    overhead = ttft - clock.first_pass_s(new)
     rss, peak = rss_mb()
     return {"workspace_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
-            "prefill_tokens": int(t["prefill_tokens"]), "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
-            "select_s": t["select_s"], "replay_s": replay, "select_materialize_s": t["select_s"] - replay,
-            "select_share": ratio(t["select_s"], ttft), "select_materialize_share": ratio(t["select_s"] - replay, ttft),
+            "prefill_tokens": new, "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
+            "select_s": t["select_s"], "replay_s": replay, "probe_s": probe, "probed_tokens": clock.probed_tokens(),
+            "select_materialize_s": overhead - replay - probe, "overhead_s": overhead,
+            "select_share": ratio(t["select_s"], ttft), "overhead_share": ratio(overhead, ttft),
+            "select_materialize_share": ratio(overhead - replay - probe, ttft),
             "kvmem_tok_s": decode_rate(result), "decode_tokens": forwards,
             "method": result.selection.get("method"), "selected_blocks": len(result.selection.get("blocks", ())),
             "rss_mb": rss, "peak_rss_mb": peak, "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6}
@@ -144,10 +166,12 @@ def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
 class ForwardClock:
     """Times every ``forward`` of one adapter (wrapping the bound method), to split a step's phases:
     prefill chunks come first, then at most one multi-token replay, then one-token decodes. A multi-token
-    forward is timed until its logits are out (a forward may return before the device finishes)."""
+    forward is timed until its logits are out (a forward may return before the device finishes). Probes
+    (forwards with ``stop_after``: only the layers the scorer reads) are kept apart in ``probes``."""
 
     def __init__(self, adapter: Any) -> None:
         self.calls: list[tuple[int, float]] = []
+        self.probes: list[tuple[int, float]] = []
         inner = adapter.forward
 
         def timed(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
@@ -155,16 +179,17 @@ class ForwardClock:
             out = inner(tokens, *args, **kwargs)
             if len(tokens) > 1:
                 _ = out.logits  # waits for the device
-            self.calls.append((len(tokens), time.perf_counter() - t0))
+            (self.probes if kwargs.get("stop_after") is not None else self.calls).append(
+                (len(tokens), time.perf_counter() - t0))
             return out
 
         adapter.forward = timed
 
     def reset(self) -> None:
-        self.calls = []
+        self.calls, self.probes = [], []
 
     def replay_s(self, prefill_tokens: int) -> float:
-        """Seconds of multi-token forwards after the prefill's ``prefill_tokens`` tokens."""
+        """Seconds of multi-token full forwards after the first ``prefill_tokens`` tokens (those recompute)."""
         seen, out = 0, 0.0
         for n, sec in self.calls:
             if seen >= prefill_tokens and n > 1:
@@ -172,30 +197,83 @@ class ForwardClock:
             seen += n
         return out
 
+    def first_pass_s(self, prefill_tokens: int) -> float:
+        """Seconds of the full forwards that compute the step's ``prefill_tokens`` new tokens once."""
+        seen, out = 0, 0.0
+        for n, sec in self.calls:
+            if seen >= prefill_tokens:
+                break
+            out, seen = out + sec, seen + n
+        return out
 
-def stateless(model_path: str, ids: list[int], decode_tokens: int, opts: dict[str, Any]) -> dict[str, float]:
-    """Plain llama-cpp-python (``opts``: threads, GPU layers): prefill ``ids`` from empty (time to first token),
-    then greedy decode."""
+    def probe_s(self) -> float:
+        return sum(sec for _, sec in self.probes)
+
+    def probed_tokens(self) -> int:
+        return sum(n for n, _ in self.probes)
+
+
+def baselines(model_path: str, ids: list[int], previous: list[int], decode_tokens: int, opts: dict[str, Any],
+            rounds: int = 3) -> dict[str, float]:
+    """The plain llama-cpp-python baselines of one turn (``opts``: KVMem's threads and GPU layers), as a dict:
+
+    - ``reprefill_ttft_s``: the whole transcript ``ids`` from an empty cache, as a stateless engine pays every
+      turn (then greedy decode over it: ``full_tok_s``);
+    - ``prefix_ttft_s``: a dense prefix cache (a llama.cpp server slot, vLLM or SGLang prefix caching): the
+      ``previous`` turn's prompt resident, only the suffix past the common prefix prefilled;
+    - ``suffix_floor_s``: the same ``new_tokens`` prefilled into an empty cache, at the plain prefill rate of
+      that length (``plain_prefill_tok_s``) with no history to attend to: no turn that reads its history is
+      faster.
+
+    The cheap two are medians of ``rounds``, prefix cache first (a floor round empties the cache the prefix
+    rounds reuse); the re-prefill runs once: it is the long one, and its ratio to KVMem dwarfs the noise."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True, verbose=False,
-                          **opts)
+    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True,
+                          verbose=False, **opts)
     try:
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        token = _argmax(llm)
-        ttft = time.perf_counter() - t0
-        t0, done = time.perf_counter(), 0
-        for _ in range(decode_tokens - 1):
-            llm.eval([token])
-            token = _argmax(llm)
-            done += 1
-        return {"reprefill_ttft_s": ttft, "full_tok_s": done / (time.perf_counter() - t0)}
+        llm.eval(ids[:8])  # warm-up: the first decode of a context allocates its graph; KVMem's is warm as well
+        out = reprefill(llm, ids, decode_tokens)
+        hit = min(common_prefix(previous, ids), len(ids) - 1)  # the last token is always computed (its logits)
+        prefix = [prefill_from(llm, ids, hit) for _ in range(rounds)]
+        floor = [prefill_from(llm, ids[hit:], 0) for _ in range(rounds)]
+        out.update(prefix_ttft_s=float(np.median(prefix)), suffix_floor_s=float(np.median(floor)),
+                   new_tokens=len(ids) - hit)
+        out["plain_prefill_tok_s"] = out["new_tokens"] / out["suffix_floor_s"]
+        return out
     finally:
         llm.close()
 
 
+def reprefill(llm: Any, ids: list[int], decode_tokens: int) -> dict[str, float]:
+    """Prefill ``ids`` from an empty cache (time to first token), then greedy decode ``decode_tokens`` - 1."""
+    llm.n_tokens = 0
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    token = _argmax(llm)
+    ttft = time.perf_counter() - t0
+    t0, done = time.perf_counter(), 0
+    for _ in range(decode_tokens - 1):
+        llm.eval([token])
+        token = _argmax(llm)
+        done += 1
+    return {"reprefill_ttft_s": ttft, "full_tok_s": done / (time.perf_counter() - t0)}
+
+
+def prefill_from(llm: Any, ids: list[int], keep: int) -> float:
+    """Seconds to the first token of ``ids`` when the cache already holds the KV of its first ``keep`` tokens
+    (the caller's contract; what it holds past them is dropped first: ``Llama.eval`` removes every cell from
+    ``n_tokens`` on)."""
+    assert 0 <= keep < len(ids) and llm.n_tokens >= keep, "the prefix must be resident"
+    llm.n_tokens = keep
+    t0 = time.perf_counter()
+    llm.eval(ids[keep:])
+    _argmax(llm)
+    return time.perf_counter() - t0
+
+
 def _argmax(llm: Any) -> int:
+    """The greedy next token from the context's last logits."""
     import llama_cpp
 
     logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
@@ -215,7 +293,7 @@ def transfers(engine: Any, n_blocks: int = 32, rounds: int = 3) -> dict[str, Any
     batch = max(1, adapter.caps.max_view_tokens // adapter.layout.block_tokens // 2 - 1)
     host = [(_raw_copy_s(blocks), _to_view_s(adapter, blocks, batch)) for _ in range(rounds)]
     nvme = [_nvme_round(engine.layout, adapter, blocks, batch, first=r) for r in range(rounds)]
-    adapter.clear_view()
+    reset(engine.view, adapter)  # the engine's view state forgets what the timed writes replaced
     med = lambda xs: float(np.median(xs))  # noqa: E731
     return {"blocks": len(blocks), "bytes": nbytes, "view_batch_blocks": batch,
             "raw_copy_GBps": nbytes / med([r for r, _ in host]) / 1e9,

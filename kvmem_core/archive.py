@@ -1,0 +1,169 @@
+"""How ``KVMemEngine`` moves blocks between its view and the store, and the query window's probe.
+
+Archiving exports each block the view completes into the store (``_archive``), in order,
+with its scoring summaries; ``_load`` brings stored blocks back for materialization.
+
+**The probe.** A step that scores needs the query's features before it selects, and the
+query's tokens must then be computed against the selected view. Without a probe the whole
+query window (the replayed tokens, ``_replay_start`` on) is prefilled against the streaming
+view and then replayed: computed twice. Retrieval-heads scoring reads queries and keys of a
+few layers only, so where the adapter can stop a forward after a layer (``caps.probe``), the
+window (its part in the last prefill chunk) is *probed* instead: computed up to the deepest
+retrieval layer, which yields the same queries and the same K and V in those layers, then
+computed once in full against the selected view. The prefill keeps its chunks and the room it
+makes for each (the probe only splits the last one), so every token sees the same view as
+without a probe. The blocks the window completes are *held* meanwhile and stored afterwards,
+layers up to the probe's from the probe (what the store held before) and deeper layers from
+the full forward (what the view holds too). Every step's scores read only layers up to the
+probe's, and those are the same everywhere as without a probe, so every selection is the same.
+So are the answers, until a step loads a held block back from the store: its deeper layers were
+computed against the selected view, where without a probe they were computed against the
+streaming view, so that step's logits may differ slightly.
+``tests/unit/test_probe.py`` checks scores, selections and answers on a real model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter
+from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import CorruptBlockError
+from kvmem_core.groups import Span, overlapping
+from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta, chain_hash
+from kvmem_core.prompt import MAX_QUERY_TOKENS, Prompt
+from kvmem_core.retrieval import MANDATORY_TAG
+from kvmem_core.step import ViewState, chunk_cuts
+from kvmem_core.store import BlockStore
+from kvmem_core.workspace import Workspace
+
+
+@dataclass
+class Probe:
+    """One step's probe of its query window: tokens ``start:`` computed up to layer ``stop_after``; ``held``
+    maps each block the window completed to its KV as the probe left it (valid up to ``stop_after``)."""
+
+    start: int
+    stop_after: int
+    held: dict[int, BlockKV] = field(default_factory=dict)
+
+
+def merge_layers(probed: BlockKV, full: BlockKV, stop_after: int) -> BlockKV:
+    """A held block's stored KV: layers up to ``stop_after`` from ``probed``, deeper ones from ``full``."""
+    k, v = np.array(full.k, copy=True), np.array(full.v, copy=True)
+    k[:stop_after + 1], v[:stop_after + 1] = probed.k[:stop_after + 1], probed.v[:stop_after + 1]
+    return BlockKV(k, v)
+
+
+class ArchiveOps:
+    """Block export, load and the probe; mixed into ``KVMemEngine`` (see the module docstring)."""
+
+    adapter: EngineAdapter
+    layout: BlockLayout
+    namespace: str
+    heads: tuple[tuple[int, int], ...]
+    store: BlockStore
+    view: ViewState
+    checkpoints: Any
+    _view_ws: str | None
+    _counts: Any
+    _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
+    _prefill_chunk: Callable[[KVMemConfig], int]
+
+    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = ()) -> None:
+        """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
+        overlapping the ``mandatory`` token ranges are tagged so."""
+        bt = self.layout.block_tokens
+        tagged = overlapping(mandatory, max(blocks, default=-1) + 1, bt)
+        for b in blocks:
+            if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
+                continue
+            assert len(ws.hashes) == b, "blocks must be archived in order"
+            pos = self.view.blocks[b]
+            kv = self.adapter.read_block(pos, bt)
+            self._put(ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b]), kv)
+
+    def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool) -> BlockMeta:
+        """The meta of view block ``b`` (KV ``kv``, resident at its view position) chained after ``parent``."""
+        bt, pos = self.layout.block_tokens, self.view.blocks[b]
+        ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
+        tags = frozenset({MANDATORY_TAG}) if mandatory else frozenset()
+        return BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(),
+                         self._summarize(kv, pos), tags)
+
+    def _put(self, ws: Workspace, meta: BlockMeta, kv: BlockKV) -> None:
+        self.store.append(ws.id, meta, kv)
+        self._counts["blocks_stored"] += 1
+
+    def _load(self, blocks: Sequence[int]) -> list[tuple[BlockMeta, BlockKV]]:
+        if not blocks:
+            return []
+        hashes = [self.store.workspaces.get(self._view_ws).hashes[b] for b in blocks]
+        result = self.store.complete_load(self.store.prepare_load(hashes))
+        if result.missing:
+            raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
+                                    "store; the step prefills them again")
+        return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
+
+    # ---- the query window: replayed, or probed -----------------------------------------------
+
+    def _replay_start(self, cfg: KVMemConfig, prompt: Prompt) -> int:
+        """First token replayed against the selected view: the query, the recent window, at most MAX_QUERY_TOKENS."""
+        n = len(prompt.ids)
+        return min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
+
+    def _replay(self, r0: int) -> np.ndarray:
+        """Recompute tokens ``r0:`` of the view in place so they attend to the new history."""
+        v, bt = self.view, self.layout.block_tokens
+        p0 = v.tail_pos + r0 - v.tail_start if r0 >= v.tail_start else v.blocks[r0 // bt] + r0 % bt
+        tokens = v.tokens[r0:]
+        self.adapter.drop(p0, v.next_pos)
+        if self.checkpoints is not None:
+            self.checkpoints.restore(v.tokens[:r0])
+        out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
+        assert out.logits is not None
+        return out.logits
+
+    def _probe_plan(self, cfg: KVMemConfig, mode: str, prompt: Prompt, cached: int) -> Probe | None:
+        """The probe of a step that prefills ``prompt.ids[cached:]``, where it is exact and saves work: the adapter
+        stops forwards early, retrieval-heads scoring (it reads only its heads' layers) with heads above the last
+        layer, original positions (held blocks stay where they are), no recurrent state. It covers the query
+        window's part in the last prefill chunk (room is made once per chunk, before anything is held, so no held
+        block is dropped). None otherwise: prefill and replay as before."""
+        heads = cfg.retrieval_heads or self.heads
+        if (not self.adapter.caps.probe or self.checkpoints is not None or mode != "original" or not heads
+                or cfg.scorer != "retrieval-heads"):
+            return None
+        stop, n = max(layer for layer, _ in (*heads, *self.heads)), len(prompt.ids)  # summaries index self.heads
+        start = max(self._replay_start(cfg, prompt), chunk_cuts(cached, n, self._prefill_chunk(cfg))[-2])
+        return Probe(start, stop) if stop < self.layout.n_layers - 1 else None
+
+    def _hold(self, probe: Probe, blocks: Sequence[int]) -> None:
+        """Keep the probed KV of the blocks a probe chunk completed (they are stored after the full forward)."""
+        for b in blocks:
+            probe.held[b] = self.adapter.read_block(self.view.blocks[b], self.layout.block_tokens)
+
+    def _held_metas(self, ws: Workspace, probe: Probe, mandatory: Sequence[Span]) -> list[BlockMeta]:
+        """Metas of the held blocks not stored yet, chained after the stored ones: what selection sees of them
+        (their summaries' retrieval-head keys are the stored ones' to be; deeper layers are not read)."""
+        todo = sorted(b for b in probe.held if b >= len(ws.hashes))
+        assert todo == list(range(len(ws.hashes), len(ws.hashes) + len(todo))), "held blocks follow the stored ones"
+        tagged = overlapping(mandatory, max(todo, default=-1) + 1, self.layout.block_tokens)
+        metas, parent = [], ws.hashes[-1] if ws.hashes else ROOT_HASH
+        for b in todo:
+            metas.append(self._block_meta(parent, b, probe.held[b], tagged[b]))
+            parent = metas[-1].chain_hash
+        return metas
+
+    def _store_held(self, ws: Workspace, probe: Probe, metas: Sequence[BlockMeta]) -> None:
+        """Store the held blocks once the full forward has computed their deeper layers (``merge_layers``)."""
+        first = len(ws.hashes)
+        for b, meta in enumerate(metas, start=first):
+            assert len(ws.hashes) == b and self.view.blocks[b] == meta.start_pos, "held blocks stay in place"
+            full = self.adapter.read_block(meta.start_pos, self.layout.block_tokens)
+            kv = merge_layers(probe.held[b], full, probe.stop_after)
+            self._put(ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)),
+                      kv)
