@@ -47,11 +47,10 @@ class Verifier(Protocol):
 
 @dataclass
 class DraftStats:
-    """Tokens drafted and accepted in one step (``accepted <= drafted``), and verification forwards run."""
+    """Tokens drafted and accepted in one step (``accepted <= drafted``)."""
 
     drafted: int = 0
     accepted: int = 0
-    forwards: int = 0
 
 
 class LookupAdvance:
@@ -97,7 +96,6 @@ class LookupAdvance:
         self._ready.extend((draft[i], logits[i + 1]) for i in range(accepted))
         self.stats.drafted += len(draft)
         self.stats.accepted += accepted
-        self.stats.forwards += 1
         return lambda: logits[0]
 
 
