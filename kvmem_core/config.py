@@ -17,6 +17,7 @@ SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-di
 POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
 RECURRENT_MODES = ("keep", "recompute")
+SPECULATIVE_MODES = ("off", "lookup")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
 GIB = 1 << 30
@@ -43,6 +44,9 @@ FIELD_HELP = {
                  "rest of the view goes to the newest blocks",
     "groups": "whole-message selection: a block retrieval takes brings the rest of its message (a tool call with "
               "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
+    "speculative": "speculative decoding of greedy steps without an output format: lookup drafts tokens from n-gram "
+                   "matches in the workspace's transcript and verifies them in one forward (lossless; llama.cpp "
+                   "engine); " + "|".join(SPECULATIVE_MODES),
 }
 
 
@@ -67,6 +71,7 @@ class KVMemConfig:
     recurrent: str = "keep"
     groups: bool = True
     relevance: float = 0.35
+    speculative: str = "off"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
@@ -82,6 +87,7 @@ class KVMemConfig:
         _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
         _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
         _require(isinstance(self.groups, bool), "--kvmem-groups must be on or off")
+        _require(self.speculative in SPECULATIVE_MODES, f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}")
         _require(0.0 <= self.relevance <= 1.0, "--kvmem-relevance must be between 0 and 1")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
         for name in ("ctx", "budget", "gen_budget"):

@@ -30,6 +30,7 @@ from kvmem_core.retrieval import (BlockIndex, BlockScores, BlockSpans, QueryFeat
                                   make_scorer)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import decode, within
+from kvmem_core.speculative import ViewVerifier, lookup_advance
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.structured import Formats
@@ -69,7 +70,8 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         self.decode_alive: Callable[[], bool] | None = None  # after each decoded token; False: the client left
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
-        self._counts: Counter[str] = Counter(blocks_recomputed=0)  # listed in metrics from the start
+        self._counts: Counter[str] = Counter(blocks_recomputed=0, draft_tokens=0, draft_accepted=0)  # listed from the start
+        self._draft_counts: dict[str, float] = {}  # the last step's drafted and accepted tokens (speculative decoding)
 
     # ---- the Engine contract ------------------------------------------------------------
 
@@ -140,7 +142,7 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
         sampling = within(request.sampling, cfg.ctx - len(prompt.ids))
-        text, ids, finish, completed = self._decode(cfg, ws, sampling, logits, on_text, steer)
+        text, ids, finish, completed = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.ids)
         t3 = time.perf_counter()
         self._archive(ws, completed)
         if self.checkpoints is not None:
@@ -150,9 +152,10 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         t4 = time.perf_counter()
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2, "archive_s": t4 - t3,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids)),
-                   "reasoning_tokens": float(steer.spent if steer else 0)}
+                   "reasoning_tokens": float(steer.spent if steer else 0), **self._draft_counts}
         self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
-                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"])
+                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"],
+                            **{k: int(v) for k, v in self._draft_counts.items()})
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
     @property
@@ -366,25 +369,38 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         return index
 
     def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
-                on_text: OnText, steer: Thinking | None) -> tuple[str, list[int], str, list[int]]:
+                on_text: OnText, steer: Thinking | None, history: Sequence[int]) -> tuple[str, list[int], str, list[int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
-        except where the view must make room, which drops only archived blocks."""
+        except where the view must make room, which drops only archived blocks. ``cfg.speculative`` lookup drafts
+        from ``history`` (the transcript) where that is lossless (``kvmem_core.speculative``)."""
         self.last_logits = logits.copy()  # the adapter's logits live until its next forward
         mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
 
-        def advance(token: int) -> Callable[[], np.ndarray]:
-            if adapter.view_free() < 1:
+        def room(n: int) -> int:
+            if adapter.view_free() < n:
                 self._archive(ws, pending)
                 pending.clear()
-                self._make_room(cfg, mode, 1)
+                self._make_room(cfg, mode, n)
+            return adapter.view_free()
+
+        def advance(token: int) -> Callable[[], np.ndarray]:
+            room(1)
             out = adapter.forward([token], [self.view.next_pos])
             pending.extend(append_computed(self.view, [token]))
             return lambda: out.logits
 
-        text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, advance, on_text,
-                                   steer, self.formats.constraint(sampling, logits.size), self.decode_alive)
+        constraint = self.formats.constraint(sampling, logits.size)
+        spec = lookup_advance(cfg.speculative, adapter, sampling, constraint is not None, history,
+                              lambda: ViewVerifier(adapter, self.view, room, pending))
+        try:
+            text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, spec or advance, on_text,
+                                       steer, constraint, self.decode_alive)
+        finally:
+            if spec is not None:
+                spec.close()
+        self._draft_counts = {} if spec is None else {"draft_tokens": float(spec.stats.drafted),
+                                                      "draft_accepted": float(spec.stats.accepted)}
         return text, ids, finish, pending
-

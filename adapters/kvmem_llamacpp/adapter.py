@@ -139,8 +139,7 @@ class LlamaCppAdapter:
         want_logits = want_logits and stop_after is None
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         ctx = self.ctx if capture_from is None or self._capture_ctx is None else self._capture_ctx
-        if self._governed and ctx.threads.decode != (n := self._governor.poll()):
-            ctx.set_threads(Threads(n, n, auto=True))
+        self._govern(ctx)
         if capture_from is not None:
             self.capture.arm(len(tokens), capture_from, stop_after)
         if ctx is not self.ctx:
@@ -156,6 +155,21 @@ class LlamaCppAdapter:
         self._view.update(int(p) for p in positions)
         queries = self.capture.take() if capture_from is not None else None
         return ForwardOut(queries=queries, read=ctx.last_logits if want_logits else None)
+
+    def forward_every(self, tokens: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        """``forward`` with the logits of every token, float32 ``[len(tokens), vocab]`` (speculative decoding
+        verifies a draft with them); a view of llama.cpp's buffer, valid until the next forward. At most one
+        batch of tokens."""
+        assert 0 < len(tokens) <= min(self.ctx.n_batch, self.view_free()) and len(tokens) == len(positions)
+        self._govern(self.ctx)
+        self.ctx.decode(tokens, positions, LlamaContext.VIEW, True, every_logit=True)
+        self._view.update(int(p) for p in positions)
+        return self.ctx.all_logits(len(tokens))
+
+    def _govern(self, ctx: LlamaContext) -> None:
+        """Follow the cores other processes leave free, when the thread count is automatic."""
+        if self._governed and ctx.threads.decode != (n := self._governor.poll()):
+            ctx.set_threads(Threads(n, n, auto=True))
 
     def view_free(self) -> int:
         return self.ctx.n_ctx - len(self._view)

@@ -171,8 +171,10 @@ class LlamaContext:
         self._logits_type = ctypes.c_float * model.n_vocab
         self._state = np.empty(0, dtype=np.uint8)
 
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq: int, want_logits: bool) -> None:
-        """One ``llama_decode`` of at most ``n_batch`` tokens; logits only for the last when asked."""
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq: int, want_logits: bool,
+               every_logit: bool = False) -> None:
+        """One ``llama_decode`` of at most ``n_batch`` tokens; logits for the last when asked, for every token with
+        ``every_logit``."""
         n = len(tokens)
         assert 0 < n <= self.n_batch
         b = self._batch
@@ -182,8 +184,8 @@ class LlamaContext:
             b.pos[i] = positions[i]
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq
-            b.logits[i] = 0
-        b.logits[n - 1] = int(want_logits)
+            b.logits[i] = int(every_logit)
+        b.logits[n - 1] = int(want_logits or every_logit)
         rc = L.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (rc={rc}: {_DECODE_ERRORS.get(rc, 'compute error')})")
@@ -199,6 +201,13 @@ class LlamaContext:
         The view stays writeable: numpy copies a read-only array before ``argmax``."""
         ptr = L.llama_get_logits_ith(self.ptr, -1)
         return np.frombuffer(self._logits_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
+
+    def all_logits(self, n: int) -> np.ndarray:
+        """The logits of the ``n`` tokens of the last ``decode`` with ``every_logit``, float32 [n, vocab]: a view of
+        llama.cpp's output buffer, as ``last_logits`` is."""
+        ptr = L.llama_get_logits(self.ptr)
+        rows = (ctypes.c_float * (n * self.model.n_vocab)).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(rows, dtype=np.float32).reshape(n, self.model.n_vocab)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         L.llama_memory_seq_rm(self.mem, seq, p0, p1)

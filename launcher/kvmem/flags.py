@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvmem_core.config import (FIELD_HELP, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
-                               SCORERS, KVMemConfig, parse_retrieval_heads)
+                               SCORERS, SPECULATIVE_MODES, KVMemConfig, parse_retrieval_heads)
 from kvmem_core.errors import ConfigError
 
 _DEFAULTS = KVMemConfig()
@@ -68,6 +68,7 @@ KNOBS = (
     Knob("recurrent", "--kvmem-recurrent", _choice(RECURRENT_MODES)),
     Knob("groups", "--kvmem-groups", parse_switch),
     Knob("relevance", "--kvmem-relevance", float),
+    Knob("speculative", "--speculative", _choice(SPECULATIVE_MODES)),
 )
 
 

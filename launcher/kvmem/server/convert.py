@@ -18,7 +18,7 @@ _DEFAULT = SamplingParams()
 EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096}  # think tokens; high and above: no limit
 _OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
                     "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads",
-                    "groups": "groups", "relevance": "relevance"}
+                    "groups": "groups", "relevance": "relevance", "speculative": "speculative"}
 
 
 def overrides(options: S.KVMemOptions | None, config: KVMemConfig, messages: int = 0, shift: int = 0) -> dict[str, Any]:

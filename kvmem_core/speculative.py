@@ -1,0 +1,137 @@
+"""Lossless speculative decoding for greedy steps: each token runs with a draft, verified in the same forward.
+
+``LookupAdvance`` is an ``Advance`` (``kvmem_core.sampling.decode``'s per-token callback), so the decode loop,
+its stop strings, end-of-generation tokens and length limit see every token exactly as without speculation.
+When the loop hands it a token, it asks the drafter (``kvmem_core.lookup``) for the tokens likely to follow,
+runs the token and the draft in one forward with logits at every position, and keeps the longest draft prefix
+that greedy decoding would have chosen itself (each draft token the argmax of the logits before it). The cells
+of the rejected tokens leave the view at once. The logits of the kept positions then answer the loop's next
+calls without a forward; the first token past them (the model's own choice after the last kept one, the bonus
+token) starts the next forward. Only greedy steps without an output format speculate: a sampled token is not
+the argmax, and a grammar's mask changes the choice (``kvmem_core.engine`` decides).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from kvmem_core.adapter import EngineAdapter
+from kvmem_core.contract import SamplingParams
+from kvmem_core.lookup import LookupDrafter
+from kvmem_core.step import ViewState, append_computed
+
+
+class Verifier(Protocol):
+    """What the engine lends the speculation: its view's next position and the moves that change it."""
+
+    def room(self, n: int) -> int:
+        """Make room for ``n`` more cells if the view can; -> the cells free (possibly fewer than ``n``)."""
+        ...
+
+    def run(self, tokens: Sequence[int]) -> np.ndarray:
+        """Forward ``tokens`` at the view's next positions without committing them; -> float32 logits
+        ``[len(tokens), vocab]``, valid until the next ``run``."""
+        ...
+
+    def commit(self, token: int) -> None:
+        """The view's next position now holds ``token`` (its cell was computed by ``run``)."""
+        ...
+
+    def discard(self, keep: int) -> None:
+        """Remove the cells ``run`` computed past the committed ones, all but the first ``keep``."""
+        ...
+
+
+@dataclass
+class DraftStats:
+    """Tokens drafted and accepted in one step (``accepted <= drafted``)."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+class LookupAdvance:
+    """Greedy decoding's ``Advance`` with prompt-lookup drafts (see module docstring)."""
+
+    def __init__(self, verifier: Verifier, drafter: LookupDrafter, max_tokens: int) -> None:
+        """``drafter`` holds the transcript; ``max_tokens``: the step's limit (no draft runs past it)."""
+        self.verifier, self.drafter, self.max_tokens = verifier, drafter, max_tokens
+        self.stats = DraftStats()
+        self._ready: deque[tuple[int, np.ndarray]] = deque()  # accepted draft tokens not yet taken, with their logits
+        self._taken = 0  # tokens the loop advanced so far
+
+    def __call__(self, token: int) -> Callable[[], np.ndarray]:
+        self._taken += 1
+        self.drafter.extend([token])
+        if self._ready and self._ready[0][0] == token:
+            _, logits = self._ready.popleft()
+            self.verifier.commit(token)
+            return lambda: logits
+        self.close()  # a steer forced another token than the model's (only then do accepted drafts go unused)
+        return self._verify(token)
+
+    def close(self) -> None:
+        """Remove the cells of accepted draft tokens the loop did not take (it stopped first)."""
+        if self._ready:
+            self.verifier.discard(0)
+            self._ready.clear()
+
+    def _verify(self, token: int) -> Callable[[], np.ndarray]:
+        limit = self.max_tokens - self._taken - 1  # draft tokens whose logits the loop may still sample from
+        draft = self.drafter.propose(limit) if limit > 0 else []
+        if draft:
+            free = self.verifier.room(1 + len(draft))
+            draft = draft[:max(0, free - 1)]
+        else:
+            self.verifier.room(1)
+        logits = self.verifier.run([token, *draft])
+        self.verifier.commit(token)
+        if not draft:
+            return lambda: logits[0]
+        accepted = accepted_prefix(logits, draft)
+        self.verifier.discard(accepted)
+        self._ready.extend((draft[i], logits[i + 1]) for i in range(accepted))
+        self.stats.drafted += len(draft)
+        self.stats.accepted += accepted
+        return lambda: logits[0]
+
+
+def accepted_prefix(logits: np.ndarray, draft: Sequence[int]) -> int:
+    """How many leading ``draft`` tokens greedy decoding picks itself: ``draft[i]`` is taken while it is the argmax
+    of ``logits[i]`` (the logits after the token before it) and every earlier one was taken."""
+    choices = np.argmax(logits[:len(draft)], axis=-1)
+    wrong = np.flatnonzero(choices != np.asarray(draft))
+    return int(wrong[0]) if wrong.size else len(draft)
+
+
+class ViewVerifier:
+    """The ``Verifier`` over an engine's view: forwards through the adapter's ``forward_every``, commits through
+    ``append_computed`` (the blocks a commit completes join ``completed``), makes room through ``room``."""
+
+    def __init__(self, adapter: EngineAdapter, view: ViewState, room: Callable[[int], int],
+                 completed: list[int]) -> None:
+        self.adapter, self.view, self.room, self.completed = adapter, view, room, completed
+
+    def run(self, tokens: Sequence[int]) -> np.ndarray:
+        start = self.view.next_pos
+        return self.adapter.forward_every(tokens, list(range(start, start + len(tokens))))  # type: ignore[attr-defined]
+
+    def commit(self, token: int) -> None:
+        self.completed.extend(append_computed(self.view, [token]))
+
+    def discard(self, keep: int) -> None:
+        self.adapter.drop(self.view.next_pos + keep, -1)  # the tail is the view's last span: nothing lies past it
+
+
+def lookup_advance(mode: str, adapter: EngineAdapter, sampling: SamplingParams, shaped: bool,
+                   history: Sequence[int], verifier: Callable[[], Verifier]) -> LookupAdvance | None:
+    """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off,
+    a sampled step (temperature above 0), a step ``shaped`` by an output format, an adapter without
+    ``forward_every``. ``history``: the transcript the request sent."""
+    if mode != "lookup" or sampling.temperature > 0 or shaped or not hasattr(adapter, "forward_every"):
+        return None
+    assert sampling.max_tokens is not None
+    return LookupAdvance(verifier(), LookupDrafter(history), sampling.max_tokens)

@@ -1,0 +1,91 @@
+"""Prompt-lookup speculative decoding on the default model (Qwen2.5-Coder-0.5B) is lossless: greedy answers with
+``speculative: lookup`` equal those without, token for token, for a turn that rewrites a file it just read (most
+drafts accepted) and one without repeats; a drafter that guesses wrong changes nothing either (verification
+rejects its tokens), and the view holds exactly the committed tokens afterwards (rejected cells are gone)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import llama_cpp as L
+import pytest
+
+import kvmem_core.speculative as speculative
+from kvmem_core.config import KVMemConfig
+from kvmem_core.contract import SamplingParams, StepRequest, StepResult
+from kvmem_core.engine import KVMemEngine
+from kvmem_core.lookup import LookupDrafter
+from kvmem_core.step import view_sequence
+
+pytestmark = pytest.mark.llamacpp
+CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=256, method="full")
+TOKENS = 48
+SOURCE = (Path(__file__).parents[2] / "kvmem_core" / "lookup.py").read_text()[:1600]
+REWRITE = ({"role": "user", "content": f"Here is a file:\n```python\n{SOURCE}```\nRewrite it with LookupDrafter "
+                                       "renamed to NgramDrafter. Output only the file."},)
+STORY = ({"role": "user", "content": "Write a short story about a lighthouse keeper who finds a strange bottle."},)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[KVMemEngine]:
+    from kvmem.models import resolve_model
+    from kvmem_core.errors import ModelNotFoundError
+    from kvmem_llamacpp import create_adapter
+
+    try:
+        path = resolve_model("qwen2.5-coder-0.5b")
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+    e = KVMemEngine(create_adapter(str(path), CFG, n_threads=1), CFG)
+    yield e
+    e.close()
+
+
+def greedy(engine: KVMemEngine, messages: tuple[dict[str, str], ...], mode: str) -> StepResult:
+    request = StepRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
+                          overrides={"speculative": mode})
+    result = engine.step(request, lambda piece: True)
+    assert_view_holds_exactly_the_committed_tokens(engine)
+    return result
+
+
+def assert_view_holds_exactly_the_committed_tokens(engine: KVMemEngine) -> None:
+    _, positions = view_sequence(engine.view)
+    adapter = engine.adapter
+    assert adapter._view == set(positions)
+    assert L.llama_memory_seq_pos_max(adapter.ctx.mem, 0) == max(positions)
+
+
+class WrongDrafter(LookupDrafter):
+    """The lookup draft with its second token replaced by another: everything from there on must be rejected."""
+
+    def propose(self, limit: int | None = None) -> list[int]:
+        draft = super().propose(limit)
+        if len(draft) >= 2:
+            draft[1] = (draft[1] + 1) % 1000
+        return draft
+
+
+@pytest.mark.parametrize("messages", [REWRITE, STORY], ids=["rewrite", "story"])
+def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages) -> None:
+    off = greedy(engine, messages, "off")
+    on = greedy(engine, messages, "lookup")
+    assert on.token_ids == off.token_ids and on.text == off.text
+    assert "draft_tokens" not in off.timings
+    assert 0 <= on.timings["draft_accepted"] <= on.timings["draft_tokens"]
+    if messages is REWRITE:
+        assert on.timings["draft_accepted"] >= TOKENS // 3, "a rewrite of a file just read accepts most drafts"
+
+
+def test_wrong_drafts_are_rejected(engine: KVMemEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    off = greedy(engine, REWRITE, "off")
+    monkeypatch.setattr(speculative, "LookupDrafter", WrongDrafter)
+    on = greedy(engine, REWRITE, "lookup")
+    assert on.token_ids == off.token_ids
+    assert on.timings["draft_accepted"] < on.timings["draft_tokens"]
+
+
+def test_sampled_and_formatted_steps_do_not_speculate(engine: KVMemEngine) -> None:
+    sampled = StepRequest(messages=STORY, sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=4),
+                          overrides={"speculative": "lookup"})
+    assert "draft_tokens" not in engine.step(sampled, lambda piece: True).timings
