@@ -1,7 +1,7 @@
 """Retrieval-head profiles: run the synthetic calibration on a model and cache the result.
 
 A profile is looked up by the model file's fingerprint: first in the user cache
-(``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``profiles/``), then among the profiles
+(``kvmem_core.paths.cache_root()``, under ``profiles/``), then among the profiles
 shipped next to the adapter package, then next to every other installed adapter package;
 missing all, the calibration runs (a few minutes for a 0.5B model on one CPU thread) and
 its result is cached. Documents are sized to the model's tokenizer and view: each is grown
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.errors import ConfigError
+from kvmem_core.paths import cache_root
 from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, calibrate
 from kvmem_core.synthetic import ENTITIES, SyntheticDoc, make_doc
 
@@ -32,7 +32,7 @@ LINES_PER_DISTRACTOR = 5
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KVMEM_CACHE_DIR", Path.home() / ".cache" / "kvmem")) / "profiles"
+    return cache_root() / "profiles"
 
 
 def shipped_dir(adapter: EngineAdapter) -> Path:
