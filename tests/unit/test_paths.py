@@ -38,8 +38,12 @@ def test_empty_variables_count_as_unset(env, tmp_path):
 
 
 def test_every_cache_user_goes_through_it(env, tmp_path):
-    from kvmem import models, profiles
+    from kvmem import cmd_serve, models, profiles
+    from kvmem_llamacpp import gate
 
+    env.delenv("KVMEM_RUN_DIR", raising=False)
     env.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert profiles.cache_dir() == tmp_path / "xdg" / "kvmem" / "profiles"
+    assert gate.cache_dir() == tmp_path / "xdg" / "kvmem" / "native"
+    assert cmd_serve.pidfile(8000) == tmp_path / "xdg" / "kvmem" / "serve-8000.json"
     assert Path(models.DEFAULT.target()).parent == tmp_path / "xdg" / "kvmem" / "models"
