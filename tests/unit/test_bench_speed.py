@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from model_support import small_model
 
 from kvmem.bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
 from kvmem.bench.speed_llamacpp import ForwardClock
@@ -98,30 +97,3 @@ def test_forward_clock_separates_prefill_replay_and_decode_and_waits_for_multi_t
 def test_decode_rate_is_forwards_per_second_of_the_decode_phase():
     assert decode_rate(SimpleNamespace(token_ids=(5, 6, 7, 8, 9), timings={"decode_s": 2.0})) == 2.0
     assert decode_rate(SimpleNamespace(token_ids=(5,), timings={"decode_s": 0.1})) is None
-
-
-@pytest.mark.llamacpp
-def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
-    pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_overhead import decode_overhead
-    out = decode_overhead(str(small_model()), decode_tokens=8, rounds=1)
-    assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
-    # The ratio is taken before the speeds are rounded to two decimals.
-    assert out["decode_vs_plain"] == pytest.approx(out["kvmem_tok_s"] / out["plain_tok_s"], abs=2e-3)
-
-
-@pytest.mark.llamacpp
-def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llguidance")
-    from kvmem.bench.speed_structured import structured_cost
-    from kvmem.engines import load_engine
-    from kvmem_core.config import KVMemConfig
-
-    engine = load_engine("llama.cpp", str(small_model()), KVMemConfig(ctx=2048, budget=1024, gen_budget=256))
-    try:
-        out = structured_cost(engine, max_tokens=32)
-    finally:
-        engine.close()
-    assert out["tokens"] > 0 and out["parses"] and out["vocab"] == 49152 and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
-    assert out["mask_share"] == pytest.approx(out["mask_ms_per_token"] / out["decode_ms_per_token"], rel=0.01)
