@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmem_core.bench_store import measure_host_copy, measure_nvme
+from kvmem_core.config import SCORERS
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector, make_scorer
 from kvmem_core.retrieval.index import quantize_int8
 from kvmem_core.retrieval.summaries import MAX_PROTOS
 
-SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "key-direction", "per-token")
 _SUMMARY = {"retrieval-heads": "head_keys", "mean-k": "mean_k", "sub-block-mean-k": "sub_mean_k", "key-direction": "protos"}
 
 

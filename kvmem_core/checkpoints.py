@@ -1,4 +1,4 @@
-"""Recurrent-state checkpoints of hybrid models (DESIGN section 1, steps 2 and 5).
+"""Recurrent-state checkpoints of hybrid models.
 
 A recurrent (DeltaNet) state cannot be subset like attention blocks: going on after token
 N needs the state taken exactly after N tokens. ``Checkpoints`` keeps such states in host

@@ -13,7 +13,7 @@ from kvmem_core.errors import ConfigError
 from kvmem_core.layout import BlockLayout
 
 METHODS = ("retrieval", "recent", "sink-recent", "full")
-SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "per-token", "key-direction")
+SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "key-direction", "per-token")  # the bench's order
 POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
 RECURRENT_MODES = ("keep", "recompute")

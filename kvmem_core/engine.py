@@ -1,4 +1,4 @@
-"""``KVMemEngine``: one KVMem step per request over any ``EngineAdapter`` (DESIGN section 1).
+"""``KVMemEngine``: one KVMem step per request over any ``EngineAdapter``.
 
 Render and tokenize, match the stored workspace, prefill the new suffix in chunks while
 archiving completed blocks, select blocks for the query, materialize them, replay the

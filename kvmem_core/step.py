@@ -1,4 +1,4 @@
-"""The engine's view of one trajectory and the moves that shape it (DESIGN section 1, steps 3-6).
+"""The engine's view of one trajectory and the moves that shape it.
 
 ``ViewState`` remembers which logical tokens have KV computed (``tokens``), which whole
 blocks of them are resident in the adapter's view and at which view position, and the

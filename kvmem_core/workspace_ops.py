@@ -19,7 +19,7 @@ from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import CorruptBlockError, WorkspaceExistsError, WorkspaceFileError
-from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
+from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.portable import WorkspaceReader, write_workspace
 from kvmem_core.retrieval import BlockIndex, SummaryOptions, summarize_block
 from kvmem_core.step import ViewState

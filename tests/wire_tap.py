@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any
 
 import aiohttp
 from aiohttp import web

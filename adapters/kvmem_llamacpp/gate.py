@@ -23,6 +23,7 @@ from typing import Callable
 
 import llama_cpp as L
 
+from kvmem_core.paths import cache_root
 from kvmem_llamacpp.ggml import GgmlTensor
 
 log = logging.getLogger("kvmem.llamacpp")
@@ -80,7 +81,7 @@ class EvalGate:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KVMEM_CACHE_DIR", Path.home() / ".cache" / "kvmem")) / "native"
+    return cache_root() / "native"
 
 
 @cache

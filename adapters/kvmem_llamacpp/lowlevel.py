@@ -17,6 +17,7 @@ import llama_cpp as L
 import numpy as np
 
 from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
+from kvmem_core.gguf_file import GGUFFile, gguf_rope_factors
 from kvmem_core.threads import Threads
 from kvmem_llamacpp.gate import EvalGate
 
@@ -58,9 +59,6 @@ def check_gguf(path: Path) -> None:
 def rope_factors(path: Path, n_rot: int) -> np.ndarray | None:
     """Per-frequency RoPE divisors llama.cpp applies to this file (``rope_freqs`` tensor, linear scaling),
     or None: the numpy rotations of blocks must match the cache's."""
-    from kvmem_torch.gguf_file import GGUFFile
-    from kvmem_torch.spec import gguf_rope_factors
-
     f = GGUFFile(path)
     try:
         freqs = f.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in f.tensors else None

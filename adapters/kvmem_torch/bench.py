@@ -20,7 +20,7 @@ import torch
 
 from kvmem_torch import kernels
 from kvmem_torch.adapter import TorchAdapter, prefill_chunk_for
-from kvmem_torch.gguf_file import GGUFFile
+from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
 from kvmem_torch.spec import ModelSpec, qwen35_kinds

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from kvmem_core.errors import UnsupportedModelError
-from kvmem_torch.gguf_file import GGUFFile
+from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch.spec import ModelSpec, spec_from_gguf
 
 _GLOBAL = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvmem_core.errors import UnsupportedModelError
+from kvmem_core.gguf_file import gguf_rope_factors
 
 ARCHS = ("llama", "qwen2", "qwen35")
 ATTENTION, DELTANET = "attention", "deltanet"
@@ -117,19 +118,6 @@ def hf_rope_factors(rope: Mapping[str, Any], rotary_dim: int, theta: float) -> t
             smooth = (old / wavelen - low) / (high - low)
             out.append(1.0 / ((1 - smooth) / factor + smooth))
     return tuple(out)
-
-
-def gguf_rope_factors(meta: Mapping[str, Any], arch: str, rotary_dim: int,
-                      freqs: list[float] | None) -> tuple[float, ...]:
-    """Divisors from GGUF metadata (``rope.scaling.type`` none/linear) and the ``rope_freqs`` tensor, as
-    llama.cpp combines them: theta = pos * base^(-2i/d) * freq_scale / freq_factor_i."""
-    kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "linear"):
-        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (have: none, linear, rope_freqs)")
-    scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
-    if freqs is None and scale == 1.0:
-        return ()
-    return tuple(float(f) * scale for f in (freqs or [1.0] * (rotary_dim // 2)))
 
 
 def _llama_from_hf(c: Mapping[str, Any], arch: str) -> ModelSpec:

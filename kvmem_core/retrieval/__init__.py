@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvmem_core.retrieval.base import BlockScores, KeySource, QueryFeatures, Scorer
 from kvmem_core.retrieval.calibration import CalibrationDoc, block_scores, calibrate
 from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
-from kvmem_core.retrieval.profile import RetrievalProfile, model_fingerprint
+from kvmem_core.retrieval.profile import RetrievalProfile
 from kvmem_core.retrieval.scorers import (
     KeyDirectionScorer,
     MeanKScorer,
@@ -44,6 +44,5 @@ __all__ = [
     "block_scores",
     "index_pairs",
     "make_scorer",
-    "model_fingerprint",
     "summarize_block",
 ]

@@ -1,21 +1,12 @@
 """A model's retrieval profile: which (layer, query head) pairs find facts, cached as JSON."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvmem_core.layout import BlockLayout
-
 PROFILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the block size and hit rates of the chosen set
-
-
-def model_fingerprint(model_id: str, layout: BlockLayout) -> str:
-    """Stable 16-hex digest naming a model and its KV layout; profiles are cached under it."""
-    text = f"{model_id}|{layout.layout_hash()}".encode()
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

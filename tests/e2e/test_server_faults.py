@@ -134,7 +134,9 @@ def test_32_clients_on_a_queue_of_4(server: LiveServer, client: openai.OpenAI) -
     assert codes.count(200) >= 5 and codes.count(429) >= 1
     after = requests.get(server.url + "/metrics", timeout=5).text
     key = 'kvmem_requests_total{route="/v1/chat/completions",status="429"}'
-    count = lambda text: next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
+
+    def count(text: str) -> float:
+        return next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
     assert count(after) - count(before) == codes.count(429)
 
 

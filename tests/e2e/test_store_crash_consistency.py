@@ -5,7 +5,6 @@ payload), every block a workspace names on disk, no orphan or temp file, and eve
 as the last flush the writer acknowledged before the kill."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal

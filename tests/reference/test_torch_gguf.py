@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from kvmem_torch.gguf_file import GGUFFile  # noqa: E402
+from kvmem_core.gguf_file import GGUFFile  # noqa: E402
 from kvmem_torch.gguf_loader import convert_tensor, load_gguf  # noqa: E402
 from kvmem_torch.gguf_writer import is_quantized, roundtrip, to_gguf_tensor, write_gguf  # noqa: E402
 from kvmem_torch.hf_loader import internal_name  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvmem_core.errors import ModelNotFoundError
-from kvmem_torch.gguf_file import GGUFFile
+from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch.gguf_loader import internal_name, load_gguf
 from kvmem_torch.model import Model
 from kvmem_torch.paged import View

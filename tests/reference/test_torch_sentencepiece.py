@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
-from kvmem_torch.gguf_file import GGUFFile  # noqa: E402
+from kvmem_core.gguf_file import GGUFFile  # noqa: E402
 from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
 from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 from kvmem_torch.tokenizer import from_gguf_meta  # noqa: E402

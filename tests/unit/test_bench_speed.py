@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from model_support import small_model
 
 from kvmem.bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
 from kvmem.bench.speed_llamacpp import ForwardClock, baseline_ratios
@@ -114,35 +113,6 @@ def test_decode_rate_is_forwards_per_second_of_the_decode_phase():
     assert decode_rate(SimpleNamespace(token_ids=(5,), timings={"decode_s": 0.1})) is None
 
 
-@pytest.mark.llamacpp
-def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
-    pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_overhead import decode_overhead
-    out = decode_overhead(str(small_model()), decode_tokens=8, rounds=1)
-    assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
-    # The ratio is taken before the speeds are rounded to two decimals.
-    assert out["decode_vs_plain"] == pytest.approx(out["kvmem_tok_s"] / out["plain_tok_s"], abs=2e-3)
-
-
-@pytest.mark.llamacpp
-def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llguidance")
-    from kvmem.bench.speed_structured import structured_cost
-    from kvmem.engines import load_engine
-    from kvmem_core.config import KVMemConfig
-
-    engine = load_engine("llama.cpp", str(small_model()), KVMemConfig(ctx=2048, budget=1024, gen_budget=256))
-    try:
-        out = structured_cost(engine, max_tokens=32, rounds=1)
-    finally:
-        engine.close()
-    assert out["tokens"] > 0 and out["parses"] and out["vocab"] == 49152 and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
-    exposed = out["decode_ms_per_token"] - out["free_decode_ms_per_token"]  # what the grammar adds to a step
-    assert out["exposed_ms_per_token"] == pytest.approx(exposed, abs=1e-3)
-    assert out["mask_share"] == pytest.approx(exposed / out["free_decode_ms_per_token"], abs=1e-3)
-    assert out["mask_alone_share"] == pytest.approx(out["mask_ms_per_token"] / out["free_decode_ms_per_token"], abs=1e-3)
-
 
 def test_fair_baselines_are_ratios_of_reuse_over_each_and_goals_at_the_largest_workspace():
     pts = points()
@@ -158,29 +128,3 @@ def test_fair_baselines_are_ratios_of_reuse_over_each_and_goals_at_the_largest_w
     assert met["ttft_vs_prefix_cache<=1.2"] is False and met["ttft<=1.25x(suffix_floor+50ms)"] is True
     assert "ttft_vs_prefix_cache<=1.2" not in goals({"ttft_speedup": 1.0}, quick=True)  # not measured: not a goal
     assert "vs cache" in table(pts).splitlines()[0]
-
-
-@pytest.mark.llamacpp
-def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_prefill():
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_llamacpp import _argmax, baselines, prefill_from
-
-    path = str(small_model())
-    llm = llama_cpp.Llama(path, n_ctx=256, n_batch=512, verbose=False, n_threads=1, n_threads_batch=1)
-    try:
-        previous = llm.tokenize(b"The survey team logged soil samples at each camp. " * 6)
-        ids = previous + llm.tokenize(b" Which camp logged the most samples?", add_bos=False)
-        llm.eval(ids)
-        full = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
-        assert prefill_from(llm, ids, len(previous)) > 0 and llm.n_tokens == len(ids)
-        cached = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
-        assert _argmax(llm) == int(full.argmax()) and np.allclose(cached, full, atol=0.05)
-        prefill_from(llm, ids[len(previous):], 0)  # the floor: the suffix alone, from an empty cache
-        with pytest.raises(AssertionError, match="resident"):
-            prefill_from(llm, ids, len(previous))  # the cache no longer holds the previous prompt
-    finally:
-        llm.close()
-    out = baselines(path, ids, previous, 4, {"n_threads": 1, "n_threads_batch": 1}, rounds=1)
-    assert out["new_tokens"] == len(ids) - len(previous)
-    assert min(out["reprefill_ttft_s"], out["prefix_ttft_s"], out["suffix_floor_s"], out["full_tok_s"]) > 0
-    assert out["plain_prefill_tok_s"] == pytest.approx(out["new_tokens"] / out["suffix_floor_s"])

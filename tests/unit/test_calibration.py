@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem_core.layout import BlockLayout
-from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, block_scores, calibrate, model_fingerprint
+from kvmem_core.retrieval import CalibrationDoc, RetrievalProfile, block_scores, calibrate
 
 L, HQ, HKV, D, T, TQ, B = 3, 6, 2, 16, 200, 6, 16
 PLANTED = {(1, 4), (2, 0)}
@@ -74,10 +73,3 @@ def test_version_1_profiles_still_load():
     assert profile.heads == ((1, 2),) and profile.block_tokens == 0
     with pytest.raises(ValueError):
         RetrievalProfile.from_json('{"version": 9}')
-
-
-def test_fingerprint_depends_on_model_and_layout():
-    a = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9)
-    b = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9, dtype="float32")
-    assert model_fingerprint("m", a) == model_fingerprint("m", a)
-    assert len({model_fingerprint("m", a), model_fingerprint("n", a), model_fingerprint("m", b)}) == 3

@@ -1,5 +1,5 @@
-"""Model discovery: chunked models assemble once, atomically and verified; short names resolve; the real default
-answers."""
+"""Model discovery: chunked models assemble once, atomically and verified; short names resolve (the real default
+answering is tests/reference/test_models_default.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -104,27 +104,6 @@ def test_paths_and_unknown_names(tmp_path: Path) -> None:
     message = str(info.value)
     assert "\n" not in message and message.startswith("unknown model 'llama3'; known: ")
     assert all(m.name in message and all(a in message for a in m.aliases) for m in models.KNOWN)
-
-
-@pytest.mark.llamacpp
-def test_the_real_default_has_the_pinned_hash_and_answers() -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    try:
-        path = QWEN_CODER_05B.path()
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(models.CHUNK_BYTES):
-            digest.update(chunk)
-    assert path.stat().st_size == QWEN_CODER_05B.size and digest.hexdigest() == QWEN_CODER_05B.sha256
-    llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, verbose=False)
-    try:
-        reply = llm.create_chat_completion([{"role": "user", "content": "What is the capital of France?"}],
-                                           max_tokens=12, temperature=0.0)
-    finally:
-        llm.close()
-    assert "Paris" in reply["choices"][0]["message"]["content"]
 
 
 def test_released_parts_leave_one_copy_and_say_how_to_restore_them(tmp_path: Path,

@@ -3,8 +3,6 @@ restarts that leave the others' files alone, temp files unique per process."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 from test_store import LAYOUT, Clock, fill, tokens
@@ -67,19 +65,14 @@ def test_a_block_missing_on_disk_is_not_adopted(tmp_path):
 def test_the_scan_keeps_a_live_writers_temp_file_and_removes_a_dead_ones(tmp_path):
     store = shared_store(tmp_path, "r0")
     store.close()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        blocks_dir = store.nvme.blocks_dir
-        live = blocks_dir / f"x.kvb.{sleeper.pid}.tmp"
-        dead = blocks_dir / "y.kvb.999999999.tmp"
-        old = blocks_dir / "z.kvb.tmp"
-        for p in (live, dead, old):
-            p.write_bytes(b"partial")
-        shared_store(tmp_path, "r1").close()
-        assert live.exists() and not dead.exists() and not old.exists()
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    blocks_dir = store.nvme.blocks_dir
+    live = blocks_dir / f"x.kvb.{os.getppid()}.tmp"  # another live process: the one that started this test run
+    dead = blocks_dir / "y.kvb.999999999.tmp"
+    old = blocks_dir / "z.kvb.tmp"
+    for p in (live, dead, old):
+        p.write_bytes(b"partial")
+    shared_store(tmp_path, "r1").close()
+    assert live.exists() and not dead.exists() and not old.exists()
 
 
 def test_two_stores_writing_the_same_block_leave_one_valid_file(tmp_path):

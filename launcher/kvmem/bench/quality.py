@@ -9,7 +9,6 @@ them (``--resume`` continues it).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmem.bench.api import Api, ApiError
-from kvmem.bench.quality_plan import FULL, MAX_TOKENS, ORACLE, Method, Queue, View
+from kvmem.bench.quality_plan import MAX_TOKENS, ORACLE, Method, Queue, View
 from kvmem.bench.sessions import Session, is_correct
 from kvmem.serve_process import ServeError, ServeProcess
 

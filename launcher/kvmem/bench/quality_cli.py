@@ -123,7 +123,7 @@ def trained_context(model: str | None) -> int:
     if path.is_dir():
         config = json.loads((path / "config.json").read_text())
         return int(config.get("text_config", config)["max_position_embeddings"])
-    from kvmem_torch.gguf_file import GGUFFile
+    from kvmem_core.gguf_file import GGUFFile
 
     gguf = GGUFFile(path)
     try:

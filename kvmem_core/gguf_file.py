@@ -1,7 +1,8 @@
 """A GGUF file's header (key/values, vocabulary included, tensor directory) in one fast pass.
 
 ``struct`` over a memory map, numpy only, so both engines' adapters can read metadata and
-small tensors without torch; larger tensors are dequantized with the ``gguf`` package.
+small tensors without torch; larger tensors are dequantized with the ``gguf`` package. The RoPE
+divisors a GGUF file implies live here too, so no adapter needs another adapter to compute them.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -101,3 +102,16 @@ class GGUFFile:
 
     def close(self) -> None:
         self.buf.close()
+
+
+def gguf_rope_factors(meta: Mapping[str, Any], arch: str, rotary_dim: int,
+                      freqs: list[float] | None) -> tuple[float, ...]:
+    """Divisors from GGUF metadata (``rope.scaling.type`` none/linear) and the ``rope_freqs`` tensor, as
+    llama.cpp combines them: theta = pos * base^(-2i/d) * freq_scale / freq_factor_i."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in ("none", "linear"):
+        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (have: none, linear, rope_freqs)")
+    scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
+    if freqs is None and scale == 1.0:
+        return ()
+    return tuple(float(f) * scale for f in (freqs or [1.0] * (rotary_dim // 2)))
