@@ -63,7 +63,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
         bw = bandwidths(adapter.layout.kv_bytes_per_block, cuda)
         tflops = gemm_tflops() if cuda else None
         log(f"bandwidths {bw}, bf16 GEMM {tflops} TFLOP/s")
-        points, transcripts = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
+        points, transcripts, _ = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
         structured = structured_cost(engine)
     finally:
