@@ -19,7 +19,7 @@ probe's, and those are the same everywhere as without a probe, so every selectio
 So are the answers, until a step loads a held block back from the store: its deeper layers were
 computed against the selected view, where without a probe they were computed against the
 streaming view, so that step's logits may differ slightly.
-``tests/unit/test_probe.py`` checks scores, selections and answers on a real model.
+``tests/reference/test_probe_engines.py`` checks scores, selections and answers on a real model.
 """
 from __future__ import annotations
 

@@ -71,7 +71,6 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
         self._counts: Counter[str] = Counter(blocks_recomputed=0, draft_tokens=0, draft_accepted=0)  # listed from the start
-        self._draft_counts: dict[str, float] = {}  # the last step's drafted and accepted tokens (speculative decoding)
 
     # ---- the Engine contract ------------------------------------------------------------
 
@@ -142,7 +141,7 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
         sampling = within(request.sampling, cfg.ctx - len(prompt.ids))
-        text, ids, finish, completed = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.ids)
+        text, ids, finish, completed, drafts = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.ids)
         t3 = time.perf_counter()
         self._archive(ws, completed)
         if self.checkpoints is not None:
@@ -152,10 +151,10 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         t4 = time.perf_counter()
         timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2, "archive_s": t4 - t3,
                    "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids)),
-                   "reasoning_tokens": float(steer.spent if steer else 0), **self._draft_counts}
+                   "reasoning_tokens": float(steer.spent if steer else 0), **{k: float(v) for k, v in drafts.items()}}
         self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
                             prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"],
-                            **{k: int(v) for k, v in self._draft_counts.items()})
+                            **drafts)
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
     @property
@@ -369,12 +368,14 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         return index
 
     def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
-                on_text: OnText, steer: Thinking | None, history: Sequence[int]) -> tuple[str, list[int], str, list[int]]:
+                on_text: OnText, steer: Thinking | None,
+                history: Sequence[int]) -> tuple[str, list[int], str, list[int], dict[str, int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
-        except where the view must make room, which drops only archived blocks. ``cfg.speculative`` lookup drafts
-        from ``history`` (the transcript) where that is lossless (``kvmem_core.speculative``)."""
+        except where the view must make room, which drops only archived blocks; and the tokens drafted and accepted
+        (empty unless ``cfg.speculative`` lookup drafted from ``history``, the transcript, where that is lossless:
+        ``kvmem_core.speculative``)."""
         self.last_logits = logits.copy()  # the adapter's logits live until its next forward
         mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
@@ -401,6 +402,5 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         finally:
             if spec is not None:
                 spec.close()
-        self._draft_counts = {} if spec is None else {"draft_tokens": float(spec.stats.drafted),
-                                                      "draft_accepted": float(spec.stats.accepted)}
-        return text, ids, finish, pending
+        drafts = {} if spec is None else {"draft_tokens": spec.stats.drafted, "draft_accepted": spec.stats.accepted}
+        return text, ids, finish, pending, drafts

@@ -82,20 +82,15 @@ class LookupAdvance:
     def _verify(self, token: int) -> Callable[[], np.ndarray]:
         limit = self.max_tokens - self._taken - 1  # draft tokens whose logits the loop may still sample from
         draft = self.drafter.propose(limit) if limit > 0 else []
-        if draft:
-            free = self.verifier.room(1 + len(draft))
-            draft = draft[:max(0, free - 1)]
-        else:
-            self.verifier.room(1)
+        draft = draft[:max(0, self.verifier.room(1 + len(draft)) - 1)]
         logits = self.verifier.run([token, *draft])
         self.verifier.commit(token)
-        if not draft:
-            return lambda: logits[0]
-        accepted = accepted_prefix(logits, draft)
-        self.verifier.discard(accepted)
-        self._ready.extend((draft[i], logits[i + 1]) for i in range(accepted))
-        self.stats.drafted += len(draft)
-        self.stats.accepted += accepted
+        if draft:
+            accepted = accepted_prefix(logits, draft)
+            self.verifier.discard(accepted)
+            self._ready.extend((draft[i], logits[i + 1]) for i in range(accepted))
+            self.stats.drafted += len(draft)
+            self.stats.accepted += accepted
         return lambda: logits[0]
 
 

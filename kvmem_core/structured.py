@@ -212,8 +212,11 @@ class Constraint:
                                                         or len(self._taken) % self.CHECK_EVERY == 0):
             need = self.closing_cost(left)
         closing = self.closing or left <= need + self.MARGIN or self._looping()
-        allowed = self._allowed(self.matcher)
-        closer = self._closer(self.matcher, allowed, self._quotes) if closing else None
+        closer = None
+        if closing:
+            closer = self._closer(self.matcher, self._allowed(self.matcher), self._quotes)
+        else:  # the bool per token only the closer reads is not made
+            self._fill_bits(self.matcher)
         if closer is None:
             np.take(_BYTE_BIAS, self._bits.view(np.uint8), axis=0, out=self._bias.reshape(-1, 8))
         else:
@@ -254,9 +257,13 @@ class Constraint:
             quotes.follow(self.vocab.token_bytes(token))
         return limit
 
+    def _fill_bits(self, matcher: Any) -> None:
+        """``matcher``'s mask into ``_bits`` (one bit per token)."""
+        matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+
     def _allowed(self, matcher: Any) -> np.ndarray:
         """``matcher``'s mask: in ``_bits``, and as one bool per token (a view of a fresh array)."""
-        matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._fill_bits(matcher)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
 
     def _looping(self) -> bool:
