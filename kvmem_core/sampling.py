@@ -194,9 +194,9 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
             break
         ids.append(token)
         more, data = i + 1 < params.max_tokens, token_bytes(token)
-        if shaped:  # before the model runs the token, so the next mask is made while it does
-            constraint.take(token, data, params.max_tokens - i - 1 if more else None)
         next_logits = advance(token) if more else None
+        if shaped:  # after the step is launched: a device computes it while the next mask is made
+            constraint.take(token, data, params.max_tokens - i - 1 if more else None)
         if steer is not None:
             steer.observe(data)
         ended = stream.push(data)

@@ -62,3 +62,26 @@ def test_the_masks_are_made_on_the_planner_thread(monkeypatch: pytest.MonkeyPatc
     assert len(threads) == len(ids) + 1  # one plan per token sampled under the mask, the end token's included
     assert threads[0] == threading.current_thread().name  # the first step's: nothing ran ahead of it
     assert all(name.startswith("kvmem-grammar") for name in threads[1:])
+
+
+def test_the_next_mask_is_started_after_the_step_is_launched() -> None:
+    """A device step is launched and returns before its logits exist: the mask made after the launch overlaps
+    it, one made before the launch (on a thread holding the interpreter's lock) delays it."""
+    events: list[str] = []
+
+    class Logged(Constraint):
+        def take(self, token: int, data: bytes, left: int | None = None) -> None:
+            events.append("take")
+            super().take(token, data, left)
+
+    feed = iter(np.zeros((400, 257), np.float32))
+
+    def launch(token: int) -> Any:
+        events.append("launch")
+        return lambda: next(feed)
+
+    params = SamplingParams(temperature=0.0, max_tokens=200)
+    decode(params, next(feed), VOCAB._token_bytes, VOCAB._is_eog, launch, lambda piece: True, None,
+           Logged(schema_grammar(CITY), VOCAB))
+    steps = [events[i:i + 2] for i in range(0, len(events) - 1, 2)]
+    assert steps and all(step == ["launch", "take"] for step in steps)
