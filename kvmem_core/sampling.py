@@ -43,6 +43,10 @@ class Constraint(Protocol):
         """``logits`` with the tokens the format forbids next at -inf; ``left``: tokens the answer may still take."""
         ...
 
+    def choose(self, logits: np.ndarray, left: int, sample: Callable[[np.ndarray], int], greedy: bool) -> int:
+        """The token ``sample`` picks from ``allow(logits, left)`` (``greedy``: ``sample`` takes the first best)."""
+        ...
+
     def take(self, token: int, data: bytes, left: int | None = None) -> None:
         """A token sampled under the mask (``data``: its bytes); ``left``: the tokens the next step may take, when
         there is one (the constraint may prepare its mask while the model computes that step's logits)."""
@@ -58,6 +62,11 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether every pick is the first best token."""
+        return self.params.temperature <= 0
 
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params
@@ -188,7 +197,12 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
     for i in range(params.max_tokens):
         forced = steer.forced() if steer is not None else None
         shaped = constraint is not None and forced is None and not (steer is not None and steer.inside)
-        token = forced if forced is not None else sample(constraint.allow(logits, params.max_tokens - i) if shaped else logits)
+        if forced is not None:
+            token = forced
+        elif shaped:
+            token = constraint.choose(logits, params.max_tokens - i, sample, sample.greedy)
+        else:
+            token = sample(logits)
         if is_eog(token):
             finish = "stop"
             break

@@ -129,8 +129,8 @@ def check(grammar: str) -> None:
 
 
 class Constraint:
-    """One step's grammar over its decode loop: ``allow`` masks the logits to what may come next, ``take``
-    advances by the token taken. Free (no mask) before a lazy grammar's trigger and after it completes.
+    """One step's grammar over its decode loop: ``choose`` picks a token the grammar allows next (``allow``
+    masks the logits to them), ``take`` advances by the token taken. Free (no mask) before a lazy grammar's trigger and after it completes.
 
     A small model can loop inside a JSON string or list until its tokens run out, which would cut the answer
     short of its closing brackets. So the grammar closes the answer itself once the tokens left come near what
@@ -155,7 +155,9 @@ class Constraint:
             raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
         self.active = not self.trigger
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
-        self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the planned step's offsets: 0 or -inf
+        self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the step's offsets, 0 or -inf, made on demand
+        self._only: int | None = None  # the planned step's one allowed token, when closing chose one
+        self.steps = self.masked = 0  # steps under the grammar, and those whose logits were masked
         self._masked = np.zeros(0, dtype=np.float32)  # what ``allow`` returns, rewritten each step
         self._ahead: tuple[int, Future[Plan]] | None = None  # the next step's plan, for its ``left``, under way
         self._tail = b""  # the free text's end, where a trigger may be completing
@@ -174,9 +176,37 @@ class Constraint:
         plan = self._settle(left)
         if plan is None:
             return logits
-        self.closing, self._need = plan
+        self._adopt(plan)
+        return self._mask(logits)
+
+    def choose(self, logits: np.ndarray, left: int, sample: Callable[[np.ndarray], int], greedy: bool) -> int:
+        """The token ``sample`` picks from ``allow(logits, left)``. A ``greedy`` sample (the first best token)
+        is tried on the unmasked logits first: when the grammar allows that token it is the masked pick too (the
+        best of all tokens is the best of the allowed ones), so the mask is made only where it changes the pick."""
+        plan = self._settle(left)
+        if plan is None:
+            return sample(logits)
+        self._adopt(plan)
+        if greedy and self._only is None:
+            token = sample(logits)
+            if token < self._bits.size * 32 and self._bits[token >> 5] >> (token & 31) & 1:
+                return token
+        return sample(self._mask(logits))
+
+    def _adopt(self, plan: Plan) -> None:
+        self.closing, self._need, self._only = plan
+        self.steps += 1
+
+    def _mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` plus the adopted plan's offsets, in the constraint's own buffer."""
+        if self._only is None:
+            np.take(_BYTE_BIAS, self._bits.view(np.uint8), axis=0, out=self._bias.reshape(-1, 8))
+        else:
+            self._bias.fill(-np.inf)
+            self._bias[self._only] = 0.0
         if self._masked.shape != logits.shape or self._masked.dtype != logits.dtype:
             self._masked = np.empty_like(logits)
+        self.masked += 1
         return np.add(logits, self._bias[:logits.size], out=self._masked)
 
     def take(self, token: int, data: bytes, left: int | None = None) -> None:
@@ -203,8 +233,9 @@ class Constraint:
         return self._plan(left)
 
     def _plan(self, left: int) -> Plan | None:
-        """What the next step with ``left`` tokens to go is: (closing, the closing cost), its mask in ``_bias``;
-        None while free. Reads the state only, so a plan made ahead and not used changes nothing."""
+        """What the next step with ``left`` tokens to go is: (closing, the closing cost, the closer when closing
+        chose one; else its mask is in ``_bits``); None while free. Reads the state only, so a plan made ahead
+        and not used changes nothing."""
         if not self.active:
             return None
         need = self._need
@@ -217,12 +248,7 @@ class Constraint:
             closer = self._closer(self.matcher, self._allowed(self.matcher), self._quotes)
         else:  # the bool per token only the closer reads is not made
             self._fill_bits(self.matcher)
-        if closer is None:
-            np.take(_BYTE_BIAS, self._bits.view(np.uint8), axis=0, out=self._bias.reshape(-1, 8))
-        else:
-            self._bias.fill(-np.inf)
-            self._bias[closer] = 0.0
-        return closing, need
+        return closing, need, closer
 
     def _take(self, token: int, data: bytes) -> None:
         if self.active:
@@ -288,8 +314,9 @@ class Constraint:
         return chosen
 
 
-Plan = tuple[bool, int]
-"""A step's plan: whether the answer is closing, and the tokens closing took at the last dry run."""
+Plan = tuple[bool, int, int | None]
+"""A step's plan: whether the answer is closing, the tokens closing took at the last dry run, and the one token
+closing allows (None: the grammar's mask)."""
 
 
 class Quotes:

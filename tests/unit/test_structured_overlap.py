@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_structured import CITY, VOCAB, schema_grammar
+from test_structured import CITY, EOS, VOCAB, schema_grammar
 
 from kvmem_core.contract import SamplingParams
 from kvmem_core.sampling import decode
@@ -30,6 +30,13 @@ class InLine(Constraint):
 
     def take(self, token: int, data: bytes, left: int | None = None) -> None:
         TAKE(self, token, data)
+
+
+class AlwaysMasked(Constraint):
+    """A constraint that masks every step's logits before any pick (the reference for greedy picks)."""
+
+    def choose(self, logits: np.ndarray, left: int, sample: Any, greedy: bool) -> int:
+        return sample(self.allow(logits, left))
 
 
 def answer(constraint: Constraint, rows: np.ndarray, max_tokens: int, temperature: float) -> tuple[str, list[int], str]:
@@ -85,3 +92,25 @@ def test_the_next_mask_is_started_after_the_step_is_launched() -> None:
            Logged(schema_grammar(CITY), VOCAB))
     steps = [events[i:i + 2] for i in range(0, len(events) - 1, 2)]
     assert steps and all(step == ["launch", "take"] for step in steps)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), max_tokens=st.integers(60, 300))
+def test_a_greedy_pick_tried_unmasked_first_is_the_masked_pick(seed: int, max_tokens: int) -> None:
+    rows = np.random.default_rng(seed).standard_normal((5, 257)).astype(np.float32)
+    rows[:, ::7] = rows.max()  # ties: the first best token wins in both
+    text = schema_grammar(CITY)
+    assert answer(Constraint(text, VOCAB), rows, max_tokens, 0.0) == answer(AlwaysMasked(text, VOCAB), rows, max_tokens, 0.0)
+
+
+def test_a_greedy_pick_the_grammar_allows_makes_no_mask() -> None:
+    """Logits whose best token is the next byte of a valid answer each step: no step builds a mask."""
+    data = json.dumps({"name": "Paris", "unit": "c", "tags": ["old", "big"], "size": 2100000}).encode()
+    rows = np.zeros((len(data) + 1, 257), np.float32)
+    rows[np.arange(len(data)), list(data)] = 1.0
+    rows[-1, EOS] = 1.0
+    feed, constraint = iter(rows), Constraint(schema_grammar(CITY), VOCAB)
+    got = decode(SamplingParams(temperature=0.0, max_tokens=300), next(feed), VOCAB._token_bytes, VOCAB._is_eog,
+                 lambda t: lambda: next(feed), lambda piece: True, None, constraint)
+    assert got == (data.decode(), list(data), "stop")
+    assert constraint.steps == len(data) + 1 and constraint.masked == 0
