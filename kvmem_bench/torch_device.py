@@ -1,6 +1,6 @@
 """Device benchmark of the torch engine on a random-weight model (no checkpoint needed).
 
-``python -m kvmem_torch.bench --shape 27b --views 4096,32768`` prints one JSON object:
+``python -m kvmem_bench.torch_device --shape 27b --views 4096,32768`` prints one JSON object:
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
 from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
@@ -24,7 +24,7 @@ from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
 from kvmem_torch.spec import ModelSpec, qwen35_kinds
-from kvmem_torch.tiny import random_weights
+from kvmem_bench.torch_weights import random_weights
 from kvmem_torch.tokenizer import from_gguf_meta
 from kvmem_torch.transfer import BlockStager
 
