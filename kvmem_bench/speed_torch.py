@@ -162,14 +162,14 @@ def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_t
     dense attention over the whole transcript reads per token, without prefilling it (quadratic at 1M tokens).
     ``NOT_RUN`` where the view (``kv_token`` bytes a token) does not fit in free GPU memory (or on the CPU)."""
     from kvmem_bench.torch_device import decode_speed
-    from kvmem_torch.runner import Runner
+    from kvmem_torch import plain_engine
 
     if not torch.cuda.is_available():
         return NOT_RUN
     n_blocks = n_tokens // block_tokens + 4
     if n_blocks * block_tokens * kv_token > 0.9 * torch.cuda.mem_get_info()[0]:
         return NOT_RUN
-    runner = Runner(model, n_blocks, block_tokens)
+    runner = plain_engine(model, (n_blocks - 2) * block_tokens, block_tokens)
     try:
         sec = decode_speed(runner, n_tokens // block_tokens * block_tokens, max(4, decode))
         return {"reprefill_ttft_s": None, "full_tok_s": 1 / sec, "full_decode": "synthesized view"}
@@ -179,12 +179,12 @@ def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_t
 
 
 def stateless(model: Any, ids: list[int], decode: int, chunk: int, block_tokens: int) -> dict[str, float]:
-    """A plain torch engine over ``model`` (one ``Runner``, no KVMem): prefill ``ids`` from empty in ``chunk``-token
-    chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3 tokens; the
+    """A plain torch engine over ``model`` (``kvmem_torch.plain_engine``, no KVMem): prefill ``ids`` from empty in
+    ``chunk``-token chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3 tokens; the
     first decode step, which captures the CUDA graph, is not timed)."""
-    from kvmem_torch.runner import Runner
+    from kvmem_torch import plain_engine
 
-    runner = Runner(model, -(-(len(ids) + decode) // block_tokens) + 2, block_tokens)
+    runner = plain_engine(model, len(ids) + decode, block_tokens)
     try:
         t0 = time.perf_counter()
         logits, _ = runner.prefill(ids, list(range(len(ids))), chunk=chunk)

@@ -16,7 +16,7 @@ import torch
 
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, make_scorer
-from kvmem_torch.scoring import TorchRetrievalHeads
+from kvmem_torch import TorchRetrievalHeads
 
 HEADS = ((10, 0), (20, 7), (30, 13))  # (layer, query head) on kv heads 0, 1, 2 of 6 query heads per kv head
 N_LAYERS, N_HEADS, N_KV, DIM, B, QUERY = 32, 24, 4, 256, 128, 512

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvmem_torch.spec import ATTENTION, ModelSpec
+from kvmem_torch import ATTENTION, ModelSpec
 
 
 def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str, seed: int = 0,

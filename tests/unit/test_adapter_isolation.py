@@ -21,18 +21,23 @@ def _imported_roots(path: Path, *, lazy: bool = True) -> set[str]:
     to ``importlib.import_module`` as a literal or f-string."""
     tree = ast.parse(path.read_text(), filename=str(path))
     if not lazy:
-        return _roots(tree.body)
-    return _roots(ast.walk(tree)) | _dynamic_roots(tree)
+        return {name.split(".")[0] for name in _modules(tree.body)}
+    return {name.split(".")[0] for name in _modules(ast.walk(tree))} | _dynamic_roots(tree)
 
 
-def _roots(nodes: Iterable[ast.AST]) -> set[str]:
-    roots = set()
+def _imported_modules(path: Path) -> set[str]:
+    """Full module names a file imports, lazy imports inside functions included."""
+    return _modules(ast.walk(ast.parse(path.read_text(), filename=str(path))))
+
+
+def _modules(nodes: Iterable[ast.AST]) -> set[str]:
+    names = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            roots.update(a.name.split(".")[0] for a in node.names)
+            names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
+            names.add(node.module)
+    return names
 
 
 def _dynamic_roots(tree: ast.AST) -> set[str]:
@@ -66,3 +71,11 @@ def test_the_product_never_imports_the_benchmarks():
             bad += [f"{path.relative_to(ROOT)} imports kvmem_bench"] if "kvmem_bench" in roots else []
     assert bad == [], "\n".join(bad)
     assert "kvmem_bench" in _imported_roots(BENCH_COMMAND), "the check must see cmd_bench's lazy import"
+
+
+def test_the_benchmarks_use_only_each_engines_public_api():
+    """kvmem_bench imports an adapter's package itself (its public names), never a module inside it."""
+    packages = _adapter_packages()
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((ROOT / "kvmem_bench").rglob("*.py"))
+           for name in _imported_modules(path) if name.split(".")[0] in packages and "." in name]
+    assert bad == [], "\n".join(bad)
