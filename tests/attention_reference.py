@@ -26,9 +26,9 @@ def decode_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, angl
 def gated_heads_model(dtype: torch.dtype, device: str = "cpu"):
     """A small random qwen35 whose attention has the 27B head shape (256 wide, rotary 64: the decode kernels
     serve it), with norm weights away from 1 so that every norm matters."""
-    from kvmem_torch.bench import qwen35_spec
+    from kvmem_bench.torch_device import qwen35_spec
     from kvmem_torch.model import Model
-    from kvmem_torch.tiny import random_weights
+    from kvmem_bench.torch_weights import random_weights
 
     spec = qwen35_spec("tiny")
     weights = random_weights(spec, dtype, device, 0, std=0.1)

@@ -1,9 +1,11 @@
-"""``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem.bench.speed``); ``quality``: answer accuracy."""
+"""``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem_bench.speed``); ``quality``: answer accuracy."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from types import ModuleType
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,9 @@ from kvmem.cmd_run import BACKENDS
 from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.models import MODEL_HELP
 from kvmem_core.errors import ConfigError
+
+QUALITY_HELP = ("answer accuracy of retrieval, recent, the oracle and full on agent sessions, each view bounded from "
+                "the first prefill")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,20 +37,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--gpus", default="", help="--replicas: GPU indexes, one per replica (default: the CPU, shared)")
     add_compute_flags(speed)
     speed.set_defaults(func=run_speed_cmd)
-    from kvmem.bench import quality_cli
+    quality = suites.add_parser("quality", add_help=False, help=QUALITY_HELP)
+    quality.set_defaults(func=run_quality_cmd, passthrough=True)  # its flags live in kvmem_bench.quality_cli
 
-    quality_parser = suites.add_parser("quality", help="answer accuracy of retrieval, recent, the oracle and full on "
-                                       "agent sessions, each view bounded from the first prefill")
-    quality_cli.add_arguments(quality_parser)
-    quality_parser.set_defaults(func=quality_cli.run)
+
+def bench_module(name: str) -> ModuleType:
+    """``kvmem_bench.<name>``, imported only when a bench runs; a ConfigError (one line) when the package is absent."""
+    try:
+        return importlib.import_module(f"kvmem_bench.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("kvmem_bench", f"kvmem_bench.{name}"):
+            raise
+        raise ConfigError("kvmem bench needs the kvmem_bench package (pip install 'kvmem[bench]')") from None
+
+
+def run_quality_cmd(args: argparse.Namespace) -> int:
+    """``kvmem bench quality``: its flags are parsed here, from the words the top-level parser passed through."""
+    quality_cli = bench_module("quality_cli")
+    parser = argparse.ArgumentParser(prog="kvmem bench quality", description=QUALITY_HELP)
+    quality_cli.add_arguments(parser)
+    return quality_cli.run(parser.parse_args(args.extra))
 
 
 def run_speed_cmd(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return run_replicas_cmd(args)
-    from kvmem.bench.speed import run_speed
-    from kvmem.bench.speed_common import table
-
+    run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     opts = {"shape": args.shape, "tokenizer": args.model} if args.backend == "torch" else {}
     result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log,
@@ -66,8 +83,7 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
 
 def run_replicas_cmd(args: argparse.Namespace) -> int:
     """``kvmem bench speed --replicas N``: the table, or one JSON object with ``--json``; the JSON in ``--out``."""
-    from kvmem.bench import speed_replicas
-
+    speed_replicas = bench_module("speed_replicas")
     if args.replicas < 2:
         raise ConfigError("--replicas compares N replicas against one: give N of 2 or more")
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvmem.bench.api import Api
-from kvmem.bench.quality import Journal, RunOptions, gold_blocks, run_queue, run_session
-from kvmem.bench.quality_plan import Cell, Queue, View, fit_kinds, make_any_session
+from kvmem_bench.api import Api
+from kvmem_bench.quality import Journal, RunOptions, gold_blocks, run_queue, run_session
+from kvmem_bench.quality_plan import Cell, Queue, View, fit_kinds, make_any_session
 from kvmem.tools_format import render_plain
 from serving import ROOT, LiveServer
 

@@ -29,7 +29,7 @@ def test_bench_speed_torch_json_last_line_and_files(tmp_path):
 @pytest.mark.llamacpp
 def test_llamacpp_session_measures_every_size_against_the_plain_engine():
     pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_llamacpp import run
+    from kvmem_bench.speed_llamacpp import run
 
     plan = dict(sizes=(600, 1200), budget=512, recent=128, gen=128)
     result = run(str(small_model()), quick=True, decode_tokens=4, lines_per_turn=12, plan=plan, log=lambda s: None)

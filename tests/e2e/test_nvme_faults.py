@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.blockfile import encode_header, read_block, write_block
 from kvmem_core.errors import CapacityError, CorruptBlockError
 from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
@@ -199,7 +199,7 @@ def test_several_failed_writes_count_one_fault_and_the_store_still_closes(tmp_pa
 def test_killed_process_leaves_every_completed_block_and_workspace(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, numpy as np
-        from kvmem_core.bench_store import synthetic_chain
+        from kvmem_bench.store import synthetic_chain
         from kvmem_core.layout import BlockLayout
         from kvmem_core.store import BlockStore
         layout = BlockLayout(n_layers=2, n_kv_heads=1, head_dim=4, n_heads=1, block_tokens=16)

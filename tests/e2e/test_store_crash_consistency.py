@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.layout import BlockLayout
 from kvmem_core.store import BlockStore
 

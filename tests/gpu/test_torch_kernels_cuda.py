@@ -19,7 +19,7 @@ from kvmem_torch.kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
+from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
 

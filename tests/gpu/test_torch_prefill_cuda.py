@@ -55,8 +55,8 @@ def test_fla_delta_rule_matches_the_float64_chunked_rule() -> None:
 def test_bf16_deltanet_prefill_runs_through_fla(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 layer's prefill goes through fla (when installed) and answers as the layer's torch form does."""
     from kvmem_torch import deltanet
-    from kvmem_torch.bench import qwen35_spec
-    from kvmem_torch.tiny import random_weights
+    from kvmem_bench.torch_device import qwen35_spec
+    from kvmem_bench.torch_weights import random_weights
 
     spec = qwen35_spec("small")
     weights = random_weights(spec, torch.bfloat16, "cuda", 0, std=0.1)

@@ -10,7 +10,7 @@ from model_support import small_model
 @pytest.mark.llamacpp
 def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
     pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_overhead import decode_overhead
+    from kvmem_bench.speed_overhead import decode_overhead
     out = decode_overhead(str(small_model()), decode_tokens=8, rounds=1)
     assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
     # The ratio is taken before the speeds are rounded to two decimals.
@@ -21,7 +21,7 @@ def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt(
 def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llguidance")
-    from kvmem.bench.speed_structured import structured_cost
+    from kvmem_bench.speed_structured import structured_cost
     from kvmem.engines import load_engine
     from kvmem_core.config import KVMemConfig
 
@@ -40,7 +40,7 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
 @pytest.mark.llamacpp
 def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_prefill():
     llama_cpp = pytest.importorskip("llama_cpp")
-    from kvmem.bench.speed_llamacpp import _argmax, baselines, prefill_from
+    from kvmem_bench.speed_llamacpp import _argmax, baselines, prefill_from
 
     path = str(small_model())
     llm = llama_cpp.Llama(path, n_ctx=256, n_batch=512, verbose=False, n_threads=1, n_threads_batch=1)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from model_support import small_model
 
-from kvmem.bench.speed_common import floor_s
-from kvmem.bench.speed_torch import run
+from kvmem_bench.speed_common import floor_s
+from kvmem_bench.speed_torch import run
 
 PLAN = dict(sizes=(600, 1200), budget=512, recent=128, gen=128, lines=12, decode=4, stateless_max=600, hf=False)
 
@@ -68,7 +68,7 @@ def test_plain_engine_runs_up_to_its_limit(result: dict) -> None:
 
 def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(tmp_path) -> None:
     gguf = pytest.importorskip("gguf")
-    from kvmem.bench import speed_threads
+    from kvmem_bench import speed_threads
     from kvmem_core.errors import UnsupportedModelError
     from kvmem_torch.adapter import TorchAdapter
 
@@ -86,7 +86,7 @@ def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(
 
 
 def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monkeypatch) -> None:
-    from kvmem.bench import speed, speed_threads
+    from kvmem_bench import speed, speed_threads
 
     def sweep_fails(*args, **kwargs):
         raise RuntimeError("thread sweep failed")

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from kvmem.bench.sessions import Session, make_session
+from kvmem_bench.sessions import Session, make_session
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.engine import KVMemEngine

@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvmem_core.bench_prompt import agent_transcript, measure
+from kvmem_bench.prompt import agent_transcript, measure
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest
 from kvmem_core.groups import token_groups

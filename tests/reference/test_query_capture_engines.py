@@ -17,8 +17,8 @@ pytest.importorskip("gguf")
 pytestmark = pytest.mark.llamacpp
 
 from kvmem_core.config import KVMemConfig  # noqa: E402
-from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 CFG = KVMemConfig(ctx=256, budget=192, gen_budget=32, block_tokens=16, sink_tokens=16, recent_tokens=16)
 IDS = [int(i) for i in np.random.default_rng(3).integers(3, 160, 48)]

@@ -15,12 +15,12 @@ pytest.importorskip("gguf")
 from kvmem_core.adapter import Placement  # noqa: E402
 from kvmem_core.errors import UnsupportedModelError  # noqa: E402
 from kvmem_torch.gguf_loader import load_gguf  # noqa: E402
-from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
 from kvmem_core.gguf_file import gguf_rope_factors  # noqa: E402
 from kvmem_torch.spec import spec_from_hf  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model, tiny_spec_weights  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 # original context 64 puts the tiny model's 8 frequencies in all three llama3 bands (kept, ramp, divided)
 SCALINGS = {

@@ -11,8 +11,8 @@ pytest.importorskip("gguf")
 
 from kvmem_core.adapter import EngineAdapter, Placement  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
-from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 B = 16
 

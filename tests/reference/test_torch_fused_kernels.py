@@ -43,7 +43,7 @@ import torch
 from attention_reference import gated_heads_model
 from kvmem_torch.model import Model
 from kvmem_torch.runner import Runner
-from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights
+from torch_tiny import tiny_hf_model, tiny_spec_weights
 out = {}
 for arch in ("llama", "qwen35", "qwen35-27b-heads"):
     if arch == "qwen35-27b-heads":

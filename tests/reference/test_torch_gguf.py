@@ -11,11 +11,11 @@ pytest.importorskip("gguf")
 
 from kvmem_core.gguf_file import GGUFFile  # noqa: E402
 from kvmem_torch.gguf_loader import convert_tensor, load_gguf  # noqa: E402
-from kvmem_torch.gguf_writer import is_quantized, roundtrip, to_gguf_tensor, write_gguf  # noqa: E402
+from gguf_writer import is_quantized, roundtrip, to_gguf_tensor, write_gguf  # noqa: E402
 from kvmem_torch.hf_loader import internal_name  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 ARCHS = ("llama", "qwen2", "qwen35")
 

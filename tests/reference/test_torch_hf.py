@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from kvmem_torch.hf_loader import load_hf_dir  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
+from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 ARCHS = ("llama", "qwen2", "qwen35")
 TOL = 1e-4

@@ -13,8 +13,8 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
 from kvmem_core.gguf_file import GGUFFile  # noqa: E402
-from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 from kvmem_torch.tokenizer import from_gguf_meta  # noqa: E402
 
 S = "\u2581"

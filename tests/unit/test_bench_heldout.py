@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvmem.bench.heldout import (
+from kvmem_bench.heldout import (
     CHAT_FACTS,
     HELDOUT_KINDS,
     SHIPMENT_FIELDS,
@@ -16,7 +16,7 @@ from kvmem.bench.heldout import (
     make_heldout_session,
     make_heldout_sessions,
 )
-from kvmem.bench.sessions import Session, estimate_tokens, is_correct
+from kvmem_bench.sessions import Session, estimate_tokens, is_correct
 from kvmem.tools_format import render_plain
 
 

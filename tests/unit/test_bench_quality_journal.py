@@ -6,9 +6,9 @@ import json
 import threading
 from pathlib import Path
 
-from kvmem.bench.api import Api
-from kvmem.bench.quality import Journal, RunOptions, run_queue, run_session
-from kvmem.bench.quality_plan import Cell, Queue, View, make_any_session
+from kvmem_bench.api import Api
+from kvmem_bench.quality import Journal, RunOptions, run_queue, run_session
+from kvmem_bench.quality_plan import Cell, Queue, View, make_any_session
 from kvmem.serve_process import free_port
 
 SESSIONS = tuple(make_any_session(kind, 1000, 0.5, "tuning", 0) for kind in ("kv", "port"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kvmem.bench import speed_replicas
-from kvmem.bench.api import ApiError
+from kvmem_bench import speed_replicas
+from kvmem_bench.api import ApiError
 
 
 class FakeApi:

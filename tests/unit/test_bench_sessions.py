@@ -6,7 +6,7 @@ import random
 import re
 
 import pytest
-from kvmem.bench.sessions import (
+from kvmem_bench.sessions import (
     KINDS,
     PEOPLE,
     Fact,

@@ -5,10 +5,10 @@ import argparse
 from pathlib import Path
 
 import pytest
-from kvmem.bench.heldout import HELDOUT_KINDS
-from kvmem.bench.quality import RunOptions
-from kvmem.bench.quality_cli import _queues, add_arguments
-from kvmem.bench.quality_plan import (
+from kvmem_bench.heldout import HELDOUT_KINDS
+from kvmem_bench.quality import RunOptions
+from kvmem_bench.quality_cli import _queues, add_arguments
+from kvmem_bench.quality_plan import (
     ALL_KINDS,
     DEFAULT_BUDGET,
     DEFAULT_CTX,
@@ -26,7 +26,7 @@ from kvmem.bench.quality_plan import (
     plan_named,
     queues,
 )
-from kvmem.bench.sessions import KINDS
+from kvmem_bench.sessions import KINDS
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
@@ -133,7 +133,7 @@ def test_each_kind_is_sized_with_its_own_fit_of_the_tokenizer() -> None:
 
 
 def test_a_given_fit_is_a_json_object_of_kinds() -> None:
-    from kvmem.bench.quality_cli import _fits_flag
+    from kvmem_bench.quality_cli import _fits_flag
 
     assert _fits_flag('{"kv": 3.8, "chat": 4}') == {"kv": 3.8, "chat": 4.0} and _fits_flag(None) is None
     for bad in ("3.8", '{"kv": -1}', "{"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvmem.bench import report
+from kvmem_bench import report
 
 
 def outcome(method: str, correct: bool, *, view: str = "default", session: str = "s", size: int = 8192,

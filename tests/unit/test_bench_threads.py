@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from kvmem.bench.speed_common import goals
-from kvmem.bench.speed_threads import busy_rows, measure, one_core_busy, thread_counts
+from kvmem_bench.speed_common import goals
+from kvmem_bench.speed_threads import busy_rows, measure, one_core_busy, thread_counts
 from kvmem.cmd_bench import thread_table
 from kvmem_core.adapter import ForwardOut
 from kvmem_core.threads import Threads
@@ -78,7 +78,7 @@ def test_thread_table_says_why_a_sweep_was_skipped() -> None:
 
 def test_busy_rows_compare_the_default_with_each_count_as_is_and_with_a_core_busy(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvmem.bench.speed_threads.usable_cores", lambda: 2)
+    monkeypatch.setattr("kvmem_bench.speed_threads.usable_cores", lambda: 2)
     adapter = FakeAdapter()
     rows = busy_rows(adapter, decode=2, repeats=2)
     assert [(r["condition"], r["threads"]) for r in rows] == [

@@ -15,7 +15,7 @@ import pytest
 from disk_support import remount, small_tmpfs
 
 import kvmem_core.nvme as nvme_module
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.errors import CapacityError
 from kvmem_core.layout import BlockLayout
 from kvmem_core.store import BlockStore

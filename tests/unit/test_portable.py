@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.errors import ModelMismatchError, WorkspaceFileError
 from kvmem_core.layout import BlockLayout
 from kvmem_core.portable import HEADER, WorkspaceReader, block_name, write_workspace

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvmem_core import bench
+from kvmem_bench import core as bench
 
 
 def test_bench_workspace_small_shapes():

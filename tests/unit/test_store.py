@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.errors import CapacityError
 from kvmem_core.layout import BlockLayout
 from kvmem_core.policy import LRUPolicy, plan_workspace_eviction

@@ -7,7 +7,7 @@ import os
 import numpy as np
 from test_store import LAYOUT, Clock, fill, tokens
 
-from kvmem_core.bench_store import synthetic_chain
+from kvmem_bench.store import synthetic_chain
 from kvmem_core.store import BlockStore
 
 

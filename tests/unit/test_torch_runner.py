@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
+from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 B = 16
 

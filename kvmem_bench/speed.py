@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from kvmem.bench import speed_common
+from kvmem_bench import speed_common
 
 
 def run_speed(backend: str, model_path: str | None, *, quick: bool, out_dir: Path | None,
@@ -17,16 +17,16 @@ def run_speed(backend: str, model_path: str | None, *, quick: bool, out_dir: Pat
     """Every speed figure of ``backend`` as a JSON-ready dict: the contract's headline keys first,
     then ``points`` (one per workspace size), ``transfer``, ``threads`` and ``goals``; JSON + PNGs go
     to ``out_dir``. ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""
-    from kvmem.bench import speed_threads
+    from kvmem_bench import speed_threads
 
     compute = compute or {}
     if backend == "llama.cpp":
-        from kvmem.bench import speed_llamacpp
+        from kvmem_bench import speed_llamacpp
         from kvmem.models import resolve_model
 
         result = speed_llamacpp.run(str(resolve_model(model_path)), quick=quick, log=log, compute=compute, **opts)
     else:
-        from kvmem.bench import speed_torch
+        from kvmem_bench import speed_torch
 
         result = speed_torch.run(quick=quick, log=log, **opts)
     if out_dir is not None:  # the session's figures first: a later phase that fails must not take them along

@@ -16,10 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvmem.bench import plots, report
-from kvmem.bench.api import Api
-from kvmem.bench.quality import Journal, RunOptions, machine, run_queues
-from kvmem.bench.quality_plan import PLANS, Plan, Queue, View, fit_kinds, only_sizes, parse_shards, plan_named, queues
+from kvmem_bench import plots, report
+from kvmem_bench.api import Api
+from kvmem_bench.quality import Journal, RunOptions, machine, run_queues
+from kvmem_bench.quality_plan import PLANS, Plan, Queue, View, fit_kinds, only_sizes, parse_shards, plan_named, queues
 from kvmem.serve_process import ServeProcess, sigterm_as_interrupt
 from kvmem_core.errors import ConfigError
 

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmem.bench.api import Api, ApiError
-from kvmem.bench.quality_plan import MAX_TOKENS, ORACLE, Method, Queue, View
-from kvmem.bench.sessions import Session, is_correct
+from kvmem_bench.api import Api, ApiError
+from kvmem_bench.quality_plan import MAX_TOKENS, ORACLE, Method, Queue, View
+from kvmem_bench.sessions import Session, is_correct
 from kvmem.serve_process import ServeError, ServeProcess
 
 REQUEST_TIMEOUT_S = 3600  # a 256K-token prefill through a small view takes minutes

@@ -20,8 +20,8 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvmem.bench.heldout import HELDOUT_KINDS, make_heldout_session
-from kvmem.bench.sessions import CHARS_PER_TOKEN, KINDS, Session, make_session
+from kvmem_bench.heldout import HELDOUT_KINDS, make_heldout_session
+from kvmem_bench.sessions import CHARS_PER_TOKEN, KINDS, Session, make_session
 from kvmem.tools_format import render_plain
 from kvmem_core.errors import ConfigError
 

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvmem.bench import report
+from kvmem_bench import report
 
 
 def plot_quality(outcomes: Sequence[dict[str, Any]], out_dir: Path, trained_ctx: int | None = None) -> list[Path]:

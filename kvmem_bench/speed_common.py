@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvmem.bench.plots import save_figure
+from kvmem_bench.plots import save_figure
 
 GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tolerance": 0.10, "nvme_vs_raw": 0.8,
          "decode_vs_plain": 0.95, "vs_prefix_cache": 1.2, "vs_floor": 1.25, "floor_slack_s": 0.05}

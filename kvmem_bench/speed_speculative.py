@@ -3,7 +3,7 @@
 ``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most drafts
 are right); ``story`` asks for new text with nothing to copy. Each round runs both modes on the same engine, off
 first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the share of drafted
-tokens accepted. Run: ``python -m kvmem.bench.speed_speculative [--model NAME] [--tokens N] [--rounds R]``.
+tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--model NAME] [--tokens N] [--rounds R]``.
 """
 from __future__ import annotations
 

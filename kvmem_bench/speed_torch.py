@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import torch
 
-from kvmem.bench.speed_common import floor_s, headline, ratio
-from kvmem.bench.speed_llamacpp import session, transfers
-from kvmem.bench.speed_structured import structured_cost
+from kvmem_bench.speed_common import floor_s, headline, ratio
+from kvmem_bench.speed_llamacpp import session, transfers
+from kvmem_bench.speed_structured import structured_cost
 from kvmem_core.config import GIB, KVMemConfig
 from kvmem_core.engine import KVMemEngine
 
@@ -48,7 +48,7 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
     template the random weights get; None: the default model."""
     from kvmem.models import resolve_model
-    from kvmem_torch.bench import gemm_tflops, random_adapter, weight_bytes
+    from kvmem_bench.torch_device import gemm_tflops, random_adapter, weight_bytes
 
     cuda = torch.cuda.is_available()
     shape = shape or ("27b" if cuda else "tiny")
@@ -102,9 +102,9 @@ def index_heads(adapter: Any) -> tuple[tuple[int, int], ...]:
 
 
 def bandwidths(block_bytes: int, cuda: bool) -> dict[str, float]:
-    """HBM copy and pinned host→GPU GB/s on CUDA (``kvmem_torch.bench.bandwidths``); a memcpy on the CPU."""
+    """HBM copy and pinned host→GPU GB/s on CUDA (``kvmem_bench.torch_device.bandwidths``); a memcpy on the CPU."""
     if cuda:
-        from kvmem_torch.bench import bandwidths as device_bandwidths
+        from kvmem_bench.torch_device import bandwidths as device_bandwidths
 
         return device_bandwidths(block_bytes)
     a = torch.empty(1 << 26, dtype=torch.uint8)
@@ -133,9 +133,9 @@ def add_stateless(point: dict[str, Any], plain: dict[str, float | None]) -> None
 
 
 def add_prefill_floor(point: dict[str, Any], model: Any, n_tokens: int, tflops: float | None) -> None:
-    """The re-prefill's compute floor (``kvmem_torch.bench.prefill_flops`` at ``tflops``) and the fraction of it
+    """The re-prefill's compute floor (``kvmem_bench.torch_device.prefill_flops`` at ``tflops``) and the fraction of it
     reached; None where the plain engine did not run or no GEMM rate was measured (CPU)."""
-    from kvmem_torch.bench import prefill_flops
+    from kvmem_bench.torch_device import prefill_flops
 
     floor = prefill_flops(model, n_tokens) / (tflops * 1e12) if tflops else None
     point["reprefill_floor_s"] = floor
@@ -158,18 +158,18 @@ def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], ch
 
 
 def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_token: int) -> dict[str, Any]:
-    """Decode tok/s of the plain engine over ``n_tokens`` of random KV (``kvmem_torch.bench.decode_speed``): what
+    """Decode tok/s of the plain engine over ``n_tokens`` of random KV (``kvmem_bench.torch_device.decode_speed``): what
     dense attention over the whole transcript reads per token, without prefilling it (quadratic at 1M tokens).
     ``NOT_RUN`` where the view (``kv_token`` bytes a token) does not fit in free GPU memory (or on the CPU)."""
-    from kvmem_torch.bench import decode_speed
-    from kvmem_torch.runner import Runner
+    from kvmem_bench.torch_device import decode_speed
+    from kvmem_torch import plain_engine
 
     if not torch.cuda.is_available():
         return NOT_RUN
     n_blocks = n_tokens // block_tokens + 4
     if n_blocks * block_tokens * kv_token > 0.9 * torch.cuda.mem_get_info()[0]:
         return NOT_RUN
-    runner = Runner(model, n_blocks, block_tokens)
+    runner = plain_engine(model, (n_blocks - 2) * block_tokens, block_tokens)
     try:
         sec = decode_speed(runner, n_tokens // block_tokens * block_tokens, max(4, decode))
         return {"reprefill_ttft_s": None, "full_tok_s": 1 / sec, "full_decode": "synthesized view"}
@@ -179,12 +179,12 @@ def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_t
 
 
 def stateless(model: Any, ids: list[int], decode: int, chunk: int, block_tokens: int) -> dict[str, float]:
-    """A plain torch engine over ``model`` (one ``Runner``, no KVMem): prefill ``ids`` from empty in ``chunk``-token
-    chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3 tokens; the
+    """A plain torch engine over ``model`` (``kvmem_torch.plain_engine``, no KVMem): prefill ``ids`` from empty in
+    ``chunk``-token chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3 tokens; the
     first decode step, which captures the CUDA graph, is not timed)."""
-    from kvmem_torch.runner import Runner
+    from kvmem_torch import plain_engine
 
-    runner = Runner(model, -(-(len(ids) + decode) // block_tokens) + 2, block_tokens)
+    runner = plain_engine(model, len(ids) + decode, block_tokens)
     try:
         t0 = time.perf_counter()
         logits, _ = runner.prefill(ids, list(range(len(ids))), chunk=chunk)
@@ -226,7 +226,7 @@ def _largest_ttft_speedup(points: list[dict[str, Any]]) -> float | None:
 
 def _hf_generate(spec: Any, kvmem_tok_s: float | None) -> dict[str, float | None]:
     """HF transformers ``generate`` on the same shape (its own random weights) against KVMem's decode."""
-    from kvmem_torch.bench import hf_decode_ms
+    from kvmem_bench.torch_device import hf_decode_ms
 
     torch.cuda.empty_cache()
     ms = hf_decode_ms(spec)

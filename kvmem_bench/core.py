@@ -1,8 +1,8 @@
-"""Core benchmark: ``python -m kvmem_core.bench --json``.
+"""Core benchmark: ``python -m kvmem_bench.core --json``.
 
 Times scoring + selection per scorer on synthetic workspaces (summaries are synthesized
 directly, no KV needed) of two shapes, then the storage tiers through
-``kvmem_core.bench_store``. The last line with ``--json`` is one JSON object:
+``kvmem_bench.store``. The last line with ``--json`` is one JSON object:
 ``{"workspace_1m": {"select_ms": {...}}, "workspace_64k": {"select_ms": {...}},
 "nvme": {"write_ratio": x, "read_ratio": y}, "host_copy_GBps": z}``.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem_core.bench_store import measure_host_copy, measure_nvme
+from kvmem_bench.store import measure_host_copy, measure_nvme
 from kvmem_core.config import SCORERS
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector, make_scorer
@@ -152,7 +152,7 @@ def bench_workspace(shape: Shape, repeats: int, log: bool) -> dict[str, float | 
 
 
 def bench_storage(log: bool) -> tuple[dict[str, float], float]:
-    """NVMe tier throughput over plain file I/O, and host-tier copy GB/s (kvmem_core.bench_store)."""
+    """NVMe tier throughput over plain file I/O, and host-tier copy GB/s (kvmem_bench.store)."""
     nvme = measure_nvme()
     if log:
         print(f"nvme: {json.dumps(nvme)}", file=sys.stderr, flush=True)
@@ -160,7 +160,7 @@ def bench_storage(log: bool) -> tuple[dict[str, float], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvmem_core.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvmem_bench.core", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line last")
     parser.add_argument("--skip-1m", action="store_true", help="skip the 1M-token workspace (needs 2.5 GiB of RAM)")
     args = parser.parse_args(argv)

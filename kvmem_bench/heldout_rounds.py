@@ -1,6 +1,6 @@
-"""Rounds, vocabulary and filler for the held-out session generator (``kvmem.bench.heldout``).
+"""Rounds, vocabulary and filler for the held-out session generator (``kvmem_bench.heldout``).
 
-Kept apart from the bench's own generator (``kvmem.bench.sessions``) on purpose: none of its
+Kept apart from the bench's own generator (``kvmem_bench.sessions``) on purpose: none of its
 words, rounds or distractor code is reused, so retrieval tuned on those sessions meets forms and
 surroundings it has not seen. Nothing here ever writes a planted form (a gate, room or table
 booking, a settings constant assignment, a shipment row), so a planted statement occurs only

@@ -1,6 +1,6 @@
 """Device benchmark of the torch engine on a random-weight model (no checkpoint needed).
 
-``python -m kvmem_torch.bench --shape 27b --views 4096,32768`` prints one JSON object:
+``python -m kvmem_bench.torch_device --shape 27b --views 4096,32768`` prints one JSON object:
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
 from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
@@ -18,15 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from kvmem_torch import kernels
-from kvmem_torch.adapter import TorchAdapter, prefill_chunk_for
+from kvmem_bench.torch_weights import random_weights
 from kvmem_core.gguf_file import GGUFFile
-from kvmem_torch.model import Model
-from kvmem_torch.runner import Runner
-from kvmem_torch.spec import ModelSpec, qwen35_kinds
-from kvmem_torch.tiny import random_weights
-from kvmem_torch.tokenizer import from_gguf_meta
-from kvmem_torch.transfer import BlockStager
+from kvmem_torch import (BlockStager, Model, ModelSpec, TorchAdapter, from_gguf_meta, plain_engine, prefill_chunk_for,
+                         qwen35_kinds, set_dependent_launch)
+
 
 SHAPES = {
     "27b": dict(hidden_size=5120, intermediate_size=17408, n_heads=24, n_kv_heads=4, n_layers=64,
@@ -118,7 +114,7 @@ def prefill_flops(model: Model, n_tokens: int) -> float:
     return 2 * params * n_tokens + attention
 
 
-def prefill_speed(runner: Runner, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
+def prefill_speed(runner: Any, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
     """Prefill ``n_tokens`` random ids from empty in ``chunk``-token forwards, against the compute floor. Two
     chunks first, untimed: the first forwards of a shape compile and autotune Triton kernels."""
     ids = torch.randint(0, runner.model.spec.vocab_size, (n_tokens,)).tolist()
@@ -135,7 +131,7 @@ def prefill_speed(runner: Runner, n_tokens: int, chunk: int, tflops: float) -> d
     return {"s": sec, "tok_s": n_tokens / sec, "floor_s": floor, "fraction_of_floor": floor / sec}
 
 
-def staging(runner: Runner, n_blocks: int) -> dict[str, float]:
+def staging(runner: Any, n_blocks: int) -> dict[str, float]:
     """Blocks inserted through the stager from pageable host tensors (host memcpy included), GB/s."""
     cache, stager = runner.cache, BlockStager(runner.cache)
     k = torch.randn(cache.kv.shape[2:], dtype=torch.float32).to(cache.kv.dtype)
@@ -153,7 +149,7 @@ def staging(runner: Runner, n_blocks: int) -> dict[str, float]:
     return {"staged_blocks_GBps": n_blocks * cache.block_nbytes / sec / GB, "block_MiB": cache.block_nbytes / 2**20}
 
 
-def fill_view(runner: Runner, n_tokens: int) -> None:
+def fill_view(runner: Any, n_tokens: int) -> None:
     """Synthesize a view of random KV blocks (what KVMem materializes) at positions 0..n-1."""
     cache, B = runner.cache, runner.B
     runner.clear()
@@ -162,7 +158,7 @@ def fill_view(runner: Runner, n_tokens: int) -> None:
         runner.insert_block(k, k, list(range(i * B, (i + 1) * B)))
 
 
-def decode_speed(runner: Runner, n_tokens: int, steps: int) -> float:
+def decode_speed(runner: Any, n_tokens: int, steps: int) -> float:
     """Seconds per decoded token with ``n_tokens`` in the view (graphs as configured)."""
     fill_view(runner, n_tokens)
     pos = [n_tokens]
@@ -207,7 +203,7 @@ def hf_decode_ms(spec: ModelSpec, prompt: int = 512, new: int = 16) -> float:
     return (many - one) / new * 1e3
 
 
-def profile(runner: Runner, n_view: int, chunk: int) -> str:
+def profile(runner: Any, n_view: int, chunk: int) -> str:
     """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and one ``chunk``-token prefill forward after
     another."""
     from torch.profiler import ProfilerActivity, profile as prof
@@ -248,7 +244,7 @@ def main() -> None:
     weights = weight_bytes(model)
     out: dict[str, object] = {"shape": args.shape, "weights_GB": weights / GB, "build_s": time.perf_counter() - t}
     longest = max([*views, *(int(p) for p in args.prefill.split(",")), args.chunk_at])
-    runner = Runner(model, longest // 128 + 4, 128)
+    runner = plain_engine(model, (longest // 128 + 2) * 128, 128)
     out |= bandwidths(runner.cache.block_nbytes) | staging(runner, 64)
     kv_per_token = runner.cache.block_nbytes / 128
     for n in views:
@@ -260,10 +256,10 @@ def main() -> None:
     runner.drop_graphs()
     out[f"decode_{views[0]}_torch_ops_ms"] = decode_speed(runner, views[0], args.steps) * 1e3
     model.use_kernels(True)
-    kernels.DEPENDENT_LAUNCH = False  # every kernel waits for the one before to end: what dependent launch saves
+    set_dependent_launch(False)  # every kernel waits for the one before to end: what dependent launch saves
     runner.drop_graphs()
     out[f"decode_{views[0]}_independent_launch_ms"] = decode_speed(runner, views[0], args.steps) * 1e3
-    kernels.DEPENDENT_LAUNCH = True
+    set_dependent_launch(True)
     runner.drop_graphs()
     runner.use_graphs = False
     out[f"decode_{views[0]}_eager_ms"] = decode_speed(runner, views[0], 4) * 1e3

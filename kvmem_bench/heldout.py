@@ -1,6 +1,6 @@
 """Held-out sessions for the quality benchmark, from a generator written apart from ``sessions``.
 
-The bench's retrieval was tuned on ``kvmem.bench.sessions`` (facts as lines inside tool results:
+The bench's retrieval was tuned on ``kvmem_bench.sessions`` (facts as lines inside tool results:
 passkeys, exports, pager codes, ports, ticket owners). This module plants facts in other forms,
 with its own vocabulary and filler (``heldout_rounds``), so a result on these sessions measures
 transfer rather than fit. It shares only the data types (``Fact``, ``Session``), the token
@@ -36,8 +36,8 @@ import random
 from collections.abc import Callable
 from typing import TypeVar
 
-from kvmem.bench import heldout_rounds as rounds
-from kvmem.bench.sessions import CHARS_PER_TOKEN, Fact, Session, estimate_tokens
+from kvmem_bench import heldout_rounds as rounds
+from kvmem_bench.sessions import CHARS_PER_TOKEN, Fact, Session, estimate_tokens
 from kvmem.tools_format import render_plain
 
 T = TypeVar("T")

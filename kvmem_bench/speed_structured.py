@@ -74,7 +74,7 @@ def parses(text: str) -> bool:
 
 
 def main(models: list[str]) -> None:
-    """``python -m kvmem.bench.speed_structured [MODEL ...]``: the row alone on each model (llama.cpp; default:
+    """``python -m kvmem_bench.speed_structured [MODEL ...]``: the row alone on each model (llama.cpp; default:
     the default model), as one JSON line each."""
     from kvmem.engines import load_engine
     from kvmem.models import resolve_model

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.bench.speed_common import decode_rate
+from kvmem_bench.speed_common import decode_rate
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 

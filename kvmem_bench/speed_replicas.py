@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from kvmem.bench.api import Api, ApiError
+from kvmem_bench.api import Api, ApiError
 from kvmem.serve_process import ServeProcess
 
 TOOL_OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event.get('body', '')}\n" * 12

@@ -1,6 +1,6 @@
 """Retrieval-heads scoring time: numpy on the host vs torch with the index on the GPU or in pinned memory.
 
-``python -m kvmem_torch.score_bench --tokens 262144,1048576`` on a random index shaped like
+``python -m kvmem_bench.torch_scoring --tokens 262144,1048576`` on a random index shaped like
 Qwen3.6-27B's (head dim 256, 3 retrieval heads on 3 kv heads, 128-token blocks) and a
 512-token query. Prints one JSON line per size: median seconds per score and the mirror's
 first sync (the upload of the whole index).
@@ -16,7 +16,7 @@ import torch
 
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, make_scorer
-from kvmem_torch.scoring import TorchRetrievalHeads
+from kvmem_torch import TorchRetrievalHeads
 
 HEADS = ((10, 0), (20, 7), (30, 13))  # (layer, query head) on kv heads 0, 1, 2 of 6 query heads per kv head
 N_LAYERS, N_HEADS, N_KV, DIM, B, QUERY = 32, 24, 4, 256, 128, 512

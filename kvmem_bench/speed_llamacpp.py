@@ -18,12 +18,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem.bench.speed_common import decode_rate, headline, ratio, rss_mb
-from kvmem.bench.speed_overhead import decode_overhead, plain_opts
-from kvmem.bench.speed_structured import structured_cost
+from kvmem_bench.speed_common import decode_rate, headline, ratio, rss_mb
+from kvmem_bench.speed_overhead import decode_overhead, plain_opts
+from kvmem_bench.speed_structured import structured_cost
 from kvmem_core.adapter import Placement
-from kvmem_core.bench_prompt import measure as measure_prompt
-from kvmem_core.bench_store import drop_page_cache, plain_read, plain_write
+from kvmem_bench.prompt import measure as measure_prompt
+from kvmem_bench.store import drop_page_cache, plain_read, plain_write
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.layout import BlockKV, BlockMeta

@@ -1,7 +1,6 @@
-"""Small random models: HF oracles for tests and random internal weights for benchmarks.
+"""Small random HF models: oracles for the torch engine's tests (``transformers``; nothing is downloaded).
 
-Nothing is downloaded. ``tiny_hf_model`` needs ``transformers``; ``random_weights`` needs
-only torch and builds weights directly on the target device (a 27B shape on a GPU).
+Random internal weights for a shape (benchmarks, 27B on a GPU) are ``kvmem_bench.torch_weights``.
 """
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kvmem_torch.spec import ATTENTION, ModelSpec
+from kvmem_torch.spec import ModelSpec
 
 TINY = {
     "llama": dict(
@@ -79,35 +78,3 @@ def tiny_spec_weights(model: Any, dtype: torch.dtype = torch.float32,
 
     spec = spec_from_hf(model.config.to_dict())
     return spec, weights_from_hf(spec, model.state_dict(), dtype, device)
-
-
-def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
-                   std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Random internal weights for ``spec`` generated on ``device`` (benchmarks; no checkpoint needed)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def mat(rows: int, cols: int) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=gen, device=device, dtype=dtype) * std
-
-    def ones(n: int, value: float = 1.0, dt: torch.dtype = dtype) -> torch.Tensor:
-        return torch.full((n,), value, device=device, dtype=dt)
-
-    s, h = spec, spec.hidden_size
-    w = {"embed": mat(s.vocab_size, h), "norm": ones(h), "lm_head": mat(s.vocab_size, h)}
-    for i, kind in enumerate(s.layer_kinds):
-        p = f"layers.{i}."
-        w |= {p + "attn_norm": ones(h), p + "mlp_norm": ones(h), p + "gate": mat(s.intermediate_size, h),
-              p + "up": mat(s.intermediate_size, h), p + "down": mat(h, s.intermediate_size)}
-        if kind == ATTENTION:
-            q_rows = s.n_heads * s.head_dim * (2 if s.gated_attention else 1)
-            w |= {p + "q": mat(q_rows, h), p + "k": mat(s.n_kv_heads * s.head_dim, h),
-                  p + "v": mat(s.n_kv_heads * s.head_dim, h), p + "o": mat(h, s.n_heads * s.head_dim)}
-            if s.gated_attention:
-                w |= {p + "q_norm": ones(s.head_dim), p + "k_norm": ones(s.head_dim)}
-        else:
-            vd = s.linear_v_heads * s.linear_v_dim
-            w |= {p + "qkv": mat(s.conv_dim, h), p + "z": mat(vd, h), p + "b": mat(s.linear_v_heads, h),
-                  p + "a": mat(s.linear_v_heads, h), p + "out": mat(h, vd),
-                  p + "conv": mat(s.conv_dim, s.conv_kernel), p + "dt_bias": ones(s.linear_v_heads, 0.5, torch.float32),
-                  p + "ssm_a": ones(s.linear_v_heads, -1.0, torch.float32), p + "ssm_norm": ones(s.linear_v_dim)}
-    return w
