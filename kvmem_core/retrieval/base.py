@@ -88,9 +88,3 @@ class KeySource(Protocol):
         """Pre-RoPE K of the block, float32 [layers, tokens, kv heads, head dim]."""
         ...
 
-
-def softmax_mass(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis (float32, stable)."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    e /= e.sum(axis=-1, keepdims=True)
-    return e

@@ -25,6 +25,7 @@ from kvmem_core.retrieval import (
     make_scorer,
     summarize_block,
 )
+from kvmem_core.retrieval.heads_score import CHUNK_TOKENS, HeadKeys, head_block_mass, head_rows
 from kvmem_torch.scoring import TorchRetrievalHeads
 
 RECORDED = Path(__file__).parent / "data" / "heads_score.npz"
@@ -100,8 +101,8 @@ def ranking(scores: np.ndarray) -> np.ndarray:
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of a few blocks, so the streaming softmax crosses chunk boundaries."""
     torch.set_num_threads(1)
-    monkeypatch.setattr("kvmem_core.retrieval.token_mass.CHUNK_TOKENS", 64)
-    monkeypatch.setattr("kvmem_torch.scoring.CHUNK_TOKENS", 96)
+    monkeypatch.setitem(CHUNK_TOKENS, "numpy", 64)
+    monkeypatch.setitem(CHUNK_TOKENS, "torch", 96)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -120,3 +121,24 @@ def test_the_scores_equal_the_recorded_ones(case: Case) -> None:
         np.testing.assert_array_equal(ranking(got[name]), ranking(want), err_msg=name)
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-10, err_msg=name)
     np.testing.assert_array_equal(got["peaks"], recorded[f"{case.name}/peaks"])
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_dense_torch_keys_score_as_the_same_numpy_keys(dtype: torch.dtype) -> None:
+    """Calibration's dense keys as tensors (bf16 as a model captures them) score as their float32 values."""
+    rng = np.random.default_rng(7)
+    keys = torch.from_numpy(rng.standard_normal((30, 16, 32)).astype(np.float32) * 2).to(dtype)
+    rows = head_rows(rng.standard_normal((5, 3, 32)).astype(np.float32) * 2, [0, 2])
+    n_tokens = np.full(30, 16)
+    n_tokens[-1] = 9
+    want = head_block_mass(rows, HeadKeys(keys.float().numpy(), n_tokens), 5)
+    got = head_block_mass(rows, HeadKeys(keys, torch.from_numpy(n_tokens)), 5)
+    for head in range(2):
+        np.testing.assert_array_equal(ranking(got.mass[head]), ranking(want.mass[head]))
+    np.testing.assert_allclose(got.mass, want.mass, rtol=1e-5, atol=1e-12)
+    np.testing.assert_array_equal(got.peak_at, want.peak_at)
+
+
+def test_other_array_types_are_refused() -> None:
+    with pytest.raises(TypeError, match="numpy arrays or torch tensors"):
+        head_block_mass(np.zeros((1, 4), np.float32), HeadKeys([[[0.0] * 4]], [1]), 1)
