@@ -157,7 +157,7 @@ class Constraint:
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
         self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the planned step's offsets: 0 or -inf
         self._masked = np.zeros(0, dtype=np.float32)  # what ``allow`` returns, rewritten each step
-        self._ahead: tuple[int, Future[Plan]] | None = None  # the next step's plan, for its ``left``, under way
+        self._ahead: tuple[int, Future[Plan | None]] | None = None  # the next step's plan, for its ``left``, under way
         self._tail = b""  # the free text's end, where a trigger may be completing
         self._restart()
 

@@ -74,7 +74,10 @@ class BlockScores:
 class Scorer(Protocol):
     """Scores every block of a workspace from query features and its summary index."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The scorer's name, as ``make_scorer`` takes it."""
+        ...
 
     def score(self, query: QueryFeatures, index: BlockIndex) -> BlockScores:
         """One score per block of ``index``; never loads KV (except ``per-token``, through its key source)."""

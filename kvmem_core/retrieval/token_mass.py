@@ -31,7 +31,8 @@ from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
 from kvmem_core.retrieval.summaries import index_pairs
 
 
-def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures, index: BlockIndex) -> list[tuple[int, int]]:
+def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures,
+                  index: BlockIndex) -> tuple[tuple[int, int], ...]:
     """The (layer, kv head) pairs ``heads`` read; MissingSummaryError unless ``index`` holds their keys."""
     pairs = index_pairs(heads, query.group_size)
     missing = sorted(set(pairs) - set(index.head_pairs))
