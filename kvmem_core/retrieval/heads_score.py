@@ -32,7 +32,7 @@ Array = Any  # np.ndarray, or torch.Tensor on the torch backend
 
 @dataclass(frozen=True, eq=False)
 class HeadKeys:
-    """Keys of one (layer, kv head) over whole history blocks.
+    """Keys of one (layer, kv head) over the history's blocks.
 
     ``keys`` [blocks, block tokens, dim]: float, or int8 with per-token ``scales`` [blocks, block
     tokens] (key = keys * scales); ``n_tokens`` [blocks]: a block's tokens, the rest padding.
