@@ -144,7 +144,7 @@ def plain_read(root: Path, payload: int) -> float:
     t0 = time.perf_counter()
     buf = np.empty(payload, dtype=np.uint8)
     with open(root / "plain.bin", "rb", buffering=0) as f:
-        assert f.readinto(memoryview(buf)) == payload
+        assert f.readinto(buf.data) == payload
     return time.perf_counter() - t0
 
 

@@ -101,12 +101,13 @@ class ArchiveOps:
     def _load(self, blocks: Sequence[int]) -> list[tuple[BlockMeta, BlockKV]]:
         if not blocks:
             return []
-        hashes = [self.store.workspaces.get(self._view_ws).hashes[b] for b in blocks]
+        assert self._view_ws is not None, "blocks load into a workspace's view"
+        hashes = [self.store.workspaces[self._view_ws].hashes[b] for b in blocks]
         result = self.store.complete_load(self.store.prepare_load(hashes))
         if result.missing:
             raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
                                     "store; the step prefills them again")
-        return [(self.store.lookup(h), result.blocks[h]) for h in hashes]
+        return [(self.store.meta(h), result.blocks[h]) for h in hashes]
 
     # ---- the query window: replayed, or probed -----------------------------------------------
 

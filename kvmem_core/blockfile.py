@@ -84,7 +84,7 @@ def read_block(path: Path, layout: BlockLayout) -> tuple[BlockMeta, BlockKV]:
     with open(path, "rb", buffering=0) as f:
         meta, head_len, size = _read_header(f, path, layout)
         payload = np.empty(size - head_len, dtype=np.uint8)
-        if f.readinto(memoryview(payload)) != payload.nbytes:
+        if f.readinto(payload.data) != payload.nbytes:
             raise CorruptBlockError(f"{path.name}: payload truncated")
     half = payload.nbytes // 2
     dtype = layout.storage_dtype

@@ -76,7 +76,9 @@ class CheckpointFiles:
         path = self._path(key)
         tmp = temp_path(path)
         with open(tmp, "wb") as f:
-            np.savez(f, n_tokens=np.int64(n_tokens), ws_id=np.str_(ws_id), **{_STATE + k: v for k, v in arrays.items()})
+            # numpy's stub types **kwds as if they could name its allow_pickle flag; the keys here all start with _STATE
+            np.savez(f, n_tokens=np.int64(n_tokens), ws_id=np.str_(ws_id),
+                     **{_STATE + k: v for k, v in arrays.items()})  # type: ignore[arg-type]
         os.replace(tmp, path)
 
     def get(self, key: bytes) -> dict[str, np.ndarray] | None:

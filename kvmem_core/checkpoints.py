@@ -77,6 +77,7 @@ class Checkpoints:
     def _count_files(self) -> None:
         """Count the files found at start under their workspaces; remove those that do not fit or whose workspace
         is gone, unless another replica's manifest names it."""
+        assert self.files is not None and self.store is not None, "files are counted in a store"
         for key, (_, ws_id) in list(self.files.index.items()):
             if not self._charge("nvme", key, ws_id, self.files.size(key)) and not self.store.foreign_workspace(ws_id):
                 self.files.remove(key)
@@ -107,7 +108,7 @@ class Checkpoints:
         if self.store is not None:
             self.store.drop_side(tier, key.hex())
 
-    def has(self, tokens: Sequence[int]) -> bool:
+    def has(self, tokens: Sequence[int] | np.ndarray) -> bool:
         if len(tokens) == 0:
             return True
         key = _key(tokens)
@@ -121,6 +122,7 @@ class Checkpoints:
             return
         key = _key(tokens)
         if key not in self._items:
+            assert self.files is not None, "has(tokens) held: the checkpoint is on disk"
             n_tokens, ws_id = self.files.index[key]
             arrays = self.files.get(key)
             if arrays is None:

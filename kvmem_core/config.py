@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvmem_core.errors import ConfigError
 from kvmem_core.layout import BlockLayout
@@ -107,7 +108,7 @@ class KVMemConfig:
         """Tokens the engine's view must hold: history budget plus generation reserve."""
         return self.budget + self.gen_budget
 
-    def replace(self, **changes: object) -> KVMemConfig:
+    def replace(self, **changes: Any) -> KVMemConfig:
         """A copy with some knobs changed, validated again."""
         return dataclasses.replace(self, **changes)
 

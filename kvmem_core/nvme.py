@@ -57,7 +57,7 @@ class _Job:
     gen: int
     path: Path
     size: int
-    write: Callable[[BinaryIO], None] | None  # None: remove the file
+    write: Callable[[BinaryIO], object] | None  # None: remove the file (what a writer returns is unused)
 
 
 class NvmeTier:

@@ -47,10 +47,10 @@ def write_workspace(path: Path, header: dict[str, Any], metas: Sequence[BlockMet
     try:
         with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
             _add(tar, HEADER, json.dumps(header, indent=1).encode())
-            for entry, meta in zip(entries, metas):
+            for i, meta in enumerate(metas):
                 buf = io.BytesIO()
                 write_block(buf, encode_header(meta, layout), load(meta))
-                _add(tar, entry["file"], buf.getvalue())
+                _add(tar, block_name(i), buf.getvalue())
     except OSError as exc:
         raise KVMemError(f"cannot write the workspace file: {exc}") from None
 

@@ -80,12 +80,13 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     ids = adapter.tokenize(text)
     schemas = _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     marks = _token_indices(adapter, text, ids, [*message_ends(render, messages, text), *schemas])
-    ends, schema_span = marks[:len(messages)], tuple(marks[len(messages):])
+    ends, schema = marks[:len(messages)], marks[len(messages):]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     query_start = starts[users[-1]] if users else starts[-1] if messages else 0
     mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m.get("role") in ("system", "developer"))
-    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory + ((schema_span,) if schema_span else ()),
+    schema_span = ((schema[0], schema[1]),) if schema else ()
+    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory + schema_span,
                   tuple(zip(starts, ends)), token_groups(messages, starts, ends))
 
 

@@ -194,23 +194,25 @@ def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[in
         on_text(lead)
     ids: list[int] = []
     finish = "length"
-    for i in range(params.max_tokens):
+    max_tokens = params.max_tokens
+    assert max_tokens is not None, "decode takes a number of tokens (see within)"
+    for i in range(max_tokens):
         forced = steer.forced() if steer is not None else None
-        shaped = constraint is not None and forced is None and not (steer is not None and steer.inside)
+        shaping = constraint if forced is None and not (steer is not None and steer.inside) else None
         if forced is not None:
             token = forced
-        elif shaped:
-            token = constraint.choose(logits, params.max_tokens - i, sample, sample.greedy)
+        elif shaping is not None:
+            token = shaping.choose(logits, max_tokens - i, sample, sample.greedy)
         else:
             token = sample(logits)
         if is_eog(token):
             finish = "stop"
             break
         ids.append(token)
-        more, data = i + 1 < params.max_tokens, token_bytes(token)
+        more, data = i + 1 < max_tokens, token_bytes(token)
         next_logits = advance(token) if more else None
-        if shaped:  # after the step is launched: a device computes it while the next mask is made
-            constraint.take(token, data, params.max_tokens - i - 1 if more else None)
+        if shaping is not None:  # after the step is launched: a device computes it while the next mask is made
+            shaping.take(token, data, max_tokens - i - 1 if more else None)
         if steer is not None:
             steer.observe(data)
         ended = stream.push(data)

@@ -136,7 +136,7 @@ def chunk_cuts(start: int, end: int, chunk: int, marks: Sequence[int] = ()) -> l
 
 def view_sequence(view: ViewState) -> tuple[list[int], list[int]]:
     """The view's tokens and their positions in view order: resident blocks, then the tail."""
-    bt, tokens, positions = view.block_tokens, [], []
+    bt, tokens, positions = view.block_tokens, list[int](), list[int]()
     for b in sorted(view.blocks):
         tokens += view.tokens[b * bt:(b + 1) * bt]
         positions += range(view.blocks[b], view.blocks[b] + bt)

@@ -202,6 +202,10 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
         """The meta of a stored block; no side effects."""
         return self._metas.get(block_hash)
 
+    def meta(self, block_hash: str) -> BlockMeta:
+        """The meta of a block known to be stored; KeyError when it is not."""
+        return self._metas[block_hash]
+
     def tier(self, block_hash: str) -> str | None:
         """``host``, ``nvme``, ``host+nvme`` or None when not stored."""
         if block_hash not in self._metas:
@@ -269,7 +273,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     def metrics(self) -> dict[str, float]:
         """Counts and bytes per tier, evictions, misses, corrupt files, write-through queue length; with a disk,
         whether it is off after a fault, the blocks waiting in RAM for it, and the faults so far."""
-        out = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
+        out: dict[str, float] = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
                "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
                "write_queue": self._pending, "side_host_bytes": self.side_bytes("host")}
         if self.nvme is not None:

@@ -108,7 +108,7 @@ class CapacityMixin:
         return self._host_bytes(h) if waiting else 0
 
     def _evict_workspace(self, ws_id: str) -> None:
-        ws = self.workspaces.get(ws_id)
+        ws = self.workspaces[ws_id]
         log.info("evicting idle workspace %s (%d blocks, last used %.0f)", ws_id, len(ws.hashes), ws.last_used)
         self._counts["evicted_workspaces"] += 1
         self._events.append({"event": "evicted_workspace", "workspace": ws_id, "blocks": len(ws.hashes)})
@@ -153,4 +153,5 @@ class CapacityMixin:
         return True
 
     def _is_evictable(self, h: str) -> bool:
+        assert self.nvme is not None, "host copies are evicted only where the NVMe tier keeps the blocks"
         return h not in self._pins and h in self.nvme.sizes

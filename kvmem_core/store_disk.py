@@ -69,13 +69,19 @@ class WriteThroughMixin:
     _clock: Callable[[], float]
     _maybe_free: Callable[[str], None]
 
+    @property
+    def _tier(self) -> NvmeTier:
+        """The NVMe tier, for the paths that run only where the store has one."""
+        assert self.nvme is not None, "the store has no NVMe tier"
+        return self.nvme
+
     def disk_fault(self) -> str:
         """The fault that turned the NVMe tier off, or "" while it writes."""
         return self._disk.fault if self._disk.mode == "off" else ""
 
     def _reserve_and_write(self, h: str, header: EncodedHeader, kv: BlockKV) -> None:
         """Reserve a new block's file bytes and queue its write (unless the tier is off: it waits in RAM)."""
-        self.nvme.used += header.file_size
+        self._tier.used += header.file_size
         self._writing[h] = (0, header.file_size)
         if self._disk.mode != "off":
             self._queue_block(h, header, kv)
@@ -83,13 +89,13 @@ class WriteThroughMixin:
     def _queue_block(self, h: str, header: EncodedHeader, kv: BlockKV) -> None:
         gen = next(self._gen)
         self._writing[h] = (gen, header.file_size)
-        self.nvme.submit_block(h, gen, header, kv)
+        self._tier.submit_block(h, gen, header, kv)
         self._pending += 1
 
     def _drop_file(self, h: str) -> None:
         _, reserved = self._writing.pop(h, (0, 0))
-        self.nvme.used -= reserved + self.nvme.sizes.pop(h, 0)
-        self.nvme.submit_remove(h)
+        self._tier.used -= reserved + self._tier.sizes.pop(h, 0)
+        self._tier.submit_remove(h)
         self._pending += 1
 
     def _drain(self, wait: bool = False) -> None:
@@ -114,13 +120,13 @@ class WriteThroughMixin:
         if done.kind == "block" and self._writing.get(done.key, (0, 0))[0] == done.gen:
             _, size = self._writing.pop(done.key)
             if done.error is None:
-                self.nvme.sizes[done.key] = size
+                self._tier.sizes[done.key] = size
             else:
                 self._writing[done.key] = (0, size)  # waits in RAM for the next retry
         if done.error is None:
             if done.kind in ("block", "manifest") and self._disk.mode == "retrying":
                 self._disk.mode = "on"
-                log.info("NVMe tier back on: writes land again in %s", self.nvme.root)
+                log.info("NVMe tier back on: writes land again in %s", self._tier.root)
                 self._events.append({"event": "nvme_on"})
             return None
         self._counts["write_errors"] += 1
@@ -170,13 +176,13 @@ class WriteThroughMixin:
                 self._pending += 1
 
     def _restore(self) -> None:
-        metas, corrupt = self.nvme.scan()
+        metas, corrupt = self._tier.scan()
         self._metas = {m.chain_hash: m for m in metas}
         for name in corrupt:
             self._counts["corrupt"] += 1
             self._events.append({"event": "corrupt_block", "block": name, "error": "failed its check at start"})
         truncated = []
-        for data in self.nvme.read_manifests():
+        for data in self._tier.read_manifests():
             ws = Workspace.from_manifest(data)
             whole = next((i for i, h in enumerate(ws.hashes) if h not in self._metas), len(ws.hashes))
             if whole < len(ws.hashes):
@@ -196,12 +202,12 @@ class WriteThroughMixin:
         block another owner's manifest names (replicas sharing the directory, or replicas that used it before one
         engine), and, with an owner, one written less than ``orphan_grace_s`` ago (a live replica's manifest
         update may be in flight). A manifest of another owner that cannot be read keeps every file."""
-        others = self.nvme.others_named()
+        others = self._tier.others_named()
         self._foreign = others is None or bool(others[1])
         self._others_ws = None if others is None else others[0]
-        grace = self._orphan_grace_s if self.nvme.owner else 0.0
+        grace = self._orphan_grace_s if self._tier.owner else 0.0
         for h in unowned:
-            if others is None or h in others[1] or (grace > 0 and self.nvme.age(h) < grace):
+            if others is None or h in others[1] or (grace > 0 and self._tier.age(h) < grace):
                 self._forget(h)
                 continue
             self._counts["orphans_removed"] += 1
@@ -210,4 +216,4 @@ class WriteThroughMixin:
     def _forget(self, h: str) -> None:
         """Unindex a block of a shared directory that no workspace here holds; its file stays for the others."""
         del self._metas[h]
-        self.nvme.forget(h)
+        self._tier.forget(h)

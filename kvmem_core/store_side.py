@@ -115,4 +115,5 @@ class SideDataMixin:
         if tier == "host":
             self.host.used += nbytes
         else:
+            assert self.nvme is not None, "side data is counted in the NVMe tier only where there is one"
             self.nvme.used += nbytes

@@ -159,7 +159,7 @@ class Constraint:
         self._only: int | None = None  # the planned step's one allowed token, when closing chose one
         self.steps = self.masked = 0  # steps under the grammar, and those whose logits were masked
         self._masked = np.zeros(0, dtype=np.float32)  # what ``allow`` returns, rewritten each step
-        self._ahead: tuple[int, Future[Plan]] | None = None  # the next step's plan, for its ``left``, under way
+        self._ahead: tuple[int, Future[Plan | None]] | None = None  # the next step's plan, for its ``left``, under way
         self._tail = b""  # the free text's end, where a trigger may be completing
         self._restart()
 

@@ -98,6 +98,10 @@ class WorkspaceRegistry:
     def get(self, ws_id: str) -> Workspace | None:
         return self._spaces.get(ws_id)
 
+    def __getitem__(self, ws_id: str) -> Workspace:
+        """The workspace ``ws_id``; KeyError when there is none."""
+        return self._spaces[ws_id]
+
     def all(self) -> list[Workspace]:
         return list(self._spaces.values())
 
@@ -121,7 +125,7 @@ class WorkspaceRegistry:
         """Continue the matched workspace (extended by blocks a match adopted past it) or fork a new one holding
         the matched prefix; return it."""
         prefix = match.hashes[:match.matched_blocks]
-        if match.continues:
+        if match.workspace_id is not None:
             ws = self._spaces[match.workspace_id]
         else:
             now = self._clock()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class WorkspaceOps:
     checkpoints: Checkpoints | None
     _indexes: dict[str, BlockIndex]
     _view_ws: str | None
+    _abandon: Callable[[], None]
 
     def list_workspaces(self) -> list[dict[str, Any]]:
         return self.store.list_workspaces()
@@ -58,7 +59,7 @@ class WorkspaceOps:
         resident = set(self.view.blocks) if workspace_id == self._view_ws else set()
         for block in info["blocks"]:
             meta = self.store.lookup(block["hash"])
-            block["text"] = self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS]) if meta is not None else ""
+            block["text"] = self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS].tolist()) if meta is not None else ""
             block["tiers"] = (["gpu"] if block["index"] in resident else []) + block["tier"].split("+")
         info["totals"]["tokens_in_view"] = len(resident) * self.layout.block_tokens
         info.update(budget=self.config.budget, gen_budget=self.config.gen_budget, block_tokens=self.layout.block_tokens)
@@ -113,11 +114,12 @@ class WorkspaceOps:
 
     def _imported(self, fields: dict[str, Any]) -> Workspace:
         ws_id, key, selection = fields.get("id"), fields.get("key"), fields.get("last_selection", {})
-        times = [fields.get("created"), fields.get("last_used")]
+        created, last_used = fields.get("created"), fields.get("last_used")
         if not (isinstance(ws_id, str) and WORKSPACE_ID.fullmatch(ws_id) and (key is None or isinstance(key, str))
-                and isinstance(selection, dict) and all(isinstance(t, (int, float)) for t in times)):
+                and isinstance(selection, dict) and isinstance(created, (int, float))
+                and isinstance(last_used, (int, float))):
             raise WorkspaceFileError("the workspace file's workspace fields are malformed")
-        return Workspace(ws_id, self.namespace, [], float(times[0]), float(times[1]), selection, key,
+        return Workspace(ws_id, self.namespace, [], float(created), float(last_used), selection, key,
                          fields.get("pinned") is True)
 
     def _summary(self, workspace_id: str) -> dict[str, Any]:

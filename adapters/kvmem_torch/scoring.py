@@ -1,11 +1,10 @@
 """The ``retrieval-heads`` scorer on torch tensors, for CUDA: the index's keys stay on the device.
 
-It scores exactly as ``kvmem_core.retrieval.RetrievalHeadsScorer``: per query row (a query
-token of a retrieval head), the softmax of q·k/√d over every indexed token (int8 keys times
-their per-token scale, content frame); a block's score is, per head, the largest share of
-that mass one query token gives it, summed over heads; its peak the token offset of its
-largest normalised logit. Two passes over chunks of keys: the rows' log-sum-exp, then block
-mass and peaks.
+It scores as ``kvmem_core.retrieval.RetrievalHeadsScorer`` does, through the same code
+(``kvmem_core.retrieval.heads_score``) on tensors: per query row (a query token of a retrieval
+head), the softmax of q·k/√d over every indexed token (int8 keys times their per-token scale,
+content frame); a block's score is, per head, the largest share of that mass one query token
+gives it, summed over heads; its peak the token offset of its largest normalised logit.
 
 ``DeviceIndex`` mirrors a ``BlockIndex``'s head keys in device memory (or pinned host
 memory, copied per chunk); it appends the blocks stored since the last score and rebuilds
@@ -20,10 +19,9 @@ import numpy as np
 import torch
 
 from kvmem_core.retrieval.base import BlockScores, QueryFeatures
+from kvmem_core.retrieval.heads_score import HeadKeys, score_heads
 from kvmem_core.retrieval.index import BlockIndex
 from kvmem_core.retrieval.token_mass import indexed_pairs
-
-CHUNK_TOKENS = 1 << 16  # logits of one chunk: rows x 64K float32
 
 
 class DeviceIndex:
@@ -83,47 +81,11 @@ class TorchRetrievalHeads:
         pairs = indexed_pairs(self.heads, query, index)
         mirror = self.mirrors.setdefault(index, DeviceIndex(self.device, self.pinned))
         mirror.sync(index)
-        n, dev = index.n_blocks, torch.device(self.device)
-        total = torch.zeros(n, dtype=torch.float64, device=dev)
-        best = torch.full((n,), -torch.inf, dtype=torch.float64, device=dev)
-        peaks = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        n = index.n_blocks
+
+        def keys_of(layer: int, kv: int) -> HeadKeys:
+            slot = index.head_pairs.index((layer, kv))
+            return HeadKeys(mirror.keys[slot, :n], mirror.n_tokens[:n], mirror.scales[slot, :n], self.device)
+
         with torch.inference_mode():
-            for layer, kv in pairs:
-                rows = torch.from_numpy(self._rows(query, layer, kv)).to(dev)
-                slot = index.head_pairs.index((layer, kv))
-                lse = self._lse(rows, mirror, slot, n)
-                for b0, b1, logits in self._chunks(rows, mirror, slot, n):
-                    rel = logits.double() - lse[:, None, None]  # [rows, blocks, tokens]
-                    mass = rel.exp().sum(dim=2).view(-1, query.n_query_tokens, b1 - b0)  # [heads, query tokens, blocks]
-                    total[b0:b1] += mass.amax(dim=1).sum(dim=0)
-                    token_max, token_arg = rel.max(dim=2)
-                    row_max, row_arg = token_max.max(dim=0)
-                    better = row_max > best[b0:b1]
-                    best[b0:b1] = torch.where(better, row_max, best[b0:b1])
-                    peaks[b0:b1] = torch.where(better, token_arg.gather(0, row_arg[None])[0], peaks[b0:b1])
-        return BlockScores(total.cpu().numpy(), peaks.cpu().numpy().astype(np.int32))
-
-    def _rows(self, query: QueryFeatures, layer: int, kv: int) -> np.ndarray:
-        heads = [h for l, h in self.heads if l == layer and h // query.group_size == kv]
-        rows = query.q[layer][:, heads].transpose(1, 0, 2).reshape(-1, query.head_dim)
-        return np.ascontiguousarray(rows * np.float32(query.head_dim**-0.5))
-
-    def _lse(self, rows: torch.Tensor, mirror: DeviceIndex, slot: int, n: int) -> torch.Tensor:
-        """Log-sum-exp of every row's logits over all indexed tokens, float64 [rows]."""
-        lse = torch.full((len(rows),), -torch.inf, dtype=torch.float64, device=rows.device)
-        for _, _, logits in self._chunks(rows, mirror, slot, n):
-            lse = torch.logaddexp(lse, logits.flatten(1).logsumexp(dim=1).double())
-        return lse
-
-    def _chunks(self, rows: torch.Tensor, mirror: DeviceIndex, slot: int, n: int):
-        """(b0, b1, logits float32 [rows, b1 - b0, block tokens]) over the index, padding at -inf."""
-        width = mirror.keys.shape[2]
-        step = max(1, CHUNK_TOKENS // width)
-        for b0 in range(0, n, step):
-            b1 = min(n, b0 + step)
-            keys = mirror.keys[slot, b0:b1].to(rows.device, non_blocking=True).float()  # [nb, B, D]
-            scales = mirror.scales[slot, b0:b1].to(rows.device, non_blocking=True)
-            count = mirror.n_tokens[b0:b1].to(rows.device, non_blocking=True)
-            logits = torch.einsum("rd,btd->rbt", rows, keys) * scales
-            pad = torch.arange(width, device=rows.device)[None, :] >= count[:, None]
-            yield b0, b1, logits.masked_fill(pad, -torch.inf)
+            return score_heads(self.heads, query, pairs, keys_of, n)

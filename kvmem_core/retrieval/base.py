@@ -74,7 +74,10 @@ class BlockScores:
 class Scorer(Protocol):
     """Scores every block of a workspace from query features and its summary index."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The scorer's name, as ``make_scorer`` takes it."""
+        ...
 
     def score(self, query: QueryFeatures, index: BlockIndex) -> BlockScores:
         """One score per block of ``index``; never loads KV (except ``per-token``, through its key source)."""
@@ -88,9 +91,3 @@ class KeySource(Protocol):
         """Pre-RoPE K of the block, float32 [layers, tokens, kv heads, head dim]."""
         ...
 
-
-def softmax_mass(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis (float32, stable)."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    e /= e.sum(axis=-1, keepdims=True)
-    return e

@@ -3,7 +3,7 @@
 Data in, profile out. An engine renders synthetic documents with one planted fact among
 same-form look-alikes and a question about it, and captures per document the pre-RoPE
 queries of the question tokens and the pre-RoPE keys of every token; this module scores
-every head on those captures exactly as ``retrieval-heads`` selects blocks (softmax of
+every head on those captures exactly as ``retrieval-heads`` selects blocks (``heads_score``: softmax of
 q·k/√d over the history's whole blocks, a block's score the largest mass one question
 token gives it) and asks whether the fact's block beats every other candidate block (all
 but the first, which the sink keeps in view anyway).
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvmem_core.retrieval.base import softmax_mass
+from kvmem_core.retrieval.heads_score import HeadKeys, head_block_mass, head_rows
 from kvmem_core.retrieval.profile import RetrievalProfile
 
 MARGIN_CLIP = 5.0  # log-margin bound, so one very easy document does not decide a tie
@@ -79,13 +79,13 @@ def block_scores(doc: CalibrationDoc, block_tokens: int) -> DocScores | None:
     gold[doc.fact[0] // block_tokens:(doc.fact[1] - 1) // block_tokens + 1] = True
     if nb < 3 or not gold[1:].any() or doc.fact[1] > nb * block_tokens:
         return None
-    group, n = n_heads // n_kv, nb * block_tokens
+    group = n_heads // n_kv
+    full = np.full(nb, block_tokens, dtype=np.int32)
     out = np.zeros((n_layers, n_heads, nb), dtype=np.float32)
-    for layer in range(n_layers):
-        q = doc.q[layer].astype(np.float32).reshape(n_q, n_kv, group, dim).transpose(1, 2, 0, 3)
-        k = doc.k[layer, :n].astype(np.float32).transpose(1, 2, 0)  # [Hkv, D, T]
-        att = softmax_mass(np.matmul(q * np.float32(dim**-0.5), k[:, None]))  # [Hkv, g, Tq, T]
-        out[layer] = att.reshape(n_kv, group, n_q, nb, block_tokens).sum(axis=-1).max(axis=2).reshape(n_heads, nb)
+    for layer, kv in np.ndindex(n_layers, n_kv):
+        heads = slice(kv * group, (kv + 1) * group)
+        keys = HeadKeys(doc.k[layer, : nb * block_tokens, kv].reshape(nb, block_tokens, dim), full)
+        out[layer, heads] = head_block_mass(head_rows(doc.q[layer], range(n_heads)[heads]), keys, n_q).mass
     return DocScores(out, gold)
 
 

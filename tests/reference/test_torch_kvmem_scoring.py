@@ -10,6 +10,7 @@ import torch
 
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, SummaryOptions, make_scorer, summarize_block
+from kvmem_core.retrieval.heads_score import CHUNK_TOKENS
 from kvmem_torch.scoring import TorchRetrievalHeads
 
 HEADS = ((0, 1), (1, 2), (1, 3))  # (layer, query head); two query heads per kv head
@@ -40,7 +41,7 @@ def assert_same(scorer: TorchRetrievalHeads, index: BlockIndex, q: QueryFeatures
 
 
 def check(device: str, pinned: bool, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvmem_torch.scoring.CHUNK_TOKENS", chunk)
+    monkeypatch.setitem(CHUNK_TOKENS, "torch", chunk)
     scorer = TorchRetrievalHeads(HEADS, device, pinned)
     stored = metas(40, seed=1)
     index = BlockIndex.build(stored, B)

@@ -1,0 +1,260 @@
+"""Retrieval-heads block scores: one implementation over numpy arrays or torch tensors.
+
+For a query row (one query token of one query head) the softmax of q·k/√d runs over every
+token of the history's blocks (content frame, pre-RoPE); a block's share of that mass is the
+row's mass on it, and per head a block keeps the largest share any one query token gives it.
+Calibration scores every head this way to choose the heads (``calibration.block_scores``);
+``RetrievalHeadsScorer`` sums the chosen heads' scores from the index's int8 keys on the host;
+``kvmem_torch``'s scorer runs the same code on a device mirror of those keys.
+
+Keys stream through in chunks of blocks with a running log-sum-exp (block sums kept relative to
+their chunk's row maxima, rescaled once at the end), so memory stays at one chunk of logits
+whatever the workspace size. The backend follows the keys' type: numpy arrays, or torch tensors
+on any device (torch is imported only then). Results come back as numpy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from kvmem_core.retrieval.base import BlockScores, QueryFeatures
+
+CHUNK_TOKENS = {
+    "numpy": 2048,  # widening int8 keys to float32 bounds scoring on a CPU: a chunk's keys stay in cache
+    "torch": 1 << 16,  # logits of one chunk on a device: rows x 64K float32
+}
+
+Array = Any  # np.ndarray, or torch.Tensor on the torch backend
+
+
+@dataclass(frozen=True, eq=False)
+class HeadKeys:
+    """Keys of one (layer, kv head) over the history's blocks.
+
+    ``keys`` [blocks, block tokens, dim]: float, or int8 with per-token ``scales`` [blocks, block
+    tokens] (key = keys * scales); ``n_tokens`` [blocks]: a block's tokens, the rest padding.
+    All three are numpy arrays or all torch tensors, on ``device`` or in host memory that is copied
+    there per chunk (torch; None: the keys' device).
+    """
+
+    keys: Array
+    n_tokens: Array
+    scales: Array | None = None
+    device: Any = None
+
+
+@dataclass(frozen=True, eq=False)
+class HeadMass:
+    """Per head the largest mass one query token gives each block, float64 [heads, blocks]; and per
+    block its strongest token over every row: log mass ``peak_log`` [blocks], offset ``peak_at`` [blocks]."""
+
+    mass: np.ndarray
+    peak_log: np.ndarray
+    peak_at: np.ndarray
+
+
+class NumpyOps:
+    """The array operations the streaming softmax needs, on numpy."""
+
+    name = "numpy"
+
+    @staticmethod
+    def rows(rows: np.ndarray, keys: HeadKeys) -> np.ndarray:
+        return rows
+
+    @staticmethod
+    def logits(rows: np.ndarray, keys: np.ndarray, n_tokens: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+        """rows [R, D] (pre-scaled) · keys [nb, B, D] (times ``scales`` [nb, B]) -> float32 [R, nb, B], padding -inf."""
+        nb, width, dim = keys.shape
+        # keys @ rows.T (tall-skinny) runs about twice as fast in BLAS as rows @ keys.T
+        tall = keys.astype(np.float32, copy=False).reshape(nb * width, dim) @ rows.T
+        if scales is not None:
+            tall *= scales.reshape(-1, 1)
+        logits = np.ascontiguousarray(tall.T).reshape(len(rows), nb, width)
+        if (n_tokens < width).any():
+            logits[:, np.arange(width)[None, :] >= n_tokens[:, None]] = -np.inf
+        return logits
+
+    @staticmethod
+    def max_arg(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        arg = x.argmax(axis=axis)
+        return np.take_along_axis(x, np.expand_dims(arg, axis), axis=axis).squeeze(axis), arg
+
+    @staticmethod
+    def exp_(x: np.ndarray) -> np.ndarray:
+        return np.exp(x, out=x)
+
+    @staticmethod
+    def pick(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``x[rows[j], j]`` for every column j of ``x`` [R, C]."""
+        return np.take_along_axis(x, rows[None], axis=0)[0]
+
+    @staticmethod
+    def new(like: np.ndarray, shape: tuple[int, ...], fill: float, dtype: str) -> np.ndarray:
+        return np.full(shape, fill, dtype=dtype)
+
+    stack = staticmethod(np.stack)
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    float64 = staticmethod(lambda x: x.astype(np.float64))
+    numpy = staticmethod(np.asarray)
+
+
+@cache
+def _torch_ops() -> type:
+    import torch
+
+    class TorchOps:
+        """The same operations on torch tensors; keys in pinned host memory are copied per chunk."""
+
+        name = "torch"
+
+        @staticmethod
+        def rows(rows: np.ndarray, keys: HeadKeys) -> torch.Tensor:
+            return torch.from_numpy(rows).to(keys.keys.device if keys.device is None else keys.device)
+
+        @staticmethod
+        def logits(rows: torch.Tensor, keys: torch.Tensor, n_tokens: torch.Tensor,
+                   scales: torch.Tensor | None) -> torch.Tensor:
+            keys = keys.to(rows.device, non_blocking=True).float()
+            logits = torch.einsum("rd,btd->rbt", rows, keys)
+            if scales is not None:
+                logits *= scales.to(rows.device, non_blocking=True)
+            count = n_tokens.to(rows.device, non_blocking=True)
+            pad = torch.arange(keys.shape[1], device=rows.device)[None, :] >= count[:, None]
+            return logits.masked_fill_(pad, -torch.inf)
+
+        @staticmethod
+        def max_arg(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+            values, arg = x.max(dim=axis)
+            return values, arg
+
+        @staticmethod
+        def exp_(x: torch.Tensor) -> torch.Tensor:
+            return x.exp_()
+
+        @staticmethod
+        def pick(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return x.gather(0, rows[None])[0]
+
+        @staticmethod
+        def new(like: torch.Tensor, shape: tuple[int, ...], fill: float, dtype: str) -> torch.Tensor:
+            return torch.full(shape, fill, dtype=getattr(torch, dtype), device=like.device)
+
+        stack = staticmethod(lambda xs, axis: torch.stack(xs, dim=axis))
+        exp = staticmethod(torch.exp)
+        log = staticmethod(torch.log)
+        float64 = staticmethod(lambda x: x.double())
+        numpy = staticmethod(lambda x: x.cpu().numpy())
+
+    return TorchOps
+
+
+def backend(x: Array) -> Any:
+    """The operations for ``x``'s array type: numpy's, or torch's (imported on first use)."""
+    if isinstance(x, np.ndarray):
+        return NumpyOps
+    if type(x).__module__.startswith("torch"):
+        return _torch_ops()
+    raise TypeError(f"retrieval-heads scoring takes numpy arrays or torch tensors, not {type(x).__name__}")
+
+
+class StreamingMass:
+    """Softmax mass per (row, block) over chunks of logits [rows, blocks, block tokens], on ``ops``' arrays.
+
+    Block sums are kept relative to their chunk's row maxima and rescaled once in ``finish``.
+    """
+
+    def __init__(self, ops: Any, like: Array, n_rows: int, n_blocks: int) -> None:
+        self._ops = ops
+        self._block_sum = ops.new(like, (n_rows, n_blocks), 0.0, "float32")
+        self._block_max = ops.new(like, (n_rows, n_blocks), -np.inf, "float32")
+        self._block_arg = ops.new(like, (n_rows, n_blocks), 0, "int64")
+        self._block_chunk = ops.new(like, (n_blocks,), 0, "int64")
+        self._chunk_max: list[Array] = []
+        self._chunk_sum: list[Array] = []
+
+    def add(self, logits: Array, b0: int) -> None:
+        """Take one chunk of logits [rows, blocks, block tokens] for blocks ``b0:``; overwrites it."""
+        b1 = b0 + logits.shape[1]
+        bmax, arg = self._ops.max_arg(logits, 2)
+        m = self._ops.max_arg(bmax, 1)[0]
+        logits -= m[:, None, None]
+        sums = self._ops.exp_(logits).sum(2)
+        self._block_sum[:, b0:b1] = sums
+        self._block_max[:, b0:b1] = bmax
+        self._block_arg[:, b0:b1] = arg
+        self._block_chunk[b0:b1] = len(self._chunk_max)
+        self._chunk_max.append(m)
+        self._chunk_sum.append(sums.sum(1))
+
+    def finish(self) -> tuple[Array, Array, Array]:
+        """Mass per (row, block) [rows, N] float64, and each block's peak (log mass [N], offset [N])."""
+        ops = self._ops
+        cmax = ops.float64(ops.stack(self._chunk_max, 1))
+        top = ops.max_arg(cmax, 1)[0][:, None]
+        weight = ops.exp(cmax - top)
+        z = (ops.stack(self._chunk_sum, 1) * weight).sum(1)[:, None]
+        mass = self._block_sum * (weight / z)[:, self._block_chunk]
+        rel = self._block_max - (top + ops.log(z))
+        peak, best = ops.max_arg(rel, 0)
+        return mass, peak, ops.pick(self._block_arg, best)
+
+
+def chunks(n_blocks: int, block_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """Block ranges [b0, b1) of about ``chunk_tokens`` tokens each, covering ``n_blocks`` blocks."""
+    step = max(1, chunk_tokens // block_tokens)
+    return [(b0, min(n_blocks, b0 + step)) for b0 in range(0, n_blocks, step)]
+
+
+def head_block_mass(rows: np.ndarray, keys: HeadKeys, n_query_tokens: int) -> HeadMass:
+    """Retrieval-heads scores of the heads whose query rows are ``rows`` (float32 [heads * query tokens,
+    dim], head-major, pre-scaled by 1/√d) over ``keys``, on ``keys``' backend; numpy results."""
+    ops = backend(keys.keys)
+    n_blocks, width = keys.keys.shape[:2]
+    rows_x = ops.rows(rows, keys)
+    acc = StreamingMass(ops, rows_x, len(rows), n_blocks)
+    for b0, b1 in chunks(n_blocks, width, CHUNK_TOKENS[ops.name]):
+        scales = None if keys.scales is None else keys.scales[b0:b1]
+        acc.add(ops.logits(rows_x, keys.keys[b0:b1], keys.n_tokens[b0:b1], scales), b0)
+    mass, peak, arg = acc.finish()
+    per_head = ops.max_arg(mass.reshape(-1, n_query_tokens, n_blocks), 1)[0]
+    return HeadMass(ops.numpy(per_head), ops.numpy(peak), ops.numpy(arg))
+
+
+class PeakMerge:
+    """Totals and the strongest peak per block over several accumulators."""
+
+    def __init__(self, n_blocks: int) -> None:
+        self.total = np.zeros(n_blocks, dtype=np.float64)
+        self.best = np.full(n_blocks, -np.inf)
+        self.peaks = np.full(n_blocks, -1, dtype=np.int32)
+
+    def add(self, mass: np.ndarray, rel: np.ndarray, arg: np.ndarray) -> None:
+        """Add block scores ``mass`` [N]; keep the peaks (log mass ``rel``, offset ``arg``) that beat the best."""
+        self.total += mass
+        better = rel > self.best
+        self.best[better] = rel[better]
+        self.peaks[better] = arg[better]
+
+
+def head_rows(q: np.ndarray, heads: Sequence[int]) -> np.ndarray:
+    """Query rows of ``heads`` from one layer's queries ``q`` [query tokens, query heads, dim]:
+    float32 [heads * query tokens, dim], head-major, scaled by 1/√dim."""
+    rows = q[:, list(heads)].transpose(1, 0, 2).reshape(-1, q.shape[-1])
+    return np.ascontiguousarray(rows * np.float32(q.shape[-1] ** -0.5), dtype=np.float32)
+
+
+def score_heads(heads: Sequence[tuple[int, int]], query: QueryFeatures, pairs: Sequence[tuple[int, int]],
+                keys_of: Callable[[int, int], HeadKeys], n_blocks: int) -> BlockScores:
+    """Block scores summed over the (layer, query head) ``heads``, reading each (layer, kv head) of
+    ``pairs`` through ``keys_of``; a block's peak is its strongest token over every head."""
+    merge = PeakMerge(n_blocks)
+    for layer, kv in pairs:
+        picked = [h for l, h in heads if l == layer and h // query.group_size == kv]
+        got = head_block_mass(head_rows(query.q[layer], picked), keys_of(layer, kv), query.n_query_tokens)
+        merge.add(got.mass.sum(axis=0), got.peak_log, got.peak_at)
+    return BlockScores(merge.total, merge.peaks)
