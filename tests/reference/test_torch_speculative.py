@@ -22,8 +22,8 @@ from kvmem_core.engine import KVMemEngine  # noqa: E402
 from kvmem_core.lookup import LookupDrafter  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
-from kvmem_torch.gguf_writer import write_gguf  # noqa: E402
-from kvmem_torch.tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 B = 16
 CFG = KVMemConfig(ctx=2048, budget=256, gen_budget=64, block_tokens=B, sink_tokens=16, recent_tokens=32, method="full",
