@@ -3,7 +3,8 @@
 ``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most drafts
 are right); ``story`` asks for new text with nothing to copy. Each round runs both modes on the same engine, off
 first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the share of drafted
-tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--model NAME] [--tokens N] [--rounds R]``.
+tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH]
+[--device D] [--tokens N] [--rounds R]``; rows are JSON lines.
 """
 from __future__ import annotations
 
@@ -53,20 +54,33 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int) -> list[dict[str, Any
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def load(backend: str, model: str, threads: int | None, device: str | None) -> KVMemEngine:
+    """The engine of ``backend`` over ``model`` (a known model's name or a path), with the whole prompt in its view."""
     from kvmem.models import resolve_model
+
+    path = str(resolve_model(model))
+    if backend == "torch":
+        from kvmem_torch import create_adapter as torch_adapter
+
+        return KVMemEngine(torch_adapter(path, CFG, device=device, n_threads=threads, progress=False), CFG)
     from kvmem_llamacpp import create_adapter
 
+    return KVMemEngine(create_adapter(path, CFG, n_threads=threads), CFG)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--backend", choices=("llamacpp", "torch"), default="llamacpp")
+    parser.add_argument("--device", default=None, help="torch only: cuda or cpu (default: cuda when present)")
     args = parser.parse_args(argv)
-    engine = KVMemEngine(create_adapter(str(resolve_model(args.model)), CFG, n_threads=args.threads), CFG)
+    engine = load(args.backend, args.model, args.threads, args.device)
     try:
         for row in measure(engine, args.tokens, args.rounds):
-            print(json.dumps(row), flush=True)
+            print(json.dumps({"backend": args.backend, **row}), flush=True)
     finally:
         engine.close()
 

@@ -19,18 +19,18 @@ import numpy as np
 from kvmem_core.adapter import PREFILL_CHUNK, EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
-from kvmem_core.contract import OnStart, OnText, SamplingParams, StepRequest, StepResult
+from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
+from kvmem_core.decoding import DecodeOps
 from kvmem_core.archive import ArchiveOps, Probe
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import BlockMeta
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
-from kvmem_core.reasoning import Thinking, thinking_for
+from kvmem_core.reasoning import thinking_for
 from kvmem_core.retrieval import (BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
                                   make_scorer)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
-from kvmem_core.sampling import decode, within
-from kvmem_core.speculative import ViewVerifier, lookup_advance
+from kvmem_core.sampling import within
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.structured import Formats
@@ -41,9 +41,9 @@ log = logging.getLogger("kvmem.engine")
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
-class KVMemEngine(ArchiveOps, WorkspaceOps):
+class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
     """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine`` (its workspace calls come
-    from ``WorkspaceOps``).
+    from ``WorkspaceOps``, its decode phase from ``DecodeOps``).
 
     ``heads`` are the retrieval heads (layer, query head) whose full keys every stored
     block indexes. ``last_logits`` holds the logits the first generated token of the last
@@ -366,41 +366,3 @@ class KVMemEngine(ArchiveOps, WorkspaceOps):
         index = self._indexes.setdefault(ws_id, BlockIndex(self.layout.block_tokens))
         index.sync(metas)
         return index
-
-    def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
-                on_text: OnText, steer: Thinking | None,
-                history: Sequence[int]) -> tuple[str, list[int], str, list[int], dict[str, int]]:
-        """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
-        the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
-        archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
-        except where the view must make room, which drops only archived blocks; and the tokens drafted and accepted
-        (empty unless ``cfg.speculative`` lookup drafted from ``history``, the transcript, where that is lossless:
-        ``kvmem_core.speculative``)."""
-        self.last_logits = logits.copy()  # the adapter's logits live until its next forward
-        mode, adapter = self._mode(cfg), self.adapter
-        pending: list[int] = []
-
-        def room(n: int) -> int:
-            if adapter.view_free() < n:
-                self._archive(ws, pending)
-                pending.clear()
-                self._make_room(cfg, mode, n)
-            return adapter.view_free()
-
-        def advance(token: int) -> Callable[[], np.ndarray]:
-            room(1)
-            out = adapter.forward([token], [self.view.next_pos])
-            pending.extend(append_computed(self.view, [token]))
-            return lambda: out.logits
-
-        constraint = self.formats.constraint(sampling, logits.size)
-        spec = lookup_advance(cfg.speculative, adapter, sampling, constraint is not None, history,
-                              lambda: ViewVerifier(adapter, self.view, room, pending))
-        try:
-            text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, spec or advance, on_text,
-                                       steer, constraint, self.decode_alive)
-        finally:
-            if spec is not None:
-                spec.close()
-        drafts = {} if spec is None else {"draft_tokens": spec.stats.drafted, "draft_accepted": spec.stats.accepted}
-        return text, ids, finish, pending, drafts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +29,15 @@ from kvmem_torch.transfer import BlockStager
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 Loaded = tuple[ModelSpec, dict[str, torch.Tensor], Tokenizer | IdTokenizer, str]  # spec, weights, tokenizer, fingerprint
+
+
+@dataclass
+class Verified:
+    """The tokens of a ``forward_every`` on a hybrid model and the recurrent state before them."""
+
+    before: RecurrentState
+    tokens: list[int]
+    positions: list[int]
 
 
 class TorchAdapter:
@@ -58,6 +68,7 @@ class TorchAdapter:
         self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
+        self._verified: Verified | None = None  # a hybrid model's last ``forward_every``, while it can be cut back
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
                                   block_tokens, _DTYPE_NAMES[dtype])
         self.caps = Capabilities(
@@ -91,6 +102,7 @@ class TorchAdapter:
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
         self.stager.wait()
+        self._verified = None
         captured, logits = [], None
         for a in range(0, len(tokens), self.prefill_chunk):
             b = min(a + self.prefill_chunk, len(tokens))
@@ -104,6 +116,18 @@ class TorchAdapter:
         last = logits[-1]
         # page-locked on a GPU: a pageable copy of the vocabulary costs a decode step more than the bytes
         return ForwardOut(queries=queries, read=lambda: _to_host(last.float()).numpy())
+
+    def forward_every(self, tokens: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        """``forward`` with the logits of every token, float32 ``[len(tokens), vocab]`` (speculative decoding
+        verifies a draft with them). At most one prefill chunk. On a hybrid model the recurrent state before the
+        tokens is kept until the next forward: ``drop`` of a rejected suffix rebuilds the state of the kept ones."""
+        assert 0 < len(tokens) <= min(self.prefill_chunk, self.view_free()) and len(tokens) == len(positions)
+        self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
+        self.stager.wait()
+        before = self.runner.state.snapshot() if self.caps.recurrent_state else None
+        logits, _ = self.runner.forward(list(tokens), list(positions), last_only=False)
+        self._verified = None if before is None else Verified(before, list(tokens), list(positions))
+        return _to_host(logits.float()).numpy()
 
     def view_free(self) -> int:
         return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())
@@ -134,13 +158,31 @@ class TorchAdapter:
         return _from_numpy(k, torch.float32).numpy() if k.dtype == np.uint16 else k.astype(np.float32)
 
     def drop(self, p0: int, p1: int) -> None:
+        """Remove the cells at positions ``[p0, p1)`` (``p1 < 0``: to the end). A tail cut into the tokens of the
+        last ``forward_every`` also rewinds a hybrid model's recurrent state to the tokens kept."""
         self.stager.wait()
         self.runner.drop(p0, p1 if p1 >= 0 else 1 << 62)
+        if self._verified is not None and p1 < 0:
+            self._rewind(p0)
+
+    def _rewind(self, end: int) -> None:
+        """Make the recurrent state that of the verified tokens before position ``end``: the checkpoint taken
+        before them, then the kept ones forwarded again (their cells are recomputed with it)."""
+        v = self._verified
+        kept = sum(p < end for p in v.positions)
+        if kept == len(v.tokens):
+            return
+        self.runner.drop(v.positions[0], 1 << 62)
+        self.runner.state.restore(v.before)
+        if kept:
+            self.runner.forward(v.tokens[:kept], v.positions[:kept])
+        self._verified = Verified(v.before, v.tokens[:kept], v.positions[:kept])
 
     def clear_view(self) -> None:
         """Empty the view and reset the recurrent state (a fresh sequence)."""
         self.stager.wait()
         self.runner.clear()
+        self._verified = None
 
     def make_scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> TorchRetrievalHeads | None:
         """``retrieval-heads`` on the GPU when the model runs on one (None: the core's numpy scorer)."""
@@ -158,6 +200,7 @@ class TorchAdapter:
 
     def restore_state(self, snap: RecurrentState) -> None:
         self.runner.state.restore(snap)
+        self._verified = None
 
     def state_arrays(self, snap: RecurrentState) -> dict[str, np.ndarray]:
         """The conv tails (widened to fp32: exact for bf16/fp16) and the fp32 recurrent matrices."""
