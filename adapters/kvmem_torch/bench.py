@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvmem_torch import kernels
+from kvmem_torch import fp8, kernels
 from kvmem_torch.adapter import TorchAdapter, prefill_chunk_for
 from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch.model import Model
@@ -157,8 +157,10 @@ def fill_view(runner: Runner, n_tokens: int) -> None:
     """Synthesize a view of random KV blocks (what KVMem materializes) at positions 0..n-1."""
     cache, B = runner.cache, runner.B
     runner.clear()
+    shape = (cache.n_layers, B, cache.rows.shape[1], cache.head_dim)
     for i in range(n_tokens // B):
-        k = torch.randn(cache.kv.shape[2:], device="cuda", dtype=cache.kv.dtype)
+        k = torch.randn(shape, device="cuda", dtype=cache.dtype)
+        k = fp8.quantize(k) if cache.fp8 else k
         runner.insert_block(k, k, list(range(i * B, (i + 1) * B)))
 
 
