@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llamacpp_support import N_BATCH, PARAGRAPH, Plain, chat, model_path
-from test_llamacpp_tiers import A1, B1, CFG, check_against_plain, second_turn
+from llamacpp_support import N_BATCH, PARAGRAPH, Plain, model_path
+from test_llamacpp_tiers import CFG, host_round_trip, nvme_round_trip
 
-from kvmem_core.engine import KVMemEngine
 from kvmem_core.errors import ConfigError
 
 pytestmark = pytest.mark.llamacpp
@@ -48,28 +47,13 @@ def test_q8_0_blobs_parse_and_synthesize_byte_identical_at_about_half_the_bytes(
 
 
 def test_q8_0_workspace_restored_from_host_tier_answers_as_plain_q8_0(adapter, plain):
-    engine = KVMemEngine(adapter, Q8, heads=((17, 3),))
-    r1 = engine.step(chat(A1), lambda piece: True)
-    engine.step(chat(B1), lambda piece: True)  # another conversation takes the view
-    r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
-    assert r2.cached_tokens >= 2 * Q8.block_tokens
-    check_against_plain(engine, plain, r1, r2)
+    host_round_trip(adapter, plain, Q8)
 
 
 def test_q8_0_workspace_restored_from_nvme_after_a_restart_answers_as_plain_q8_0(adapter, plain, tmp_path):
-    cfg = Q8.replace(nvme_dir=tmp_path, cpu_gb=0.01)
-    first = KVMemEngine(adapter, cfg, heads=((17, 3),))
-    r1 = first.step(chat(A1), lambda piece: True)
-    first.store.close()
-    engine = KVMemEngine(adapter, cfg, heads=((17, 3),))
-    hashes = [h for ws in engine.store.workspaces.all() for h in ws.hashes]
-    assert hashes and all(engine.store.tier(h) == "nvme" for h in hashes)
-    files = sorted(engine.store.nvme.blocks_dir.iterdir())
+    nvme_round_trip(adapter, plain, Q8.replace(nvme_dir=tmp_path))
+    files = list(tmp_path.rglob("*.kvb"))
     assert files and all(b'"dtype": "q8_0"' in f.read_bytes()[:2048] for f in files)
-    r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
-    assert engine.metrics()["blocks_loaded"] == r2.cached_tokens // Q8.block_tokens >= 2
-    check_against_plain(engine, plain, r1, r2)
-    engine.store.close()
 
 
 def test_fp8_is_refused_on_llama_cpp_in_one_line():

@@ -23,7 +23,9 @@ TORCH_DTYPES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 LLAMACPP_DTYPES = {"f16": "float16", "q8_0": "q8_0"}
 PROMPTS = ("Write a Python function that parses a CSV file and returns the rows as dictionaries.",
            "Explain what a hash map is and when to use one.",
-           "Write a bash script that finds the ten largest files under a directory.")
+           "Write a bash script that finds the ten largest files under a directory.",
+           "Describe the history of the printing press in a few paragraphs.",
+           "Write a C function that reverses a singly linked list, with comments.")
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512, method="full")
 
 
