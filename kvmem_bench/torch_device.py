@@ -21,7 +21,7 @@ import torch
 from kvmem_bench.torch_weights import random_weights
 from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch import (BlockStager, Model, ModelSpec, TorchAdapter, from_gguf_meta, plain_engine, prefill_chunk_for,
-                         qwen35_kinds, set_dependent_launch)
+                         qwen35_kinds, quantize_fp8, set_dependent_launch)
 
 
 SHAPES = {
@@ -153,8 +153,10 @@ def fill_view(runner: Any, n_tokens: int) -> None:
     """Synthesize a view of random KV blocks (what KVMem materializes) at positions 0..n-1."""
     cache, B = runner.cache, runner.B
     runner.clear()
+    shape = (cache.n_layers, B, cache.rows.shape[1], cache.head_dim)
     for i in range(n_tokens // B):
-        k = torch.randn(cache.kv.shape[2:], device="cuda", dtype=cache.kv.dtype)
+        k = torch.randn(shape, device="cuda", dtype=cache.dtype)
+        k = quantize_fp8(k) if cache.fp8 else k
         runner.insert_block(k, k, list(range(i * B, (i + 1) * B)))
 
 

@@ -3,14 +3,17 @@
 Layout (little-endian)::
 
     prefix   magic b"KVMEMBLK" | u32 version | u32 header_len | u64 arrays_len | u64 payload_len
-    header   JSON: layout hash, chain/parent hash, start, checksum, tags, array directory
+    header   JSON: layout hash, KV dtype, chain/parent hash, start, checksum, tags, array directory
     arrays   token ids then every summary array, raw bytes in C order
     u32      CRC32 of prefix + header + arrays
     payload  K bytes then V bytes; their CRC32 is the block checksum kept in the header
 
 A scan reads everything but the payload, so the index is rebuilt without touching KV;
 a load checks the payload against the header's checksum. Any mismatch (magic, version,
-layout, size, CRC) raises ``CorruptBlockError``: the block is missing, never garbage.
+layout, size, CRC) raises ``CorruptBlockError``: the block is missing, never garbage. A file whose KV
+dtype is not the layout's (``float16`` blocks read by an ``fp8_e4m3`` store, say) raises
+``BlockDtypeError`` naming both, before its bytes are looked at: 8-bit codes are never read as 16-bit
+values or the other way round.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from kvmem_core.errors import CorruptBlockError
+from kvmem_core.errors import BlockDtypeError, CorruptBlockError
 from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta, kv_checksum
 
 MAGIC = b"KVMEMBLK"
@@ -57,7 +60,7 @@ def encode_header(meta: BlockMeta, layout: BlockLayout) -> EncodedHeader:
         chunks.append(arr.tobytes())
         offset += arr.nbytes
     header = json.dumps({
-        "layout": layout.layout_hash(), "chain_hash": meta.chain_hash, "parent_hash": meta.parent_hash,
+        "layout": layout.layout_hash(), "dtype": layout.dtype, "chain_hash": meta.chain_hash, "parent_hash": meta.parent_hash,
         "start_pos": meta.start_pos, "checksum": meta.checksum, "tags": sorted(meta.tags), "arrays": directory,
     }).encode()
     payload_len = layout.kv_bytes_per_block
@@ -104,17 +107,21 @@ def _read_header(f: BinaryIO, path: Path, layout: BlockLayout) -> tuple[BlockMet
     if magic != MAGIC or version != VERSION:
         raise CorruptBlockError(f"{path.name}: bad magic or version {version}")
     head_len = _PREFIX.size + header_len + arrays_len + _CRC.size
+    rest = f.read(head_len - _PREFIX.size)
+    if len(rest) != head_len - _PREFIX.size or size < head_len:
+        raise CorruptBlockError(f"{path.name}: size {size} does not match its header")
+    if zlib.crc32(rest[:-_CRC.size], zlib.crc32(prefix)) != _CRC.unpack(rest[-_CRC.size:])[0]:
+        raise CorruptBlockError(f"{path.name}: header checksum mismatch")
+    info = json.loads(rest[:header_len])
+    stored = info.get("dtype", layout.dtype)  # files written before the dtype was recorded: the layout hash decides
+    if stored != layout.dtype:
+        raise BlockDtypeError(f"{path.name}: its KV is {stored}, this store's is {layout.dtype}; refusing to read it")
     if size != head_len + payload_len or payload_len != layout.kv_bytes_per_block:
         raise CorruptBlockError(f"{path.name}: size {size} does not match its header")
-    rest = f.read(head_len - _PREFIX.size)
-    (crc,) = _CRC.unpack(rest[-_CRC.size:])
-    if len(rest) != head_len - _PREFIX.size or zlib.crc32(rest[:-_CRC.size], zlib.crc32(prefix)) != crc:
-        raise CorruptBlockError(f"{path.name}: header checksum mismatch")
-    return _parse_meta(rest[:header_len], rest[header_len:-_CRC.size], path, layout), head_len, size
+    return _parse_meta(info, rest[header_len:-_CRC.size], path, layout), head_len, size
 
 
-def _parse_meta(header: bytes, arrays: bytes, path: Path, layout: BlockLayout) -> BlockMeta:
-    info = json.loads(header)
+def _parse_meta(info: dict, arrays: bytes, path: Path, layout: BlockLayout) -> BlockMeta:
     if info["layout"] != layout.layout_hash():
         raise CorruptBlockError(f"{path.name}: layout {info['layout']} is not {layout.layout_hash()}")
     loaded = {}

@@ -19,6 +19,7 @@ POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
 RECURRENT_MODES = ("keep", "recompute")
 SPECULATIVE_MODES = ("off", "lookup")
+KV_DTYPES = ("auto", "f16", "bf16", "fp8", "q8_0")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
 GIB = 1 << 30
@@ -48,6 +49,9 @@ FIELD_HELP = {
     "speculative": "speculative decoding of greedy steps without an output format: lookup drafts tokens from n-gram "
                    "matches in the workspace's transcript and verifies them in one forward (lossless; llama.cpp "
                    "engine); " + "|".join(SPECULATIVE_MODES),
+    "kv_dtype": "KV dtype in the view and every tier: auto (16-bit: f16 on llama.cpp, the run dtype on torch), f16, "
+                "bf16 (torch), fp8 (torch: e4m3 with a scale per token and kv head), q8_0 (llama.cpp); 8-bit halves "
+                "the bytes per token; " + "|".join(KV_DTYPES),
 }
 
 
@@ -73,6 +77,7 @@ class KVMemConfig:
     groups: bool = True
     relevance: float = 0.35
     speculative: str = "off"
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", METHOD_ALIASES.get(self.method, self.method))
@@ -89,6 +94,7 @@ class KVMemConfig:
         _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
         _require(isinstance(self.groups, bool), "--kvmem-groups must be on or off")
         _require(self.speculative in SPECULATIVE_MODES, f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        _require(self.kv_dtype in KV_DTYPES, f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         _require(0.0 <= self.relevance <= 1.0, "--kvmem-relevance must be between 0 and 1")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
         for name in ("ctx", "budget", "gen_budget"):

@@ -73,6 +73,11 @@ class CorruptBlockError(KVMemError):
     code = "corrupt_block"
 
 
+class BlockDtypeError(CorruptBlockError):
+    """A block file holds KV of another dtype than the store's (``float16`` blocks in an ``fp8_e4m3`` store): it is
+    refused, never read, and left in place (it belongs to a store of its own dtype)."""
+
+
 class UnsupportedModelError(KVMemError):
     """The model's architecture or cache type is not handled by this adapter yet."""
 

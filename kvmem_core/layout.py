@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ROOT_HASH = "0" * 32
-_STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+_STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16, "fp8_e4m3": np.uint8,
+                   "q8_0": np.uint8}
+FP8_SCALE_BYTES = 4  # fp8_e4m3: each token's head row ends with its float32 scale
+Q8_0_GROUP, Q8_0_GROUP_BYTES = 32, 34  # q8_0 (ggml): a float16 scale then 32 int8 values per 32 values
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,21 @@ class BlockLayout:
     def __post_init__(self) -> None:
         assert self.dtype in _STORAGE_DTYPES, f"unsupported KV dtype {self.dtype}"
         assert self.n_heads % self.n_kv_heads == 0, "query heads must group evenly over kv heads"
+        assert self.dtype != "q8_0" or self.head_dim % Q8_0_GROUP == 0, "q8_0 needs head dims in groups of 32"
+
+    @property
+    def quantized(self) -> bool:
+        """Whether K/V are stored as 8-bit codes with scales (raw bytes to every tier)."""
+        return self.dtype in ("fp8_e4m3", "q8_0")
+
+    @property
+    def head_row(self) -> int:
+        """Storage elements of one token's one kv head: ``head_dim`` values, or an 8-bit row with its scales."""
+        if self.dtype == "fp8_e4m3":
+            return self.head_dim + FP8_SCALE_BYTES
+        if self.dtype == "q8_0":
+            return self.head_dim // Q8_0_GROUP * Q8_0_GROUP_BYTES
+        return self.head_dim
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -40,12 +58,12 @@ class BlockLayout:
 
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:
-        """Shape of one block's K (and V): [layers, tokens, kv heads, head dim]."""
-        return (self.n_layers, self.block_tokens, self.n_kv_heads, self.head_dim)
+        """Shape of one block's K (and V): [layers, tokens, kv heads, ``head_row``]."""
+        return (self.n_layers, self.block_tokens, self.n_kv_heads, self.head_row)
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.storage_dtype.itemsize
+        return 2 * self.n_layers * self.n_kv_heads * self.head_row * self.storage_dtype.itemsize
 
     @property
     def kv_bytes_per_block(self) -> int:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from kvmem_core.blockfile import SUFFIX, EncodedHeader, read_block, read_meta, write_block
-from kvmem_core.errors import CorruptBlockError
+from kvmem_core.errors import BlockDtypeError, CorruptBlockError
 from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
 
 log = logging.getLogger("kvmem.nvme")
@@ -99,6 +99,9 @@ class NvmeTier:
                 meta, size = self._read_header(p)
             except FileNotFoundError:
                 continue  # removed by another process sharing the directory
+            except BlockDtypeError as exc:
+                log.warning("nvme: skipping a block file of another KV dtype: %s", exc)
+                continue
             except (CorruptBlockError, OSError, ValueError, KeyError) as exc:
                 log.warning("nvme: dropping unreadable block file: %s", exc)
                 corrupt.append(p.name)

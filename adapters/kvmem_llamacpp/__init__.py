@@ -7,16 +7,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvmem_llamacpp.adapter import LlamaCppAdapter
 
 
 def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> LlamaCppAdapter:
-    """Load ``model_path`` with a view of ``config.view_tokens`` cells; ``opts`` go to ``LlamaCppAdapter``."""
+    """Load ``model_path`` with a view of ``config.view_tokens`` cells; ``opts`` go to ``LlamaCppAdapter``.
+    ``config.kv_dtype``: ``q8_0`` caches and stores 8-bit KV; ``auto`` and ``f16`` the 16-bit KV."""
     from kvmem_llamacpp.adapter import LlamaCppAdapter
 
-    return LlamaCppAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens, **opts)
+    if config.kv_dtype not in ("auto", "f16", "q8_0"):
+        raise ConfigError(f"--kv-dtype {config.kv_dtype} is not available on the llama.cpp engine: choose f16 or q8_0")
+    return LlamaCppAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens,
+                           kv_q8_0=config.kv_dtype == "q8_0", **opts)
 
 
 __all__ = ["create_adapter"]

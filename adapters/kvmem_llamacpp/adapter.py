@@ -21,9 +21,9 @@ from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.threads import Threads, resolve_threads
-from kvmem_llamacpp import blob
+from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
-from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
+from kvmem_llamacpp.lowlevel import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0, LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
 from kvmem_llamacpp.rope import rotate
 
@@ -31,6 +31,7 @@ from kvmem_llamacpp.rope import rotate
 CHATML_TEMPLATE = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
                    "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
 log = logging.getLogger("kvmem.llamacpp")
+_CACHE_TYPES = {"float32": GGML_TYPE_F32, "float16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}  # layout dtype -> ggml
 
 
 class LlamaCppAdapter:
@@ -39,11 +40,15 @@ class LlamaCppAdapter:
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
                  flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None,
-                 capture_context: bool | None = None) -> None:
+                 capture_context: bool | None = None, kv_q8_0: bool = False) -> None:
         """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says;
         ``chat_template`` replaces the model's own. ``capture_context`` captures queries in a second context,
         so the view's own context runs without an eval callback (``_copy_view`` says what each costs); None: on
-        when layers are offloaded to a GPU (where the callback costs decode most), off on the CPU."""
+        when layers are offloaded to a GPU (where the callback costs decode most), off on the CPU. ``kv_q8_0``: K and V
+        cached, exported and stored as q8_0 (8.5 bits a value; needs ``flash_attn``)."""
+        if kv_q8_0 and not flash_attn:
+            raise UnsupportedModelError("llama.cpp quantizes the V cache only with flash attention")
+        kv_dtype = "q8_0" if kv_q8_0 else "float32" if f32_cache else "float16"
         path = Path(model_path)
         init_backend()
         self.model = LlamaModel(path, n_gpu_layers=resolve_gpu_layers(n_gpu_layers, can_offload()))
@@ -53,15 +58,14 @@ class LlamaCppAdapter:
         self._governor = ThreadGovernor(threads.decode)
         self._governed = threads.auto
         context = functools.partial(LlamaContext, m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
-                                    f32_cache=f32_cache)
+                                    cache_type=_CACHE_TYPES[kv_dtype])
         self.ctx, self._capture_ctx = self._make_contexts(context, m.n_gpu_layers != 0 if capture_context is None
                                                           else capture_context, capture_context is None)
         self.placement = describe(m.n_gpu_layers, m.n_layer)
         self.model_path = str(path)
         self.model_id = path.stem
         self.fingerprint = file_fingerprint(self.model_path)
-        self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens,
-                                  "float32" if f32_cache else "float16")
+        self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens, kv_dtype)
         self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train,
                                  devices=(offload_runtime(m.n_gpu_layers),), probe=True)
         self._n_embd_kv = m.n_head_kv * m.head_dim
@@ -193,7 +197,7 @@ class LlamaCppAdapter:
         finally:
             c.seq_rm(c.SCRATCH)
         assert kv.positions.size == n_tokens and kv.positions[0] == start_pos, "block not resident in the view"
-        shape = (self.model.n_layer, n_tokens, self.model.n_head_kv, self.model.head_dim)
+        shape = (self.model.n_layer, n_tokens, self.model.n_head_kv, self.layout.head_row)
         return BlockKV(kv.k.reshape(shape), kv.v.reshape(shape))
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
@@ -201,7 +205,7 @@ class LlamaCppAdapter:
             return
         kv = self._assemble(placements)
         c = self.ctx
-        size = blob.blob_size(kv.positions.size, self.model.n_layer, self._n_embd_kv, kv.k.itemsize)
+        size = blob.blob_size(kv.positions.size, self.model.n_layer, kv.k.shape[2] * kv.k.itemsize)
         if self._import.size < size:
             self._import = np.empty(size, dtype=np.uint8)
         n = blob.synthesize(self._import, c.SCRATCH, kv, self._v_trans)
@@ -222,15 +226,18 @@ class LlamaCppAdapter:
         return blob.SeqKV(np.concatenate(pos), np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
 
     def _shift(self, k: np.ndarray, delta: int) -> np.ndarray:
-        m = self.model
-        shifted = rotate(k, np.full(k.shape[1], delta), n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type,
-                         factors=m.rope_factors)
-        return shifted.astype(k.dtype)
+        """K rotated by ``delta`` positions, in its own storage (q8_0: dequantized, rotated, quantized again)."""
+        shifted = self._rotate(k, np.full(k.shape[1], delta))
+        return q8_0.quantize(shifted) if self.layout.quantized else shifted.astype(k.dtype)
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
+        return self._rotate(k, -np.arange(start_pos, start_pos + k.shape[1]))
+
+    def _rotate(self, k: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Stored K [layers, n, kv heads, row] rotated by ``positions`` [n], as float values."""
         m = self.model
-        positions = -np.arange(start_pos, start_pos + k.shape[1])
-        return rotate(k, positions, n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type, factors=m.rope_factors)
+        values = q8_0.dequantize(k) if self.layout.quantized else k
+        return rotate(values, positions, n_rot=m.rope_dims, base=m.rope_base, style=m.rope_type, factors=m.rope_factors)
 
     def drop(self, p0: int, p1: int) -> None:
         self.ctx.seq_rm(LlamaContext.VIEW, p0, p1)

@@ -5,7 +5,9 @@ u32 magic 0xAF143CD8, i32 seq id, u32 n_stream; per stream: u32 cell_count; per 
 u32 v_trans, u32 n_layer; K per layer {i32 type, u64 row_bytes, cell_count rows};
 V per layer {i32 type, u64 row_bytes, rows} (v_trans 0) or
 {i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements} (v_trans 1).
-Cells come in cell-slot order; ``parse`` sorts them by position.
+Cells come in cell-slot order; ``parse`` sorts them by position. A q8_0 cache's rows are kept as their raw
+bytes (uint8, ``q8_0``): 34 bytes per 32 values; its V is never transposed (llama.cpp quantizes V only
+under flash attention).
 """
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ import numpy as np
 from kvmem_core.errors import UnsupportedModelError
 
 MAGIC = 0xAF143CD8
-_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2")}
+_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 8: np.dtype("u1")}
+GGML_TYPE_Q8_0 = 8
 _CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
 
 
 @dataclass(frozen=True, eq=False)
 class SeqKV:
-    """Cells of one sequence sorted by position: K and V ``[layers, cells, n_embd_kv]``."""
+    """Cells of one sequence sorted by position: K and V ``[layers, cells, n_embd_kv]`` (q8_0: ``[layers, cells,
+    row bytes]`` uint8)."""
 
     positions: np.ndarray  # int32 [cells]
     k: np.ndarray
@@ -31,7 +35,7 @@ class SeqKV:
 
 def _dtype(type_id: int) -> np.dtype:
     if type_id not in _DTYPES:
-        raise UnsupportedModelError(f"KV cache type {type_id} is not supported by this adapter yet (f16 and f32 are)")
+        raise UnsupportedModelError(f"KV cache type {type_id} is not supported by this adapter yet (f16, f32 and q8_0 are)")
     return _DTYPES[type_id]
 
 
@@ -73,7 +77,11 @@ def parse(buf: memoryview, n_layer: int, n_embd_kv: int) -> tuple[SeqKV, int]:
 
 def _layers(r: _Reader, n_layer: int, n: int, width: int, transposed: bool) -> np.ndarray:
     """A strided [layers, cells, width] view over every layer's rows (each layer has a 12-byte header)."""
-    dt = _dtype(int(np.frombuffer(r.buf, "<i4", 1, r.off)[0]))
+    type_id = int(np.frombuffer(r.buf, "<i4", 1, r.off)[0])
+    dt = _dtype(type_id)
+    if type_id == GGML_TYPE_Q8_0:
+        assert not transposed, "a q8_0 V cache is never transposed"
+        width = width // 32 * 34
     header = np.frombuffer(r.buf, "<u4", 2, r.off + 4)
     if transposed:
         assert header[0] == dt.itemsize and header[1] == width, "unexpected V layout"
@@ -86,9 +94,10 @@ def _layers(r: _Reader, n_layer: int, n: int, width: int, transposed: bool) -> n
     return view
 
 
-def blob_size(n_cells: int, n_layer: int, n_embd_kv: int, itemsize: int) -> int:
-    """Bytes of a blob holding ``n_cells`` cells (K and V layer headers are 12 bytes either way)."""
-    return 24 + n_cells * _CELL.itemsize + n_layer * (24 + 2 * n_cells * n_embd_kv * itemsize)
+def blob_size(n_cells: int, n_layer: int, row_bytes: int) -> int:
+    """Bytes of a blob holding ``n_cells`` cells of ``row_bytes`` per layer for K and for V (K and V layer headers
+    are 12 bytes either way)."""
+    return 24 + n_cells * _CELL.itemsize + n_layer * (24 + 2 * n_cells * row_bytes)
 
 
 def synthesize(out: np.ndarray, seq: int, kv: SeqKV, v_trans: int) -> int:

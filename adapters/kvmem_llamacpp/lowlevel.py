@@ -23,6 +23,7 @@ from kvmem_llamacpp.gate import EvalGate
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
+GGML_TYPE_Q8_0 = 8
 _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
 _backend_ready = False
 
@@ -145,7 +146,7 @@ class LlamaContext:
     VIEW, SCRATCH = 0, 1
 
     def __init__(self, model: LlamaModel, n_ctx: int, threads: Threads, *, n_batch: int = 512, flash_attn: bool = True,
-                 f32_cache: bool = False, gate: EvalGate | None = None) -> None:
+                 cache_type: int = GGML_TYPE_F16, gate: EvalGate | None = None) -> None:
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 2
         p.n_threads, p.n_threads_batch = threads.decode, threads.batch
@@ -153,7 +154,7 @@ class LlamaContext:
         p.offload_kqv = True  # the KV cache sits beside the offloaded layers
         p.op_offload = model.n_gpu_layers != 0  # else a GPU build still sends large CPU batches to the GPU
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        p.type_k = p.type_v = GGML_TYPE_F32 if f32_cache else GGML_TYPE_F16
+        p.type_k = p.type_v = cache_type  # a ggml type: f16, f32 or q8_0 (which needs flash attention for V)
         p.no_perf = True
         if gate is not None:
             p.cb_eval, p.cb_eval_user_data = gate.callback, gate.user_data

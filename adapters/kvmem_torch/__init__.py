@@ -10,27 +10,46 @@ import importlib
 from typing import Any
 
 from kvmem_core.config import KVMemConfig
+from kvmem_core.errors import ConfigError
+
+_SIXTEEN_BIT = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def create_adapter(model_path: str, config: KVMemConfig, *, chat_template: str | None = None,
                    **opts: Any) -> "TorchAdapter":  # noqa: F821
     """Load ``model_path`` (GGUF file or HF directory) with a view of ``config.view_tokens`` cells; ``chat_template``
-    replaces the model's own."""
+    replaces the model's own. ``config.kv_dtype``: ``fp8`` stores K/V as 8-bit rows; ``f16``/``bf16`` name the run
+    dtype (KV is kept in it), which must then agree with ``opts["dtype"]``."""
     from kvmem_torch.adapter import TorchAdapter
 
+    opts.update(kv_opts(config.kv_dtype, opts.get("dtype")))
     adapter = TorchAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens, **opts)
     if chat_template:
         adapter.chat_template = adapter.tokenizer.chat_template = chat_template
     return adapter
 
 
-def plain_engine(model: Any, view_tokens: int, block_tokens: int = 128, cuda_graphs: bool | None = None) -> Any:
+def kv_opts(kv_dtype: str, dtype: str | None) -> dict[str, Any]:
+    """The adapter options ``--kv-dtype`` asks for with run dtype ``dtype``; ConfigError where they disagree or
+    the engine has no such KV."""
+    if kv_dtype == "q8_0":
+        raise ConfigError("--kv-dtype q8_0 is the llama.cpp engine's; the torch engine's 8-bit KV is fp8")
+    if kv_dtype == "fp8":
+        return {"kv_fp8": True}
+    want = _SIXTEEN_BIT.get(kv_dtype)
+    if want is None or dtype in (None, "auto", want):
+        return {} if want is None else {"dtype": want}
+    raise ConfigError(f"--kv-dtype {kv_dtype} keeps KV in the run dtype, but --dtype is {dtype}")
+
+
+def plain_engine(model: Any, view_tokens: int, block_tokens: int = 128, cuda_graphs: bool | None = None,
+                 kv_fp8: bool = False) -> Any:
     """The engine without KVMem over ``model`` (a ``Model``): one sequence's paged view of ``view_tokens`` cells
     with ``prefill``, ``forward``, ``insert_block``, ``clear``, ``drop_graphs`` and ``use_graphs`` (the plain
     engine a benchmark sets KVMem against)."""
     from kvmem_torch.runner import Runner
 
-    return Runner(model, -(-view_tokens // block_tokens) + 2, block_tokens, cuda_graphs)
+    return Runner(model, -(-view_tokens // block_tokens) + 2, block_tokens, cuda_graphs, kv_fp8=kv_fp8)
 
 
 def set_dependent_launch(on: bool) -> None:
@@ -39,6 +58,13 @@ def set_dependent_launch(on: bool) -> None:
     from kvmem_torch import kernels
 
     kernels.DEPENDENT_LAUNCH = on
+
+
+def quantize_fp8(x: Any) -> Any:
+    """``x`` as the fp8 rows (codes and scales) an ``kv_fp8`` view stores."""
+    from kvmem_torch.fp8 import quantize
+
+    return quantize(x)
 
 
 _PUBLIC = {"TorchAdapter": "adapter", "prefill_chunk_for": "adapter", "Model": "model", "ModelSpec": "spec",
@@ -52,4 +78,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"kvmem_torch.{_PUBLIC[name]}"), name)
 
 
-__all__ = ["create_adapter", "plain_engine", "set_dependent_launch", *_PUBLIC]
+__all__ = ["create_adapter", "kv_opts", "plain_engine", "quantize_fp8", "set_dependent_launch", *_PUBLIC]

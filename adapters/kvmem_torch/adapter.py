@@ -20,6 +20,7 @@ from kvmem_core.adapter import PREFILL_CHUNK, Capabilities, ForwardOut, Placemen
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
+from kvmem_torch import fp8
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.runner import Runner
 from kvmem_torch.scoring import TorchRetrievalHeads
@@ -46,12 +47,13 @@ class TorchAdapter:
     def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
                  device: str | None = None, dtype: torch.dtype | str | None = None, prefill_chunk: int | None = None,
                  cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, loaded: Loaded | None = None) -> None:
+                 n_threads_batch: int | None = None, loaded: Loaded | None = None, kv_fp8: bool = False) -> None:
         """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``dtype`` (a torch dtype
         or its name; None: bfloat16 on CUDA, float32 elsewhere) holds weights and KV. ``loaded``: spec,
         weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
         weights); ``model_path`` then only names the model. ``prefill_chunk``: most tokens per forward (None:
-        ``prefill_chunk_for(device)``)."""
+        ``prefill_chunk_for(device)``). ``kv_fp8``: K/V as 8-bit e4m3 rows with scales (``fp8``) in the view and
+        every tier, instead of in ``dtype``."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = resolve_threads(n_threads, n_threads_batch)
         self._on_cpu = device == "cpu"
@@ -62,7 +64,7 @@ class TorchAdapter:
         spec, weights, self.tokenizer, self.fingerprint = loaded or _load(path, dtype, device, progress)
         self.model = Model(spec, weights)
         num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
-        self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs)
+        self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs, kv_fp8)
         self.stager = BlockStager(self.runner.cache)
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
@@ -70,7 +72,7 @@ class TorchAdapter:
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
         self._verified: Verified | None = None  # a hybrid model's last ``forward_every``, while it can be cut back
         self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
-                                  block_tokens, _DTYPE_NAMES[dtype])
+                                  block_tokens, "fp8_e4m3" if kv_fp8 else _DTYPE_NAMES[dtype])
         self.caps = Capabilities(
             backend="torch", max_view_tokens=view_tokens, trained_ctx=spec.max_context, paged_slots=True,
             recurrent_state=bool(spec.deltanet_layers), async_copies=device.startswith("cuda"), devices=(device,),
@@ -151,10 +153,12 @@ class TorchAdapter:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
         for p in placements:
             n = p.kv.k.shape[1]
-            k, v = (_from_numpy(x, self.model.dtype) for x in (p.kv.k, p.kv.v))
+            k, v = (_from_numpy(x, self.runner.cache.kv.dtype) for x in (p.kv.k, p.kv.v))
             self.stager.put(self.runner, k, v, list(range(p.dst_pos, p.dst_pos + n)))
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
+        if k.dtype == np.uint8:
+            return fp8.dequantize(torch.from_numpy(k), torch.float32).numpy()
         return _from_numpy(k, torch.float32).numpy() if k.dtype == np.uint16 else k.astype(np.float32)
 
     def drop(self, p0: int, p1: int) -> None:

@@ -95,6 +95,20 @@ if triton is not None:
         return (slot // B) * block_rows + slot % B
 
     @triton.jit
+    def codes_to_f32(x, FP8: tl.constexpr):
+        """Loaded cache values as float32: 8-bit rows' bytes are e4m3 codes."""
+        if FP8:
+            return x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        return x.to(tl.float32)
+
+    @triton.jit
+    def row_scale(at, valid, HD: tl.constexpr, FP8: tl.constexpr):
+        """[n, 1] scales of the rows starting at ``at`` [n, 1] (their float32 after the HD codes); 1 unless FP8."""
+        if FP8:
+            return tl.load((at + HD).to(tl.pointer_type(tl.float32)), mask=valid[:, None], other=0.0)
+        return 1.0
+
+    @triton.jit
     def wait_previous(PDL: tl.constexpr):
         """Under a dependent launch, wait until the previous kernel finished and its writes are visible. Every
         program passes here before it reads anything an earlier kernel wrote and before its first store (a kernel
@@ -110,7 +124,8 @@ if triton is not None:
                       out_ptr, m_ptr, l_ptr, k_off, v_off, block_rows, scale, S,
                       SPLIT: tl.constexpr, IEEE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
                       G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, B: tl.constexpr,
-                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+                      BLOCK: tl.constexpr, ROW: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+        # FP8: rows of ROW = HD + 4 bytes, e4m3 codes then a float32 scale (``fp8``), dequantized as they are read
         # scores = q_pass·k (dims >= RD, straight from the cache) + q_rot·rope(k[:RD]) (a narrow fp32 tile),
         # so only the rotary dims are widened and rotated
         wait_previous(PDL)
@@ -135,21 +150,26 @@ if triton is not None:
             valid = n < stop
             slot = tl.load(slots_ptr + n, mask=valid, other=0)
             base = slot_row(slot, B, block_rows)
-            k_at = rows_ptr + (((base + k_off) * KV + head) * HD)[:, None]
-            v_at = rows_ptr + (((base + v_off) * KV + head) * HD)[:, None]
-            k_r = tl.load(k_at + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-            k_p = tl.load(k_at + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+            k_at = rows_ptr + (((base + k_off) * KV + head) * ROW)[:, None]
+            v_at = rows_ptr + (((base + v_off) * KV + head) * ROW)[:, None]
+            k_scale = row_scale(k_at, valid, HD, FP8)
+            k_r = codes_to_f32(tl.load(k_at + r[None, :], mask=valid[:, None], other=0), FP8) * k_scale
+            k_p = codes_to_f32(tl.load(k_at + partner[None, :], mask=valid[:, None], other=0), FP8) * k_scale
             cs = slot[:, None] * RD + r[None, :]
             cos = tl.load(cos_ptr + cs, mask=valid[:, None], other=1.0).to(tl.float32)
             sin = tl.load(sin_ptr + cs, mask=valid[:, None], other=0.0).to(tl.float32)
             k_r = k_r * cos + sign[None, :] * k_p * sin
-            v = tl.load(v_at + d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_at + d[None, :], mask=valid[:, None], other=0)
+            if FP8:  # values widened to the query's dtype, as the eager path dequantizes them
+                v = (codes_to_f32(v, FP8) * row_scale(v_at, valid, HD, FP8)).to(q_rot.dtype)
             if IEEE:  # fp32 caches: exact products, as the eager path
                 s = tl.dot(q_rot, tl.trans(k_r), input_precision="ieee")
             else:  # rotated keys and probabilities rounded to the cache dtype, as the eager path
                 s = tl.dot(q_rot, tl.trans(k_r.to(q_rot.dtype)))
             if RD < HD:
-                k = tl.load(k_at + d[None, :], mask=valid[:, None] & (d >= RD)[None, :], other=0.0)
+                k = tl.load(k_at + d[None, :], mask=valid[:, None] & (d >= RD)[None, :], other=0)
+                if FP8:
+                    k = (codes_to_f32(k, FP8) * k_scale).to(q_pass.dtype)
                 if IEEE:
                     s += tl.dot(q_pass, tl.trans(k), input_precision="ieee")
                 else:
@@ -203,7 +223,8 @@ def decode_attention(q: torch.Tensor, cache: PagedKV, layer: int, key_slots: tor
     _split_kernel[(n_kv, n_splits)](q.contiguous(), cache.rows, key_slots, cache.cos, cache.sin, n_keys,
                                     acc, m, l, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
                                     hd ** -0.5, S, SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G,
-                                    G_PAD=G_PAD, HD=hd, RD=rd, B=cache.block_tokens, BLOCK=BLOCK_N, PDL=pdl,
+                                    G_PAD=G_PAD, HD=hd, RD=rd, B=cache.block_tokens, BLOCK=BLOCK_N,
+                                    ROW=cache.rows.shape[2], FP8=cache.fp8, PDL=pdl,
                                     num_warps=ATTENTION_WARPS,
                                     num_stages=ATTENTION_STAGES, launch_pdl=pdl)
     out = torch.empty(n_heads, hd, dtype=q.dtype, device=q.device)
@@ -251,7 +272,7 @@ if triton is not None:
     def _prologue_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, rows_ptr, new_slot_ptr, q_out_ptr,
                          k_off, v_off, block_rows, eps, NH: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr,
                          RD: tl.constexpr, Q_STRIDE: tl.constexpr, NORM: tl.constexpr, B: tl.constexpr,
-                         PDL: tl.constexpr):
+                         ROW: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
         # programs [0, NH): one query head, RMS-normed (qwen35) and rotated into q_out, rounded where the torch
         # path rounds; [NH, NH + KV): one kv head, K normed and K/V written to the new token's cache rows
         # (K pre-RoPE, as the cache holds it)
@@ -279,10 +300,34 @@ if triton is not None:
             row = slot_row(tl.load(new_slot_ptr), B, block_rows)
             k = tl.load(qkv_ptr + NH * Q_STRIDE + h * HD + d).to(tl.float32)
             if NORM:
-                k = k * tl.rsqrt(tl.sum(k * k, 0) / HD + eps) * tl.load(k_norm_ptr + d)
-            tl.store(rows_ptr + ((row + k_off) * KV + h) * HD + d, k.to(rows_ptr.dtype.element_ty))
+                k = (k * tl.rsqrt(tl.sum(k * k, 0) / HD + eps) * tl.load(k_norm_ptr + d)).to(dt)
             v = tl.load(qkv_ptr + NH * Q_STRIDE + (KV + h) * HD + d)
-            tl.store(rows_ptr + ((row + v_off) * KV + h) * HD + d, v)
+            store_row(rows_ptr + ((row + k_off) * KV + h) * ROW, k, HD, FP8)
+            store_row(rows_ptr + ((row + v_off) * KV + h) * ROW, v, HD, FP8)
+
+    @triton.jit
+    def round_to_e4m3(x):
+        """float32 x (|x| <= 448) rounded to the nearest e4m3 value (ties to even), as torch's conversion rounds;
+        still float32. Triton's interpreter rounds values just below a power of two down a binade."""
+        bits = x.to(tl.int32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+        subnormal = ((x * 512.0 + 12582912.0) - 12582912.0) / 512.0  # multiples of 2^-9, by the float32 rounding
+        return tl.where(tl.abs(x) >= 0.015625, normal, subnormal)
+
+    @triton.jit
+    def store_row(at, x, HD: tl.constexpr, FP8: tl.constexpr):
+        """Store one head's row x [HD] at ``at``: as it is, or (FP8) as e4m3 codes of x / scale then the float32
+        scale (amax / 448), as ``fp8.quantize``."""
+        d = tl.arange(0, HD)
+        if FP8:
+            x = x.to(tl.float32)
+            scale = tl.max(tl.abs(x), 0) / 448.0
+            scale = tl.where(scale > 0, scale, 1.0)
+            codes = round_to_e4m3(x / scale).to(tl.float8e4nv)  # exact: every backend stores the same codes
+            tl.store(at + d, codes.to(tl.uint8, bitcast=True))
+            tl.store((at + HD).to(tl.pointer_type(tl.float32)), scale)
+        else:
+            tl.store(at + d, x.to(at.dtype.element_ty))
 
     @triton.jit
     def _silu_mul_kernel(gate_up_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -303,13 +348,14 @@ def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: t
     when ``gated``; then k, v): q/k RMS norms when given (both or neither), RoPE of q (cos/sin [rd] at its
     position), K (pre-RoPE) and V written to attention layer ``layer``'s rows of cache slot ``new_slot``
     (one-element tensor). -> rotated q [n_heads, hd] in qkv's dtype."""
-    n_kv, hd = cache.rows.shape[1], cache.rows.shape[2]
+    n_kv, hd = cache.rows.shape[1], cache.head_dim
     q = torch.empty(n_heads, hd, dtype=qkv.dtype, device=qkv.device)
     norm, pdl = q_norm is not None, dependent_launch(qkv.device)
     _prologue_kernel[(n_heads + n_kv,)](qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, cache.rows,
                                         new_slot, q, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
                                         eps, NH=n_heads, KV=n_kv, HD=hd, RD=cos.shape[-1],
-                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, B=cache.block_tokens, PDL=pdl,
+                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, B=cache.block_tokens,
+                                        ROW=cache.rows.shape[2], FP8=cache.fp8, PDL=pdl,
                                         num_warps=4, launch_pdl=pdl)
     return q
 

@@ -150,8 +150,8 @@ class Attention:
         if ctx.capture is not None:
             ctx.capture[self.layer] = q if self.q_bias is None else q - self.q_bias
         new_rows = ctx.torch_ops.new_rows
-        cache.rows.index_copy_(0, new_rows + cache.k_offset(self.cache_layer), k)
-        cache.rows.index_copy_(0, new_rows + cache.v_offset(self.cache_layer), v)
+        cache.write_rows(new_rows + cache.k_offset(self.cache_layer), k)
+        cache.write_rows(new_rows + cache.v_offset(self.cache_layer), v)
         out = self.attend(q, ctx, cache).reshape(T, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
@@ -172,8 +172,8 @@ class Attention:
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""
         at = ctx.torch_ops
-        keys = cache.rows.index_select(0, at.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
-        values = cache.rows.index_select(0, at.key_rows + cache.v_offset(self.cache_layer))
+        keys = cache.read_rows(at.key_rows + cache.k_offset(self.cache_layer))  # [S, kv, hd]
+        values = cache.read_rows(at.key_rows + cache.v_offset(self.cache_layer))
         T, g = q.shape[0], self.n_heads // self.n_kv
         q = apply_rope(q, ctx.q_cos, ctx.q_sin)
         keys = apply_rope(keys, at.k_cos, at.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]

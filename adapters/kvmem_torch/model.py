@@ -83,10 +83,10 @@ class Model:
         for _, mixer, _ in self.layers:
             mixer.fused = on and mixer.can_fuse
 
-    def new_cache(self, num_blocks: int, block_tokens: int) -> PagedKV:
+    def new_cache(self, num_blocks: int, block_tokens: int, kv_fp8: bool = False) -> PagedKV:
         s = self.spec
         return PagedKV(len(s.attention_layers), num_blocks, block_tokens, s.n_kv_heads, s.head_dim, self.dtype, self.device,
-                       self.inv_freq)
+                       self.inv_freq, kv_fp8)
 
     def new_state(self) -> RecurrentState:
         return RecurrentState.zeros(self.spec, self.dtype, self.device)

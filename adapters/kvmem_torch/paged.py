@@ -8,6 +8,9 @@ them, so a block can be placed at any position (``compact`` mode) without touchi
 and what is read out of the cache is exactly what KVMem stores. The tables are written when a
 slot's position is, so a decode step reads them instead of rebuilding one row per key.
 
+With ``fp8`` the rows hold 8-bit codes and their scales (``fp8``): ``write_rows`` quantizes and
+``read_rows`` dequantizes to the compute dtype, and blocks move as the same raw bytes.
+
 Slot ``s`` is token ``s % B`` of block ``s // B``. A ``View`` is a sequence's logical token
 order: the concatenation of its blocks in table order.
 """
@@ -16,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from kvmem_torch import fp8
 
 
 @dataclass
@@ -39,12 +44,15 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
 
 class PagedKV:
     """K/V/position storage for ``num_blocks`` blocks of ``block_tokens`` slots, with a free list; ``inv_freq``
-    the rotary frequencies (``rotary_dim / 2``) of the slots' RoPE tables."""
+    the rotary frequencies (``rotary_dim / 2``) of the slots' RoPE tables. ``dtype`` is the compute dtype;
+    ``kv_fp8`` stores K/V as 8-bit rows (``fp8``) instead of in it."""
 
     def __init__(self, n_layers: int, num_blocks: int, block_tokens: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, inv_freq: torch.Tensor) -> None:
-        self.kv = torch.zeros(num_blocks, 2, n_layers, block_tokens, n_kv_heads, head_dim, dtype=dtype, device=device)
-        self.rows = self.kv.view(-1, n_kv_heads, head_dim)  # row r: see ``base_rows``
+                 dtype: torch.dtype, device: torch.device | str, inv_freq: torch.Tensor, kv_fp8: bool = False) -> None:
+        self.fp8, self.dtype, self.head_dim = kv_fp8, dtype, head_dim
+        row, store = (fp8.row_bytes(head_dim), torch.uint8) if kv_fp8 else (head_dim, dtype)
+        self.kv = torch.zeros(num_blocks, 2, n_layers, block_tokens, n_kv_heads, row, dtype=store, device=device)
+        self.rows = self.kv.view(-1, n_kv_heads, row)  # row r: see ``base_rows``
         self.pos = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=device)
         self.inv_freq = inv_freq.to(device)
         self.cos, self.sin = rope_cos_sin(self.pos, self.inv_freq, dtype)  # [slots, rotary_dim]
@@ -76,6 +84,15 @@ class PagedKV:
         self.cos.index_copy_(0, slots, cos)
         self.sin.index_copy_(0, slots, sin)
         return cos, sin
+
+    def write_rows(self, rows: torch.Tensor, x: torch.Tensor) -> None:
+        """Store x [n, kv heads, head dim] (compute dtype) at ``rows``, quantized when the cache is 8-bit."""
+        self.rows.index_copy_(0, rows, fp8.quantize(x) if self.fp8 else x)
+
+    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows [n, kv heads, head dim] in the compute dtype (8-bit rows dequantized)."""
+        out = self.rows.index_select(0, rows)
+        return fp8.dequantize(out, self.dtype) if self.fp8 else out
 
     def k_offset(self, layer: int) -> int:
         return layer * self.block_tokens

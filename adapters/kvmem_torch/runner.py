@@ -22,9 +22,10 @@ GRAPH_ARGS = ("tok", "pos", "slot", "q")
 class Runner:
     """The model plus one view (paged KV cells), its recurrent state and decode graphs."""
 
-    def __init__(self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None) -> None:
+    def __init__(self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None,
+                 kv_fp8: bool = False) -> None:
         self.model = model
-        self.cache = model.new_cache(num_blocks, block_tokens)
+        self.cache = model.new_cache(num_blocks, block_tokens, kv_fp8)
         self.state = model.new_state()
         self.B = block_tokens
         self.cells: list[int] = []  # slots, view order
@@ -176,7 +177,8 @@ class Runner:
         return bisect.bisect_left(self.positions, p0), bisect.bisect_left(self.positions, p1)
 
     def read_cells(self, p0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [layers, n, kv heads, head dim] (pre-RoPE) of the ``n`` cells from position ``p0``."""
+        """K, V [layers, n, kv heads, head dim] (pre-RoPE; 8-bit caches: their packed rows, ``fp8``) of the ``n``
+        cells from position ``p0``."""
         i, j = self.cells_at(p0, p0 + n)
         assert j - i == n, f"view holds {j - i} cells in [{p0}, {p0 + n})"
         rows = self.cache.base_rows(torch.tensor(self.cells[i:j], dtype=torch.long, device=self.model.device))

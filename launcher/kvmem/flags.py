@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kvmem_core.config import (FIELD_HELP, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
+from kvmem_core.config import (FIELD_HELP, KV_DTYPES, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
                                SCORERS, SPECULATIVE_MODES, KVMemConfig, parse_retrieval_heads)
 from kvmem_core.errors import ConfigError
 
@@ -69,6 +69,7 @@ KNOBS = (
     Knob("groups", "--kvmem-groups", parse_switch),
     Knob("relevance", "--kvmem-relevance", float),
     Knob("speculative", "--speculative", _choice(SPECULATIVE_MODES)),
+    Knob("kv_dtype", "--kv-dtype", _choice(KV_DTYPES)),
 )
 
 

@@ -86,3 +86,13 @@ def test_prompt_beyond_ctx_and_mandatory_over_budget_keep_stored_blocks(tmp_path
     one_line_error(kvmem("run", "-p", "hi", "--system", system, "--kvmem-budget", "512", "--kvmem-sink-tokens", "32",
                          "--kvmem-recent-tokens", "64", env=env), "--kvmem-budget is 512")
     assert sorted(p.name for p in (tmp_path / "nvme").rglob("*") if p.is_file()) == stored
+
+
+@pytest.mark.parametrize(("backend", "kv_dtype", "needle"), [
+    ("llama.cpp", "fp8", "--kv-dtype fp8 is not available on the llama.cpp engine: choose f16 or q8_0"),
+    ("torch", "q8_0", "--kv-dtype q8_0 is the llama.cpp engine's; the torch engine's 8-bit KV is fp8"),
+])
+def test_a_kv_dtype_the_engine_lacks_is_a_one_line_error(backend, kv_dtype, needle):
+    pytest.importorskip("llama_cpp" if backend == "llama.cpp" else "torch")
+    one_line_error(kvmem("run", "-p", "hi", "--model", str(small_model()), "--backend", backend,
+                         env={"KVMEM_KV_DTYPE": kv_dtype}), needle)

@@ -67,7 +67,8 @@ def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int, kind:
 
 @pytest.mark.parametrize("arch", ("llama", "qwen35", "qwen35-27b-heads"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-def test_fused_graph_decode_equals_eager_torch_decode(arch: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("kv_fp8", (False, True))
+def test_fused_graph_decode_equals_eager_torch_decode(arch: str, dtype: torch.dtype, kv_fp8: bool) -> None:
     if arch == "qwen35-27b-heads":  # gated attention with q/k norms through the fused kernels
         model = gated_heads_model(dtype, "cuda")
     else:
@@ -76,11 +77,33 @@ def test_fused_graph_decode_equals_eager_torch_decode(arch: str, dtype: torch.dt
     outs = {}
     for fused in (False, True):
         model.use_kernels(fused)
-        r = Runner(model, 16, 16, cuda_graphs=fused)
+        r = Runner(model, 16, 16, cuda_graphs=fused, kv_fp8=kv_fp8)
         r.prefill(ids[:60], list(range(60)), chunk=25)
         r.drop(16, 32)
         outs[fused] = torch.cat([r.forward([t], [60 + i])[0].float().clone() for i, t in enumerate(ids[60:])])
     eager, fused = outs[False], outs[True]
-    tol = 1e-4 if dtype == torch.float32 else 6e-2 * eager.abs().max().item()  # bf16 roundings differ
+    exact = dtype == torch.float32 and not kv_fp8  # bf16 roundings differ, and so may an fp8 code they flip
+    tol = 1e-4 if exact else 6e-2 * eager.abs().max().item()
     assert (eager - fused).abs().max().item() <= tol
-    assert (eager.argmax(-1) == fused.argmax(-1)).float().mean().item() >= (1.0 if dtype == torch.float32 else 0.9)
+    assert (eager.argmax(-1) == fused.argmax(-1)).float().mean().item() >= (1.0 if exact else 0.9)
+
+
+def test_fp8_paged_attention_at_the_27b_shape_matches_float64_over_dequantized_keys() -> None:
+    from kvmem_torch import fp8
+
+    torch.manual_seed(0)
+    n_slots, n_keys = 33_000, 32_768
+    cache = PagedKV(2, n_slots // 128 + 8, 128, 4, 256, torch.bfloat16, "cuda", torch.ones(32), kv_fp8=True)
+    cache.write_rows(torch.arange(cache.rows.shape[0], device="cuda"),
+                     torch.randn(cache.rows.shape[0], 4, 256, device="cuda").bfloat16())
+    slots = torch.randperm(cache.num_blocks * 128, device="cuda")[:n_slots]
+    rows = cache.base_rows(slots)
+    angles = rope_angles(torch.randint(0, 1 << 20, (n_slots,), device="cuda"), 64, 1e7)
+    cache.cos[slots], cache.sin[slots] = angles.cos().bfloat16(), angles.sin().bfloat16()
+    q = torch.randn(24, 256, device="cuda").bfloat16()
+    got = decode_attention(q, cache, 1, slots, torch.tensor([n_keys], device="cuda"))
+    k = fp8.dequantize(cache.rows[rows + cache.k_offset(1)][:n_keys], torch.float64)
+    v = fp8.dequantize(cache.rows[rows + cache.v_offset(1)][:n_keys], torch.float64)
+    ref = decode_attention_f64(q, k, v, angles[:n_keys])
+    assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+

@@ -52,7 +52,7 @@ def test_blob_parse_then_synthesize_is_byte_identical(ids, f32_cache):
         assert kv.positions.tolist() == list(range(10, 74))
         out = np.zeros(len(raw) + 64, dtype=np.uint8)
         n = blob.synthesize(out, 1, kv, v_trans)
-        assert n == len(raw) == blob.blob_size(64, 30, 192, kv.k.itemsize)
+        assert n == len(raw) == blob.blob_size(64, 30, 192 * kv.k.itemsize)
         assert out[:n].tobytes() == raw
     finally:
         a.close()

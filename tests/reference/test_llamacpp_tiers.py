@@ -47,18 +47,20 @@ def check_against_plain(engine: KVMemEngine, plain: Plain, r1, r2) -> None:
     assert list(r2.token_ids) == tokens2
 
 
-def test_host_tier_round_trip_is_bit_identical(adapter, plain):
-    engine = KVMemEngine(adapter, CFG, heads=((17, 3),))
+def host_round_trip(adapter, plain: Plain, cfg: KVMemConfig) -> None:
+    """A1, B1 (it takes the view), A1's second turn from the host tier: answers as ``plain``."""
+    engine = KVMemEngine(adapter, cfg, heads=((17, 3),))
     r1 = engine.step(chat(A1), lambda piece: True)
     engine.step(chat(B1), lambda piece: True)  # another conversation takes the view
     loaded = engine.metrics()["blocks_loaded"]
     r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
-    assert engine.metrics()["blocks_loaded"] - loaded == r2.cached_tokens // CFG.block_tokens >= 2
+    assert engine.metrics()["blocks_loaded"] - loaded == r2.cached_tokens // cfg.block_tokens >= 2
     check_against_plain(engine, plain, r1, r2)
 
 
-def test_nvme_round_trip_after_restart_is_bit_identical(adapter, plain, tmp_path):
-    cfg = CFG.replace(nvme_dir=tmp_path, cpu_gb=0.01)
+def nvme_round_trip(adapter, plain: Plain, cfg: KVMemConfig) -> None:
+    """A1, a restart that finds its blocks on NVMe only (``cfg.nvme_dir``), its second turn: answers as ``plain``."""
+    cfg = cfg.replace(cpu_gb=0.01)
     first = KVMemEngine(adapter, cfg, heads=((17, 3),))
     r1 = first.step(chat(A1), lambda piece: True)
     first.store.close()
@@ -66,10 +68,18 @@ def test_nvme_round_trip_after_restart_is_bit_identical(adapter, plain, tmp_path
     hashes = [h for ws in engine.store.workspaces.all() for h in ws.hashes]
     assert hashes and all(engine.store.tier(h) == "nvme" for h in hashes)
     r2 = engine.step(chat(second_turn(r1.text)), lambda piece: True)
-    assert r2.cached_tokens >= len(hashes) * CFG.block_tokens - CFG.block_tokens
-    assert engine.metrics()["blocks_loaded"] == r2.cached_tokens // CFG.block_tokens
+    assert r2.cached_tokens >= len(hashes) * cfg.block_tokens - cfg.block_tokens
+    assert engine.metrics()["blocks_loaded"] == r2.cached_tokens // cfg.block_tokens
     check_against_plain(engine, plain, r1, r2)
     engine.store.close()
+
+
+def test_host_tier_round_trip_is_bit_identical(adapter, plain):
+    host_round_trip(adapter, plain, CFG)
+
+
+def test_nvme_round_trip_after_restart_is_bit_identical(adapter, plain, tmp_path):
+    nvme_round_trip(adapter, plain, CFG.replace(nvme_dir=tmp_path))
 
 
 def turns_with_a_lost_block(engine: KVMemEngine, lose: Callable[[str], None]) -> tuple[StepResult, StepResult]:
