@@ -17,13 +17,15 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from kvmem_bench.speed_common import floor_s, headline, ratio
-from kvmem_bench.speed_llamacpp import session, transfers
+from kvmem_bench.speed_llamacpp import baseline_ratios, session, transfers
+from kvmem_bench.speed_phases import PhaseClock, phase_figures
 from kvmem_bench.speed_structured import structured_cost
+from kvmem_bench.speed_torch_baselines import point_goals, turn_baselines
 from kvmem_core.config import GIB, KVMemConfig
 from kvmem_core.engine import KVMemEngine
 
@@ -43,16 +45,18 @@ GB = 1e9
 
 
 def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = None, tokenizer: str | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        sizes: Sequence[int] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every torch speed figure as a JSON-ready dict (the contract's headline keys first). CUDA: the ``27b``
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
-    template the random weights get; None: the default model."""
+    template the random weights get; None: the default model. ``sizes``: the workspace sizes measured instead
+    of the plan's."""
     from kvmem.models import resolve_model
     from kvmem_bench.torch_device import gemm_tflops, random_adapter, weight_bytes
 
     cuda = torch.cuda.is_available()
     shape = shape or ("27b" if cuda else "tiny")
     plan = plan or PLANS[("quick" if quick else "full") if cuda else "cpu"]
+    plan = dict(plan, sizes=tuple(sorted(sizes))) if sizes else plan
     t = time.perf_counter()
     adapter = random_adapter(shape, resolve_model(tokenizer), device="cuda" if cuda else "cpu",
                              view_tokens=plan["budget"] + plan["gen"], block_tokens=KVMemConfig.block_tokens)
@@ -63,29 +67,43 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
         bw = bandwidths(adapter.layout.kv_bytes_per_block, cuda)
         tflops = gemm_tflops() if cuda else None
         log(f"bandwidths {bw}, bf16 GEMM {tflops} TFLOP/s")
-        points, transcripts, _ = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
+        phases = PhaseClock(engine)
+        points, transcripts, previous = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
         structured = structured_cost(engine)
     finally:
         engine.close()
     config, kv_token = engine.config, adapter.layout.bytes_per_token
-    for size, point, ids in zip(plan["sizes"], points, transcripts):
+    chunk = engine._prefill_chunk(config)
+    for size, point, ids, prev in zip(plan["sizes"], points, transcripts, previous):
         add_floors(point, weights, kv_token, config.view_tokens, bw["hbm_copy_GBps"])
         add_stateless(point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens,
                                           kv_token, log))
         add_prefill_floor(point, model, len(ids), tflops)
+        add_fair(point, phases.for_prompt(point["workspace_tokens"]),
+                 turn_baselines(model, ids, prev, chunk=chunk, block_tokens=config.block_tokens,
+                                view_tokens=config.view_tokens, log=log))
     out = {**headline("torch", engine.model_id, points, transfer), "ttft_speedup": _largest_ttft_speedup(points),
            "shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu", "plan": plan,
            "config": {"budget": config.budget, "gen_budget": config.gen_budget, "recent_tokens": config.recent_tokens,
                       "block_tokens": config.block_tokens, "heads": [list(h) for h in engine.heads]},
            "weights_GB": weights / GB, "kv_bytes_per_token": kv_token, "bandwidths": bw, "bf16_gemm_TFLOPs": tflops,
-           "points": points,
+           "points": points, "point_goals": {str(p["workspace_tokens"]): p["goals"] for p in points},
            "transfer": transfer, "capacity": capacity(weights, kv_token, points), "structured": structured}
     if plan["hf"] and cuda:
         spec = model.spec
         del engine, adapter, model  # HF builds its own weights of the same shape: ours must be gone first
         out["hf_generate"] = _hf_generate(spec, points[0]["kvmem_tok_s"])
     return out
+
+
+def add_fair(point: dict[str, Any], phases: dict[str, float], baselines: dict[str, Any]) -> None:
+    """The turn's TTFT split (``speed_phases``), its fair baselines (``speed_torch_baselines``), KVMem's TTFT
+    against each (``speed_llamacpp.baseline_ratios``) and item 4's goals at this point (``goals``)."""
+    point.update(phase_figures(point, phases), **baselines)
+    point.update(baseline_ratios(point))
+    point["engine_prefill_vs_plain"] = ratio(point["engine_prefill_tok_s"], point["plain_prefill_tok_s"])
+    point["goals"] = point_goals(point)
 
 
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:

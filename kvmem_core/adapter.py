@@ -34,6 +34,10 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu",)
     prefill_chunk: int = PREFILL_CHUNK  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
     probe: bool = False  # True: ``forward`` takes ``stop_after`` (compute only the layers up to it)
+    # True: ``stage_reads(starts, n_tokens)`` takes the KV of those view blocks now (on a GPU: queued copies to the
+    # host) and ``read_block`` of each hands it out later, after forwards and drops in between (the prefill
+    # archives a chunk's blocks while the next chunk computes)
+    staged_reads: bool = False
 
 
 @dataclass(frozen=True, eq=False)

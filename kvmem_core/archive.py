@@ -73,22 +73,36 @@ class ArchiveOps:
     _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
     _prefill_chunk: Callable[[KVMemConfig], int]
 
-    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = ()) -> None:
+    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = (),
+                 staged: dict[int, int] | None = None) -> None:
         """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
-        overlapping the ``mandatory`` token ranges are tagged so."""
+        overlapping the ``mandatory`` token ranges are tagged so. ``staged``: the view positions of blocks whose
+        reads ``_stage`` took (they may have left the view since)."""
         bt = self.layout.block_tokens
         tagged = overlapping(mandatory, max(blocks, default=-1) + 1, bt)
         for b in blocks:
             if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
                 continue
             assert len(ws.hashes) == b, "blocks must be archived in order"
-            pos = self.view.blocks[b]
+            pos = self.view.blocks[b] if staged is None else staged[b]
             kv = self.adapter.read_block(pos, bt)
-            self._put(ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b]), kv)
+            self._put(ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b], pos), kv)
 
-    def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool) -> BlockMeta:
-        """The meta of view block ``b`` (KV ``kv``, resident at its view position) chained after ``parent``."""
-        bt, pos = self.layout.block_tokens, self.view.blocks[b]
+    def _stage(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span]) -> dict[int, int]:
+        """Archive ``blocks`` now, or, where the adapter stages reads (``caps.staged_reads``), take their reads
+        now and return their positions, for ``_archive`` once the next forward is under way (its host work then
+        overlaps the device's). Either way the store receives the same blocks in the same order."""
+        if not self.adapter.caps.staged_reads:
+            self._archive(ws, blocks, mandatory)
+            return {}
+        staged = {b: self.view.blocks[b] for b in blocks if b >= len(ws.hashes)}
+        self.adapter.stage_reads(list(staged.values()), self.layout.block_tokens)
+        return staged
+
+    def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool, pos: int | None = None) -> BlockMeta:
+        """The meta of view block ``b`` (KV ``kv``, resident at its view position, or ``pos``) chained after
+        ``parent``."""
+        bt, pos = self.layout.block_tokens, self.view.blocks[b] if pos is None else pos
         ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
         tags = frozenset({MANDATORY_TAG}) if mandatory else frozenset()
         return BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(),

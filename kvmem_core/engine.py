@@ -245,6 +245,7 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks)
         room = {s: e - s for s, e in zip(cuts, cuts[1:])}  # a probe splits a chunk, not the room made for it
         cuts = sorted({*cuts, probe.start}) if probe else cuts
+        staged: dict[int, int] = {}  # the previous chunk's blocks, read but not archived yet (``_stage``)
         for s, e in zip(cuts, cuts[1:]):
             chunk = ids[s:e]
             if not fits and s in room:
@@ -255,17 +256,18 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
             probing = probe is not None and s >= probe.start
             stop = {"stop_after": probe.stop_after} if probing else {}  # adapters without caps.probe lack the kwarg
             out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture, **stop)
+            self._archive(ws, sorted(staged), prompt.mandatory, staged)
             if out.queries is not None:
                 queries.append(out.queries)
             done = append_computed(self.view, chunk)
             if probing:
                 self._hold(probe, done)
-            else:
-                self._archive(ws, done, prompt.mandatory)
+            staged = {} if probing else self._stage(ws, done, prompt.mandatory)
             if e in marks:
                 self.checkpoints.take(ids[:e], ws.id)
             if self.prefill_progress is not None:
                 self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
+        self._archive(ws, sorted(staged), prompt.mandatory, staged)
         assert out is not None and (probe is not None or out.logits is not None)
         return out.logits, np.concatenate(queries, axis=1) if queries else None
 

@@ -11,7 +11,7 @@ import hashlib
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -76,7 +76,8 @@ class TorchAdapter:
         self.caps = Capabilities(
             backend="torch", max_view_tokens=view_tokens, trained_ctx=spec.max_context, paged_slots=True,
             recurrent_state=bool(spec.deltanet_layers), async_copies=device.startswith("cuda"), devices=(device,),
-            prefill_chunk=self.prefill_chunk)
+            prefill_chunk=self.prefill_chunk, staged_reads=True)
+        self._staged: dict[tuple[int, int], Callable[[], BlockKV]] = {}  # (start, n) -> its read (``stage_reads``)
 
     # ---- text ---------------------------------------------------------------------------
 
@@ -145,9 +146,21 @@ class TorchAdapter:
     # ---- blocks -------------------------------------------------------------------------
 
     def read_block(self, start_pos: int, n_tokens: int) -> BlockKV:
+        """The cells' KV; a read ``stage_reads`` took is handed out as it was then (waiting only for its copy)."""
+        staged = self._staged.pop((start_pos, n_tokens), None)
+        if staged is not None:
+            return staged()
         self.stager.wait()
         k, v = self.runner.read_cells(start_pos, n_tokens)
         return BlockKV(_to_numpy(k), _to_numpy(v))
+
+    def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
+        """Take the KV of the ``n_tokens`` cells from each of ``starts`` now, for ``read_block`` later (after
+        forwards and drops in between). On a GPU each block's copy to page-locked host memory is queued behind
+        the work so far, so the host may queue the next forward before it waits for them."""
+        self.stager.wait()
+        for start in starts:
+            self._staged[(start, n_tokens)] = _staged_read(*self.runner.read_cells(start, n_tokens))
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
@@ -183,8 +196,9 @@ class TorchAdapter:
         self._verified = Verified(v.before, v.tokens[:kept], v.positions[:kept])
 
     def clear_view(self) -> None:
-        """Empty the view and reset the recurrent state (a fresh sequence)."""
+        """Empty the view and reset the recurrent state (a fresh sequence); staged reads are forgotten."""
         self.stager.wait()
+        self._staged.clear()
         self.runner.clear()
         self._verified = None
 
@@ -249,6 +263,25 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
     if not x.is_cuda:
         return x.clone()
     return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x)
+
+
+def _staged_read(k: torch.Tensor, v: torch.Tensor) -> Callable[[], BlockKV]:
+    """A block read taken now and handed out later: on a GPU, copies to page-locked memory queued on the current
+    stream (the caller waits for them alone), then copied out to pageable arrays (the store keeps them)."""
+    if not k.is_cuda:
+        kv = BlockKV(_to_numpy(k), _to_numpy(v))
+        return lambda: kv
+    host = torch.empty((2, *k.shape), dtype=k.dtype, pin_memory=True)
+    host[0].copy_(k, non_blocking=True)
+    host[1].copy_(v, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def take() -> BlockKV:
+        copied.synchronize()
+        return BlockKV(np.array(_to_numpy(host[0])), np.array(_to_numpy(host[1])))
+
+    return take
 
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:

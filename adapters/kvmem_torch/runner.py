@@ -90,8 +90,8 @@ class Runner:
         with torch.inference_mode():
             ctx = self.model.static_context(
                 self.cache, self.slots_dev[start:start + len(tokens)], self.slots_dev[:len(self.cells)],
-                torch.arange(start, len(self.cells), device=dev), torch.tensor(positions, device=dev), capture)
-            logits = self.model.forward(torch.tensor(tokens, device=dev), ctx, self.cache, self.state, last_only)
+                torch.arange(start, len(self.cells), device=dev), _to_device(positions, dev), capture)
+            logits = self.model.forward(_to_device(tokens, dev), ctx, self.cache, self.state, last_only)
         return logits, ctx.capture
 
     def prefill(self, tokens: Sequence[int], positions: Sequence[int], chunk: int = 512,
@@ -181,7 +181,7 @@ class Runner:
         cells from position ``p0``."""
         i, j = self.cells_at(p0, p0 + n)
         assert j - i == n, f"view holds {j - i} cells in [{p0}, {p0 + n})"
-        rows = self.cache.base_rows(torch.tensor(self.cells[i:j], dtype=torch.long, device=self.model.device))
+        rows = self.cache.base_rows(_to_device(self.cells[i:j], self.model.device))
         L = self.cache.n_layers
         k = torch.stack([self.cache.rows.index_select(0, rows + self.cache.k_offset(l)) for l in range(L)])
         v = torch.stack([self.cache.rows.index_select(0, rows + self.cache.v_offset(l)) for l in range(L)])
@@ -215,6 +215,12 @@ class Runner:
             self.tail = []
         self.holes.clear()
         self.state.reset()
+
+
+def _to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A long tensor of ``values`` on ``device``, sent without waiting for the device's queued work (a blocking
+    copy would first wait for it, and the host could not queue the next forward while the last one runs)."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--model", default=None, help=f"{MODEL_HELP}: the llama.cpp session, either backend's thread "
                        "sweep, and the tokenizer and chat template of torch's random weights")
     speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
+    speed.add_argument("--sizes", default=None, help="torch: workspace sizes to measure, comma-separated tokens "
+                       "(default: the plan's; e.g. 16384,65536,262144)")
     speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
     speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
                        help="folder for speed.json and the PNG plots (default: bench-out/speed)")
@@ -64,7 +66,7 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
         return run_replicas_cmd(args)
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    opts = {"shape": args.shape, "tokenizer": args.model} if args.backend == "torch" else {}
+    opts = {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes)} if args.backend == "torch" else {}
     result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log,
                        compute=compute_opts(args, args.backend), **opts)
     if args.json:
@@ -79,6 +81,19 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     print("goals  " + "  ".join(f"{k}: {verdict[v]}" for k, v in result["goals"].items()))
     print("wrote  " + ", ".join(result.get("files", [])))
     return 0
+
+
+def _sizes(text: str | None) -> list[int] | None:
+    """``--sizes``: positive token counts, comma-separated; a ``ConfigError`` naming the bad one otherwise."""
+    if not text:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--sizes takes comma-separated token counts, got {text!r}") from None
+    if not sizes or min(sizes) <= 0:
+        raise ConfigError(f"--sizes takes positive token counts, got {text!r}")
+    return sizes
 
 
 def run_replicas_cmd(args: argparse.Namespace) -> int:

@@ -66,6 +66,25 @@ def test_plain_engine_runs_up_to_its_limit(result: dict) -> None:
     assert result["capacity"]["largest_dense_run"] == first["workspace_tokens"]
 
 
+def test_each_turn_has_its_fair_baselines_ratios_split_and_goals(result: dict) -> None:
+    for p in result["points"]:
+        assert 0 < p["new_tokens"] <= p["prefill_tokens"] + p["workspace_tokens"] // 2
+        assert p["prefix_ttft_s"] > 0 and p["suffix_floor_s"] > 0 and p["view_prefill_s"] > 0  # all fit on the CPU
+        assert p["ttft_vs_prefix_cache"] == pytest.approx(p["reuse_ttft_s"] / p["prefix_ttft_s"])
+        assert p["ttft_vs_suffix_floor"] == pytest.approx(p["reuse_ttft_s"] / p["suffix_floor_s"])
+        assert p["view_resident_tokens"] == min(p["workspace_tokens"] - p["new_tokens"],
+                                                PLAN["budget"] + PLAN["gen"] - p["new_tokens"])
+        parts = p["phases"]  # the turn's TTFT, phase by phase: they add up to it
+        assert sum(parts.values()) == pytest.approx(p["reuse_ttft_s"], rel=1e-6)
+        assert parts["suffix_forward_s"] > 0 and parts["replay_s"] > 0 and parts["archive_s"] > 0
+        assert parts["checkpoint_s"] > 0  # qwen35's recurrent state is checkpointed at the query and the replay
+        assert p["engine_prefill_vs_plain"] == pytest.approx(p["engine_prefill_tok_s"] / p["plain_prefill_tok_s"])
+        assert set(p["goals"]) >= {"ttft<=1.25x(suffix_floor+50ms)", "ttft_vs_prefix_cache<=1.2",
+                                   "view_prefill_vs_plain>=0.8", "engine_prefill_vs_plain>=0.8"}
+        assert result["point_goals"][str(p["workspace_tokens"])] == p["goals"]
+    assert result["ttft_vs_prefix_cache"] == result["points"][-1]["ttft_vs_prefix_cache"]
+
+
 def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(tmp_path) -> None:
     gguf = pytest.importorskip("gguf")
     from kvmem_bench import speed_threads

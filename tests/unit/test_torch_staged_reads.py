@@ -1,0 +1,43 @@
+"""``TorchAdapter.stage_reads``: a block read taken after its chunk is handed out as it was, after the cells are
+dropped and later forwards write over their slots (on CUDA the copies are queued, not waited for)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvmem_torch.adapter import TorchAdapter
+from kvmem_bench.torch_device import qwen35_spec
+from kvmem_bench.torch_weights import random_weights
+from kvmem_torch.tokenizer import IdTokenizer
+
+B = 16
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")])
+
+
+def adapter_on(device: str) -> TorchAdapter:
+    torch.set_num_threads(1)
+    spec = qwen35_spec("tiny")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    weights = random_weights(spec, dtype, device, 0)
+    return TorchAdapter("tiny", view_tokens=256, block_tokens=B, device=device, dtype=dtype, progress=False,
+                        loaded=(spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0"))
+
+
+@pytest.mark.parametrize("device", ("cpu", CUDA))
+def test_a_staged_read_survives_the_drop_and_the_forwards_after_it(device: str) -> None:
+    adapter = adapter_on(device)
+    ids = torch.randint(0, 4000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    adapter.forward(ids[:64], list(range(64)), want_logits=False)
+    starts = [0, 16, 32, 48]
+    expected = [adapter.read_block(p, B) for p in starts]
+    adapter.stage_reads(starts, B)
+    adapter.drop(0, 64)  # the freed slots go to the next tokens first
+    adapter.forward(ids[64:], list(range(64, 128)), want_logits=False)
+    assert not np.array_equal(adapter.read_block(64, B).k, expected[0].k)  # the slots now hold other keys
+    for p, want in zip(starts, expected):
+        got = adapter.read_block(p, B)
+        assert np.array_equal(got.k, want.k) and np.array_equal(got.v, want.v)
+    adapter.stage_reads([64], B)
+    adapter.clear_view()  # a fresh sequence forgets what was staged
+    assert not adapter._staged
