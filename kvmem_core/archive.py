@@ -96,7 +96,8 @@ class ArchiveOps:
             self._archive(ws, blocks, mandatory)
             return {}
         staged = {b: self.view.blocks[b] for b in blocks if b >= len(ws.hashes)}
-        self.adapter.stage_reads(list(staged.values()), self.layout.block_tokens)
+        stager: Any = self.adapter  # ``stage_reads`` comes with ``caps.staged_reads``, outside the protocol
+        stager.stage_reads(list(staged.values()), self.layout.block_tokens)
         return staged
 
     def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool, pos: int | None = None) -> BlockMeta:

@@ -6,7 +6,7 @@ prompt-lookup drafts verified in one forward (``kvmem_core.speculative``).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
 import numpy as np
 
@@ -29,6 +29,11 @@ class DecodeOps:
     formats: Formats
     last_logits: np.ndarray | None
     decode_alive: Callable[[], bool] | None
+
+    if TYPE_CHECKING:  # the engine's, which this phase calls
+        def _mode(self, cfg: KVMemConfig) -> str: ...
+        def _archive(self, ws: Workspace, blocks: Sequence[int]) -> None: ...
+        def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None: ...
 
     def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
                 on_text: OnText, steer: Thinking | None,
@@ -54,7 +59,7 @@ class DecodeOps:
             room(1)
             out = adapter.forward([token], [self.view.next_pos])
             pending.extend(append_computed(self.view, [token]))
-            return lambda: out.logits
+            return lambda: cast(np.ndarray, out.logits)  # asked for: never None
 
         constraint = self.formats.constraint(sampling, logits.size)
         spec = lookup_advance(cfg.speculative, adapter, sampling, constraint is not None, history,
