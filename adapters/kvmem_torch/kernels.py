@@ -105,8 +105,10 @@ if triton is not None:
     def row_scale(at, valid, HD: tl.constexpr, FP8: tl.constexpr):
         """[n, 1] scales of the rows starting at ``at`` [n, 1] (their float32 after the HD codes); 1 unless FP8."""
         if FP8:
-            return tl.load((at + HD).to(tl.pointer_type(tl.float32)), mask=valid[:, None], other=0.0)
-        return 1.0
+            scale = tl.load((at + HD).to(tl.pointer_type(tl.float32)), mask=valid[:, None], other=0.0)
+        else:  # one return of one type: compiled Triton refuses a function returning a block or a scalar
+            scale = tl.full(at.shape, 1.0, tl.float32)
+        return scale
 
     @triton.jit
     def wait_previous(PDL: tl.constexpr):
