@@ -119,6 +119,7 @@ def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monke
     assert [p["workspace_tokens"] >= size for p, size in zip(written["points"], PLAN["sizes"])] == [True, True]
 
 
+@pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it
 def test_tool_results_longer_than_the_view_stream_through_it_turn_after_turn() -> None:
     # ~1.7K-token turns through a 640-token view (512 budget, 128 reserve, 64-token blocks, 128 sink tokens): each
     # prefill forward must fit in what dropping every non-sink block frees, and the repeated steps of the bench

@@ -77,6 +77,7 @@ def test_an_update_later_in_the_workspace_beats_the_stale_value(engine: KVMemEng
     assert update_session.fact.answer in full and answer == full and old not in answer
 
 
+@pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it
 def test_recent_misses_what_retrieval_finds(engine: KVMemEngine, update_session: Session) -> None:
     answer, selection = ask(engine, update_session, method="recent")
     assert not evidence_blocks(engine, update_session) <= set(selection["blocks"])

@@ -60,6 +60,7 @@ def test_a_pinned_message_is_mandatory_for_its_step_only(engine: KVMemEngine) ->
     assert not pinned & set(again.selection["mandatory_blocks"])
 
 
+@pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it
 def test_a_selected_block_brings_its_tool_call_and_result(engine: KVMemEngine) -> None:
     prompt = build_prompt(engine.adapter, chat(TRANSCRIPT))
     n_blocks = len(prompt.ids) // BT
