@@ -48,3 +48,10 @@ def test_the_kept_report_run_outcomes_give_its_results_table() -> None:
 def test_no_kept_run_holds_its_outcomes_uncompressed() -> None:
     for path in (ROOT / "docs" / "results").rglob("quality.json"):
         assert "outcomes" not in json.loads(path.read_text()), path
+
+
+def test_kept_json_is_a_summary_and_larger_output_is_compressed() -> None:
+    """Raw output past a summary's size (100 KB) is kept gzip-compressed, so the repository stays small."""
+    large = [str(path.relative_to(ROOT)) for path in (ROOT / "docs" / "results").rglob("*")
+             if path.suffix in (".json", ".jsonl") and path.stat().st_size > 100_000]
+    assert large == [], large
