@@ -183,3 +183,13 @@ def file_fingerprint(path: str) -> str:
         f.seek(max(0, size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()
+
+
+@runtime_checkable
+class StagedReads(Protocol):
+    """Also implemented by adapters with ``caps.staged_reads``."""
+
+    def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
+        """Take the KV of the ``n_tokens`` view cells from each of ``starts`` now; ``read_block`` of each hands it
+        out later, after forwards and drops in between."""
+        ...

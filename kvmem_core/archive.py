@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter
+from kvmem_core.adapter import EngineAdapter, StagedReads
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, overlapping
@@ -96,8 +96,7 @@ class ArchiveOps:
             self._archive(ws, blocks, mandatory)
             return {}
         staged = {b: self.view.blocks[b] for b in blocks if b >= len(ws.hashes)}
-        stager: Any = self.adapter  # ``stage_reads`` comes with ``caps.staged_reads``, outside the protocol
-        stager.stage_reads(list(staged.values()), self.layout.block_tokens)
+        cast(StagedReads, self.adapter).stage_reads(list(staged.values()), self.layout.block_tokens)
         return staged
 
     def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool, pos: int | None = None) -> BlockMeta:

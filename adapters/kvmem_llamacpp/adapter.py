@@ -23,7 +23,8 @@ from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
-from kvmem_llamacpp.lowlevel import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0, LlamaContext, LlamaModel, init_backend
+from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0
+from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
 from kvmem_llamacpp.rope import rotate
 

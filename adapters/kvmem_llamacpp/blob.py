@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmem_core.errors import UnsupportedModelError
+from kvmem_core.layout import Q8_0_GROUP, Q8_0_GROUP_BYTES
 
 MAGIC = 0xAF143CD8
-_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 8: np.dtype("u1")}
-GGML_TYPE_Q8_0 = 8
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 = 0, 1, 8  # ggml's tensor type ids, as the blobs and contexts name them
+_DTYPES = {GGML_TYPE_F32: np.dtype("<f4"), GGML_TYPE_F16: np.dtype("<f2"), GGML_TYPE_Q8_0: np.dtype("u1")}
 _CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq", "<i4")])
 
 
@@ -81,7 +82,7 @@ def _layers(r: _Reader, n_layer: int, n: int, width: int, transposed: bool) -> n
     dt = _dtype(type_id)
     if type_id == GGML_TYPE_Q8_0:
         assert not transposed, "a q8_0 V cache is never transposed"
-        width = width // 32 * 34
+        width = width // Q8_0_GROUP * Q8_0_GROUP_BYTES
     header = np.frombuffer(r.buf, "<u4", 2, r.off + 4)
     if transposed:
         assert header[0] == dt.itemsize and header[1] == width, "unexpected V layout"

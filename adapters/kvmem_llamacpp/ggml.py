@@ -15,9 +15,10 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp._ctypes_extensions import load_shared_library
 
+from kvmem_llamacpp.blob import GGML_TYPE_F32
+
 _MAX_DIMS, _MAX_SRC, _MAX_OP_PARAMS, _MAX_NAME = 4, 10, 64, 64
 DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")  # enum ggml_backend_dev_type, in order
-GGML_TYPE_F32 = 0
 
 
 class GgmlTensor(ctypes.Structure):

@@ -19,11 +19,9 @@ import numpy as np
 from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
 from kvmem_core.gguf_file import GGUFFile, gguf_rope_factors
 from kvmem_core.threads import Threads
+from kvmem_llamacpp.blob import GGML_TYPE_F16
 from kvmem_llamacpp.gate import EvalGate
 
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
-GGML_TYPE_Q8_0 = 8
 _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
 _backend_ready = False
 

@@ -8,10 +8,10 @@ from llamacpp_support import N_BATCH, PARAGRAPH, Plain, model_path
 from test_llamacpp_tiers import CFG, host_round_trip, nvme_round_trip
 
 from kvmem_core.errors import ConfigError
+from kvmem_llamacpp.blob import GGML_TYPE_Q8_0
 
 pytestmark = pytest.mark.llamacpp
 Q8 = CFG.replace(kv_dtype="q8_0")
-GGML_TYPE_Q8_0 = 8
 
 
 @pytest.fixture(scope="module")
