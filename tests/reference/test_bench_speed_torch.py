@@ -76,7 +76,7 @@ def test_each_turn_has_its_fair_baselines_ratios_split_and_goals(result: dict) -
                                                 PLAN["budget"] + PLAN["gen"] - p["new_tokens"])
         parts = p["phases"]  # the turn's TTFT, phase by phase: they add up to it
         assert sum(parts.values()) == pytest.approx(p["reuse_ttft_s"], rel=1e-6)
-        assert parts["suffix_forward_s"] > 0 and parts["replay_s"] > 0 and parts["archive_s"] > 0
+        assert parts["suffix_prefill_s"] > 0 and parts["replay_s"] > 0 and 0 < p["archive_host_s"] < parts["suffix_prefill_s"]
         assert parts["checkpoint_s"] > 0  # qwen35's recurrent state is checkpointed at the query and the replay
         assert p["engine_prefill_vs_plain"] == pytest.approx(p["engine_prefill_tok_s"] / p["plain_prefill_tok_s"])
         assert set(p["goals"]) >= {"ttft<=1.25x(suffix_floor+50ms)", "ttft_vs_prefix_cache<=1.2",

@@ -86,14 +86,16 @@ def test_the_goals_hold_at_their_thresholds_and_fail_past_them() -> None:
     assert point_goals(point(ttft_vs_prefix_cache=None))["ttft_vs_prefix_cache<=1.2"] is None  # did not fit
 
 
-def test_the_ttft_split_adds_up_and_selection_excludes_what_it_contains() -> None:
-    p = {"workspace_tokens": 300000, "reuse_ttft_s": 2.0, "overhead_s": 0.8, "select_s": 0.5, "replay_s": 0.2,
-         "prefill_tokens": 2400}
-    out = phase_figures(p, {"materialize_s": 0.25, "select_inner_s": 0.15, "archive_s": 0.1, "checkpoint_s": 0.05})
+def test_the_ttft_split_adds_up_and_each_phase_excludes_what_it_contains() -> None:
+    p = {"workspace_tokens": 300000, "reuse_ttft_s": 2.0, "select_s": 0.5, "replay_s": 0.2, "prefill_tokens": 2400}
+    phases = {"prefill_phase_s": 1.3, "inner_prefill_phase_s": 0.1, "select_phase_s": 0.5, "inner_select_phase_s": 0.15,
+              "materialize_s": 0.25, "checkpoint_s": 0.05, "archive_s": 0.3}
+    out = phase_figures(p, phases)
     parts = out["phases"]
-    assert parts["suffix_forward_s"] == pytest.approx(1.2) and out["engine_prefill_tok_s"] == pytest.approx(2000)
+    assert parts["suffix_prefill_s"] == pytest.approx(1.2) and out["engine_prefill_tok_s"] == pytest.approx(2000)
     assert parts["selection_s"] == pytest.approx(0.5 - 0.15 - 0.2)
-    assert sum(parts.values()) == pytest.approx(2.0)
+    assert sum(parts.values()) == pytest.approx(2.0) and parts["host_other_s"] == pytest.approx(0.15)
+    assert out["archive_host_s"] == 0.3 and "archive_s" not in parts  # inside the prefill's time, not beside it
     assert out["select_replay_materialize_share"] == pytest.approx((0.15 + 0.2 + 0.25) / 2.0)
     assert out["select_replay_materialize_goal"] == 0.15  # past 128K tokens: the 1M goal
 
