@@ -3,6 +3,7 @@
 The bench talks to KVMem exactly as clients do (``/v1/chat/completions`` with a per-request
 ``kvmem`` object, ``/tokenize``, ``/v1/kvmem/workspaces``), so it measures the served system.
 """
+
 from __future__ import annotations
 
 import json

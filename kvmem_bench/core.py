@@ -6,6 +6,7 @@ directly, no KV needed) of two shapes, then the storage tiers through
 ``{"workspace_1m": {"select_ms": {...}}, "workspace_64k": {"select_ms": {...}},
 "nvme": {"write_ratio": x, "read_ratio": y}, "host_copy_GBps": z}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,12 @@ from kvmem_core.retrieval import BlockIndex, BlockSpans, QueryFeatures, Selector
 from kvmem_core.retrieval.index import quantize_int8
 from kvmem_core.retrieval.summaries import MAX_PROTOS
 
-_SUMMARY = {"retrieval-heads": "head_keys", "mean-k": "mean_k", "sub-block-mean-k": "sub_mean_k", "key-direction": "protos"}
+_SUMMARY = {
+    "retrieval-heads": "head_keys",
+    "mean-k": "mean_k",
+    "sub-block-mean-k": "sub_mean_k",
+    "key-direction": "protos",
+}
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,9 @@ class _SyntheticKeys:
 
     def __init__(self, shape: Shape, rng: np.random.Generator) -> None:
         dims = (shape.n_layers, shape.block_tokens, shape.n_kv_heads, shape.head_dim)
-        self._keys = {_hash(i): rng.standard_normal(dims, dtype=np.float32).astype(np.float16) for i in range(shape.n_blocks)}
+        self._keys = {
+            _hash(i): rng.standard_normal(dims, dtype=np.float32).astype(np.float16) for i in range(shape.n_blocks)
+        }
 
     def content_keys(self, chain_hash: str) -> np.ndarray:
         return self._keys[chain_hash].astype(np.float32)
@@ -85,7 +93,14 @@ def synth_index(shape: Shape, name: str, rng: np.random.Generator, batch: int = 
         if name == "protos":
             values /= np.linalg.norm(values, axis=-1, keepdims=True)
         metas = [
-            BlockMeta(_hash(b0 + i), _hash(b0 + i - 1), ids, (b0 + i) * shape.block_tokens, 0, {name: values[i], "head_pairs": pairs})
+            BlockMeta(
+                _hash(b0 + i),
+                _hash(b0 + i - 1),
+                ids,
+                (b0 + i) * shape.block_tokens,
+                0,
+                {name: values[i], "head_pairs": pairs},
+            )
             for i in range(n)
         ]
         index.append(metas)
@@ -109,8 +124,15 @@ def plant_needle(shape: Shape, index: BlockIndex) -> int:
     return target
 
 
-def time_select(shape: Shape, scorer_name: str, index: BlockIndex, key_source: object = None, repeats: int = 3,
-                max_s: float = 15.0, needle: int | None = None) -> tuple[float, float]:
+def time_select(
+    shape: Shape,
+    scorer_name: str,
+    index: BlockIndex,
+    key_source: object = None,
+    repeats: int = 3,
+    max_s: float = 15.0,
+    needle: int | None = None,
+) -> tuple[float, float]:
     """Best wall time and best process CPU time, in ms, of scoring + selection over ``repeats``
     runs (fewer, but at least one, once ``max_s`` seconds are spent); asserts that the
     ``needle`` block, when given, is selected."""
@@ -156,7 +178,9 @@ def bench_storage(log: bool) -> tuple[dict[str, float], float]:
     nvme = measure_nvme()
     if log:
         print(f"nvme: {json.dumps(nvme)}", file=sys.stderr, flush=True)
-    return {"write_ratio": round(nvme["write_ratio"], 3), "read_ratio": round(nvme["read_ratio"], 3)}, round(measure_host_copy(), 2)
+    return {"write_ratio": round(nvme["write_ratio"], 3), "read_ratio": round(nvme["read_ratio"], 3)}, round(
+        measure_host_copy(), 2
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

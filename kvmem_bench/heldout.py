@@ -27,6 +27,7 @@ message. The fact's first statement sits at ``depth`` of the transcript; look-al
 another subject, never the answer) fill about half of the rounds that start in the first 80% of
 it. Every statement occurs verbatim exactly once in the rendered transcript, inside one message.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -76,14 +77,24 @@ class Form:
 
 
 CHAT_FACTS = (  # statement, question, value draw (fixed width, so no value extends another)
-    ("{p}'s flight to {c} leaves from gate {v}", "Which gate does {p}'s flight to {c} leave from?",
-     lambda r: f"{r.choice('ABCDEF')}{r.randint(10, 59)}"),
-    ("{p} is staying in room {v} at the {h}", "Which room is {p} staying in at the {h}?",
-     lambda r: str(r.randint(101, 989))),
+    (
+        "{p}'s flight to {c} leaves from gate {v}",
+        "Which gate does {p}'s flight to {c} leave from?",
+        lambda r: f"{r.choice('ABCDEF')}{r.randint(10, 59)}",
+    ),
+    (
+        "{p} is staying in room {v} at the {h}",
+        "Which room is {p} staying in at the {h}?",
+        lambda r: str(r.randint(101, 989)),
+    ),
     ("{p} booked table {v} at {t}", "Which table did {p} book at {t}?", lambda r: str(r.randint(10, 96))),
 )
-CHAT_WRAPS = ("Oh, and {s}.", "By the way, {s}, which I only found out today.", "Someone mentioned that {s}.",
-              "Before I forget: {s}.")
+CHAT_WRAPS = (
+    "Oh, and {s}.",
+    "By the way, {s}, which I only found out today.",
+    "Someone mentioned that {s}.",
+    "Before I forget: {s}.",
+)
 
 
 class ChatForm(Form):
@@ -132,8 +143,14 @@ class CodeForm(Form):
         self.service, self.constant = rounds.service_name(rng), rng.choice(tuple(CONSTANTS))
         self.literal, answer = CONSTANTS[self.constant](rng)
         path = self._path(self.service)
-        return Fact("code", answer, f"In {path}, what is {self.constant} set to?",
-                    (f"# {path}", f"{self.constant} = {self.literal}"), (0, 1), path)
+        return Fact(
+            "code",
+            answer,
+            f"In {path}, what is {self.constant} set to?",
+            (f"# {path}", f"{self.constant} = {self.literal}"),
+            (0, 1),
+            path,
+        )
 
     @staticmethod
     def _path(service: str) -> str:
@@ -174,13 +191,21 @@ class RecordForm(Form):
         self.row = self._row(rng, f"SH-{rng.randint(10000, 99999)}")
         self.as_json = rng.random() < 0.5
         answer = str(self.row[self.field])
-        return Fact("record", answer, SHIPMENT_FIELDS[self.field][1].format(i=self.row["id"]),
-                         (self._line(self.row, self.as_json),), subject=self.row["id"])
+        return Fact(
+            "record",
+            answer,
+            SHIPMENT_FIELDS[self.field][1].format(i=self.row["id"]),
+            (self._line(self.row, self.as_json),),
+            subject=self.row["id"],
+        )
 
     @staticmethod
     def _row(rng: random.Random, shipment: str) -> dict:
-        return {"id": shipment, "customer": rng.choice(rounds.COMPANIES),
-                **{name: draw(rng) for name, (draw, _) in SHIPMENT_FIELDS.items()}}
+        return {
+            "id": shipment,
+            "customer": rng.choice(rounds.COMPANIES),
+            **{name: draw(rng) for name, (draw, _) in SHIPMENT_FIELDS.items()},
+        }
 
     @staticmethod
     def _line(row: dict, as_json: bool) -> str:
@@ -198,14 +223,16 @@ class RecordForm(Form):
             query, lines = rounds.other_table(rng)
             return rounds.tool_round(rng, index, "sql", {"query": query}, lines)
         endpoint = rng.choice(rounds.ENDPOINTS)
-        return rounds.tool_round(rng, index, "http_get", {"url": f"http://ops.internal{endpoint}"},
-                                 rounds.endpoint_body(rng, endpoint))
+        return rounds.tool_round(
+            rng, index, "http_get", {"url": f"http://ops.internal{endpoint}"}, rounds.endpoint_body(rng, endpoint)
+        )
 
     def _shipments(self, rng: random.Random, index: int, rows: list[dict], as_json: bool) -> rounds.Round:
         lines = [self._line(row, as_json) for row in rows]
         if as_json:
-            return rounds.tool_round(rng, index, "http_get",
-                              {"url": f"http://ops.internal/v2/shipments?page={rng.randint(1, 40)}"}, lines)
+            return rounds.tool_round(
+                rng, index, "http_get", {"url": f"http://ops.internal/v2/shipments?page={rng.randint(1, 40)}"}, lines
+            )
         query = f"SELECT {', '.join(rows[0])} FROM shipments WHERE depot = {rng.randint(1, 12)} LIMIT 8"
         return rounds.tool_round(rng, index, "sql", {"query": query}, [",".join(rows[0]), *lines])
 
@@ -219,17 +246,24 @@ class RecordForm(Form):
         return self._shipments(rng, base.index, rows, self.as_json)
 
 
-DECISIONS = (("cache backend", ("valkey", "memcached", "dragonfly", "hazelcast", "varnish", "ignite")),
-             ("message broker", ("rabbitmq", "nats", "pulsar", "kafka", "redpanda", "zeromq")),
-             ("migration tool", ("alembic", "flyway", "liquibase", "sqitch", "atlas", "dbmate")))
+DECISIONS = (
+    ("cache backend", ("valkey", "memcached", "dragonfly", "hazelcast", "varnish", "ignite")),
+    ("message broker", ("rabbitmq", "nats", "pulsar", "kafka", "redpanda", "zeromq")),
+    ("migration tool", ("alembic", "flyway", "liquibase", "sqitch", "atlas", "dbmate")),
+)
 
 
 class DecisionForm(Form):
     def draw(self, rng: random.Random) -> Fact:
         self.topic, self.options = rng.choice(DECISIONS)
         self.service, choice = rounds.service_name(rng), rng.choice(self.options)
-        return Fact("decision", choice, f"Which {self.topic} did you settle on for {self.service}?",
-                         (self._statement(self.service, choice),), subject=self.service)
+        return Fact(
+            "decision",
+            choice,
+            f"Which {self.topic} did you settle on for {self.service}?",
+            (self._statement(self.service, choice),),
+            subject=self.service,
+        )
 
     def _statement(self, service: str, choice: str) -> str:
         return f"For {service} I'm settling on {choice} as the {self.topic}"
@@ -258,12 +292,13 @@ ASK = "{question} Keep the reply short: the answer alone, no explanation."
 SYSTEMS = {
     "chat": "You are a warm, practical assistant. The user talks through their week; reply in a few plain sentences.",
     "tools": "You are an engineering assistant in a large monorepo. Inspect files and data with the tools given, "
-             "then keep your notes brief.",
+    "then keep your notes brief.",
 }
 
 
-def make_heldout_session(sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random,
-                         chars_per_token: float = CHARS_PER_TOKEN) -> Session:
+def make_heldout_session(
+    sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random, chars_per_token: float = CHARS_PER_TOKEN
+) -> Session:
     """A transcript of about ``target_tokens`` (for a tokenizer of ``chars_per_token``) whose fact of
     ``kind`` (one of ``HELDOUT_KINDS``) has its first statement at ``depth`` (0-1) of it.
 
@@ -283,16 +318,22 @@ def make_heldout_session(sid: str, kind: str, target_tokens: int, depth: float, 
     return Session(sid, tuple(messages), form.fact, depth, target_tokens)
 
 
-def make_heldout_sessions(sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0,
-                          chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
+def make_heldout_sessions(
+    sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0, chars_per_token: float = CHARS_PER_TOKEN
+) -> list[Session]:
     """Every (size, depth, kind) combination once, deterministic for a seed and ``chars_per_token``."""
     rng = random.Random(seed)
-    return [make_heldout_session(f"h{size}-d{depth:.2f}-{kind}", kind, size, depth, rng, chars_per_token)
-            for size in sizes for depth in depths for kind in kinds]
+    return [
+        make_heldout_session(f"h{size}-d{depth:.2f}-{kind}", kind, size, depth, rng, chars_per_token)
+        for size in sizes
+        for depth in depths
+        for kind in kinds
+    ]
 
 
-def _fill(form: Form, rng: random.Random, target_tokens: int, frame: int,
-          chars_per_token: float) -> tuple[list[rounds.Round], list[int]]:
+def _fill(
+    form: Form, rng: random.Random, target_tokens: int, frame: int, chars_per_token: float
+) -> tuple[list[rounds.Round], list[int]]:
     """Rounds until the session reaches ``target_tokens``, and each round's start (in estimated
     tokens) followed by the total."""
     built: list[rounds.Round] = []

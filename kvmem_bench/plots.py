@@ -1,4 +1,5 @@
 """PNG plots of the quality benchmark (matplotlib, Agg backend: no display needed)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,19 +16,47 @@ def plot_quality(outcomes: Sequence[dict[str, Any]], out_dir: Path, trained_ctx:
 
     matplotlib.use("Agg")
     ticks = {size: str(size) for size in sorted({o["size"] for o in outcomes})}
-    paths = [_lines(report.by(outcomes, "size"), "exact-match accuracy (%)", "Accuracy vs workspace size",
-                    out_dir / "accuracy_vs_size.png", ticks, trained_ctx)]
+    paths = [
+        _lines(
+            report.by(outcomes, "size"),
+            "exact-match accuracy (%)",
+            "Accuracy vs workspace size",
+            out_dir / "accuracy_vs_size.png",
+            ticks,
+            trained_ctx,
+        )
+    ]
     recall = report.by(outcomes, "size", "gold_selected")
     if recall:
-        paths.append(_lines(recall, "gold-block recall (%)", "Gold blocks selected vs workspace size",
-                            out_dir / "gold_recall_vs_size.png", ticks, trained_ctx))
-    paths.append(_lines(report.by(outcomes, "depth"), "exact-match accuracy (%)", "Accuracy vs needle depth",
-                        out_dir / "accuracy_vs_depth.png"))
+        paths.append(
+            _lines(
+                recall,
+                "gold-block recall (%)",
+                "Gold blocks selected vs workspace size",
+                out_dir / "gold_recall_vs_size.png",
+                ticks,
+                trained_ctx,
+            )
+        )
+    paths.append(
+        _lines(
+            report.by(outcomes, "depth"),
+            "exact-match accuracy (%)",
+            "Accuracy vs needle depth",
+            out_dir / "accuracy_vs_depth.png",
+        )
+    )
     return paths
 
 
-def _lines(series: dict[str, dict[float, float]], ylabel: str, title: str, path: Path,
-           ticks: dict[int, str] | None = None, trained_ctx: int | None = None) -> Path:
+def _lines(
+    series: dict[str, dict[float, float]],
+    ylabel: str,
+    title: str,
+    path: Path,
+    ticks: dict[int, str] | None = None,
+    trained_ctx: int | None = None,
+) -> Path:
     """One line per method; ``ticks`` puts a log-scale size axis under them with the trained context marked."""
     import matplotlib.pyplot as plt
 

@@ -7,6 +7,7 @@ workspace. Every request is counted: an error is a wrong answer, listed with its
 session's outcomes are appended to ``outcomes.jsonl`` at once, so a run that stops for any reason keeps
 them (``--resume`` continues it).
 """
+
 from __future__ import annotations
 
 import json
@@ -117,8 +118,15 @@ def _quietly(call: Callable[[], Any]) -> None:
         pass  # a workspace left behind is deleted with the server
 
 
-def _outcome(session: Session, view: View, m: Method, resp: dict[str, Any] | None, layout: Layout | None,
-             seconds: float, error: str | None) -> Outcome:
+def _outcome(
+    session: Session,
+    view: View,
+    m: Method,
+    resp: dict[str, Any] | None,
+    layout: Layout | None,
+    seconds: float,
+    error: str | None,
+) -> Outcome:
     answer, selected, prompt, cached = "", None, 0, 0
     if resp is not None:
         msg = resp["choices"][0]["message"]
@@ -128,9 +136,25 @@ def _outcome(session: Session, view: View, m: Method, resp: dict[str, Any] | Non
         prompt, cached = resp["usage"]["prompt_tokens"], resp["usage"]["prompt_tokens_details"]["cached_tokens"]
     gold = layout.gold if layout else ()
     hit = None if selected is None or not gold else set(gold) <= set(selected)
-    return Outcome(session.id, session.fact.kind, session.target_tokens, session.depth, view.label, view.budget,
-                   m.label, prompt, session.fact.answer, answer, error is None and is_correct(answer, session.fact),
-                   gold, selected, hit, cached, round(seconds, 3), error)
+    return Outcome(
+        session.id,
+        session.fact.kind,
+        session.target_tokens,
+        session.depth,
+        view.label,
+        view.budget,
+        m.label,
+        prompt,
+        session.fact.answer,
+        answer,
+        error is None and is_correct(answer, session.fact),
+        gold,
+        selected,
+        hit,
+        cached,
+        round(seconds, 3),
+        error,
+    )
 
 
 def measure(api: Api, session: Session, resp: dict[str, Any]) -> Layout:
@@ -164,8 +188,9 @@ def gold_blocks(api: Api, session: Session, prompt_tokens: int, block: int) -> t
     return tuple(sorted(out))
 
 
-def _evidence_spans(api: Api, turns: list[dict[str, Any]], counts: list[int], wrapper: float,
-                    session: Session) -> Iterator[tuple[int, int]]:
+def _evidence_spans(
+    api: Api, turns: list[dict[str, Any]], counts: list[int], wrapper: float, session: Session
+) -> Iterator[tuple[int, int]]:
     for index in session.fact.evidence:
         line = session.fact.statements[index]
         i = next(i for i, t in enumerate(turns) if line in t["content"])
@@ -219,8 +244,9 @@ class RunOptions:
         return flags + (["--backend", self.backend] if self.backend else [])
 
 
-def run_queue(queue: Queue, opts: RunOptions, journal: Journal, stop: threading.Event,
-              log: Callable[[str], None]) -> None:
+def run_queue(
+    queue: Queue, opts: RunOptions, journal: Journal, stop: threading.Event, log: Callable[[str], None]
+) -> None:
     """``queue``'s sessions on its own server, each appended to ``journal`` as it ends. A server that cannot start
     turns every session of the queue into an error outcome (counted wrong), never a lost row."""
     todo = [s for s in queue.sessions if not journal.has(queue, s)]
@@ -233,12 +259,24 @@ def run_queue(queue: Queue, opts: RunOptions, journal: Journal, stop: threading.
         log(f"[{queue.name}] server failed: {exc}")
         for s in todo:
             if not journal.has(queue, s):
-                journal.add(queue.name, [_outcome(s, queue.view, m, None, None, 0.0, f"server: {str(exc)[:300]}")
-                                         for m in queue.view.methods])
+                journal.add(
+                    queue.name,
+                    [
+                        _outcome(s, queue.view, m, None, None, 0.0, f"server: {str(exc)[:300]}")
+                        for m in queue.view.methods
+                    ],
+                )
 
 
-def _answer_all(api: Api, queue: Queue, todo: list[Session], opts: RunOptions, journal: Journal,
-                stop: threading.Event, log: Callable[[str], None]) -> None:
+def _answer_all(
+    api: Api,
+    queue: Queue,
+    todo: list[Session],
+    opts: RunOptions,
+    journal: Journal,
+    stop: threading.Event,
+    log: Callable[[str], None],
+) -> None:
     t0 = time.perf_counter()
     for i, session in enumerate(todo):
         if stop.is_set() or (opts.deadline is not None and time.monotonic() > opts.deadline):
@@ -263,8 +301,10 @@ class _server:
         run_dir = self.opts.out / "servers" / self.queue.name.replace("/", "_")
         run_dir.mkdir(parents=True, exist_ok=True)
         self.process = ServeProcess(run_dir, self.opts.server_flags(self.queue.view))
-        self.log(f"[{self.queue.name}] kvmem serve {' '.join(self.opts.server_flags(self.queue.view))} "
-                 f"(log: {self.process.log})")
+        self.log(
+            f"[{self.queue.name}] kvmem serve {' '.join(self.opts.server_flags(self.queue.view))} "
+            f"(log: {self.process.log})"
+        )
         self.process.__enter__()
         return Api(self.process.url, timeout=REQUEST_TIMEOUT_S)
 
@@ -273,8 +313,13 @@ class _server:
             self.process.__exit__(*exc)
 
 
-def run_queues(queues: list[Queue], opts: RunOptions, journal: Journal, parallel: int,
-               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> bool:
+def run_queues(
+    queues: list[Queue],
+    opts: RunOptions,
+    journal: Journal,
+    parallel: int,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> bool:
     """Every queue, ``parallel`` at a time; returns False when interrupted (Ctrl-C or SIGTERM): the queues stop
     starting sessions, finish the ones in flight and stop their servers."""
     stop = threading.Event()

@@ -3,6 +3,7 @@
 Every result names what produced it (``meta``): plan and split, engine, dtype, each view's server flags, the
 commit, the machine and the command that re-runs it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,24 +34,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the same as --plan quick")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--url", help="benchmark this running server as the default view (no other view runs)")
-    p.add_argument("--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)")
+    p.add_argument(
+        "--api-key", default=os.environ.get("KVMEM_API_KEY"), help="bearer key for --url (env KVMEM_API_KEY)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out/quality"), help="folder for JSON and plots")
     p.add_argument("--model", help=f"model of the servers this command starts: {MODEL_HELP}")
-    p.add_argument("--backend", choices=("llama.cpp", "torch"), help="engine of the servers this command starts "
-                   "(default: kvmem serve's choice)")
+    p.add_argument(
+        "--backend",
+        choices=("llama.cpp", "torch"),
+        help="engine of the servers this command starts (default: kvmem serve's choice)",
+    )
     p.add_argument("--seed", type=int, default=0, help="plan seed within the plan's split (default 0)")
     p.add_argument("--sizes", help="comma-separated workspace sizes of the plan to run (default: all)")
     p.add_argument("--views", help="comma-separated views to run: default,1/8,full (default: all)")
     p.add_argument("--limit", type=int, help="run only the first N sessions of each size (they cover the kinds evenly)")
     p.add_argument("--parallel", type=int, default=1, help="servers that run at once (default 1)")
     p.add_argument("--shards", help="split a size's sessions over several servers per view, e.g. 262144=4")
-    p.add_argument("--deadline", type=float, help="seconds after which no new session starts (the run then writes "
-                   "what finished)")
-    p.add_argument("--change", default="", help="kvmem serve flags every server of the run gets, e.g. "
-                   "\"--kvmem-groups off\" or \"--kvmem-retrieval-method mean-k\": the change the run measures against a "
-                   "run without it (quality.json names it)")
-    p.add_argument("--chars-per-token", help="the tokenizer's fit per kind for sizing sessions, as a JSON object "
-                   "(default: measured on a short-lived server; quality.json's meta records it)")
+    p.add_argument(
+        "--deadline", type=float, help="seconds after which no new session starts (the run then writes what finished)"
+    )
+    p.add_argument(
+        "--change",
+        default="",
+        help="kvmem serve flags every server of the run gets, e.g. "
+        '"--kvmem-groups off" or "--kvmem-retrieval-method mean-k": the change the run measures against a '
+        "run without it (quality.json names it)",
+    )
+    p.add_argument(
+        "--chars-per-token",
+        help="the tokenizer's fit per kind for sizing sessions, as a JSON object "
+        "(default: measured on a short-lived server; quality.json's meta records it)",
+    )
     p.add_argument("--resume", action="store_true", help="keep --out's outcomes.jsonl and run only what it lacks")
 
 
@@ -63,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     journal = Journal(args.out / "outcomes.jsonl", args.resume)
     deadline = None if args.deadline is None else time.monotonic() + args.deadline
-    opts = RunOptions(args.out, args.model, args.backend, deadline, args.url, args.api_key, tuple(shlex.split(args.change)))
+    opts = RunOptions(
+        args.out, args.model, args.backend, deadline, args.url, args.api_key, tuple(shlex.split(args.change))
+    )
     trained, cpt = _model_facts(args, opts)
     work = _queues(args, plan, trained, cpt)
     with sigterm_as_interrupt():
@@ -78,7 +94,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def _queues(args: argparse.Namespace, plan: Plan, trained: int, cpt: dict[str, float]) -> list[Queue]:
-    sessions = {c.size: plan.sessions(c, args.seed, cpt)[:args.limit] for c in plan.cells}
+    sessions = {c.size: plan.sessions(c, args.seed, cpt)[: args.limit] for c in plan.cells}
     work = queues(plan, trained, sessions, parse_shards(args.shards))
     if args.url:
         return [Queue(q.cell, View("default", None, None), 0, q.sessions) for q in work if q.view.label == "default"]
@@ -132,36 +148,65 @@ def trained_context(model: str | None) -> int:
         gguf.close()
 
 
-def meta(args: argparse.Namespace, plan: Plan, work: list[Queue], trained: int, cpt: dict[str, float]) -> dict[str, Any]:
+def meta(
+    args: argparse.Namespace, plan: Plan, work: list[Queue], trained: int, cpt: dict[str, float]
+) -> dict[str, Any]:
     """What produced the numbers: plan, split and seed, engine, dtype, every view's server flags, commit,
     machine, and the command that re-runs the run."""
     opts = RunOptions(args.out, args.model, args.backend, change=tuple(shlex.split(args.change)))
     views = {f"{q.cell.size}/{q.view.label}": " ".join(["kvmem serve", *opts.server_flags(q.view)]) for q in work}
-    return {"plan": plan.name, "split": plan.split, "seed": args.seed, "note": plan.note,
-            "engine": args.backend or "kvmem serve's choice", "dtype": os.environ.get("KVMEM_DTYPE", "auto"),
-            "model": args.model or os.environ.get("KVMEM_MODEL") or "the default model", "servers": views,
-            "change": args.change or "none: default knobs",
-            "trained_ctx": trained, "chars_per_token": cpt, "commit": commit(), "machine": machine(),
-            "command": " ".join(["kvmem", "bench", "quality", *map(shlex.quote, sys.argv[3:])]) if
-            sys.argv[1:3] == ["bench", "quality"] else f"kvmem bench quality --plan {plan.name}",
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "plan": plan.name,
+        "split": plan.split,
+        "seed": args.seed,
+        "note": plan.note,
+        "engine": args.backend or "kvmem serve's choice",
+        "dtype": os.environ.get("KVMEM_DTYPE", "auto"),
+        "model": args.model or os.environ.get("KVMEM_MODEL") or "the default model",
+        "servers": views,
+        "change": args.change or "none: default knobs",
+        "trained_ctx": trained,
+        "chars_per_token": cpt,
+        "commit": commit(),
+        "machine": machine(),
+        "command": " ".join(["kvmem", "bench", "quality", *map(shlex.quote, sys.argv[3:])])
+        if sys.argv[1:3] == ["bench", "quality"]
+        else f"kvmem bench quality --plan {plan.name}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def commit() -> str:
     """The checkout's commit (``-dirty`` with local changes), else ``KVMEM_COMMIT``, else "unknown"."""
     root = Path(__file__).resolve().parents[3]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("KVMEM_COMMIT", "unknown")
 
 
-def _write(args: argparse.Namespace, plan: Plan, work: list[Queue], outcomes: list[dict[str, Any]], trained: int,
-           cpt: dict[str, float], complete: bool) -> int:
+def _write(
+    args: argparse.Namespace,
+    plan: Plan,
+    work: list[Queue],
+    outcomes: list[dict[str, Any]],
+    trained: int,
+    cpt: dict[str, float],
+    complete: bool,
+) -> int:
     info = meta(args, plan, work, trained, cpt)
     result = {"meta": info, "results": report.rows(outcomes), "summary": report.summary(outcomes)}
     detail = {**result, "complete": complete, "plan": asdict(plan), "outcomes": outcomes}

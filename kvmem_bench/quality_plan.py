@@ -13,6 +13,7 @@ The method (docs/benchmarks.md) is enforced here:
   ``tuning`` split is for choosing methods and knobs, the ``report`` split (fixed with the plans below) is
   only reported, never tuned on.
 """
+
 from __future__ import annotations
 
 import math
@@ -126,12 +127,15 @@ class Plan:
         """``cell``'s sessions in ``Cell.pairs`` order; each fixed by (split, seed, size, kind, depth) alone and sized
         with its kind's ``fits`` (chars per token of the model's tokenizer, ``fit_kinds``)."""
         fits = fits or {}
-        return [make_any_session(kind, cell.size, depth, self.split, seed, fits.get(kind, CHARS_PER_TOKEN))
-                for kind, depth in cell.pairs()]
+        return [
+            make_any_session(kind, cell.size, depth, self.split, seed, fits.get(kind, CHARS_PER_TOKEN))
+            for kind, depth in cell.pairs()
+        ]
 
 
-def make_any_session(kind: str, size: int, depth: float, split: str, seed: int,
-                     chars_per_token: float = CHARS_PER_TOKEN) -> Session:
+def make_any_session(
+    kind: str, size: int, depth: float, split: str, seed: int, chars_per_token: float = CHARS_PER_TOKEN
+) -> Session:
     """The session of ``kind`` (either generator's) for (split, seed, size, depth), independent of any other."""
     rng = random.Random(f"{split}:{seed}:{size}:{kind}:{depth}")
     sid = f"{split[0]}{seed}-s{size}-d{depth:.2f}-{kind}"
@@ -160,16 +164,36 @@ def _round_up(x: float, step: int) -> int:
 SIZES = (8192, 30000, 131072, 262144)
 """The report's sizes: 30000 is the largest whose whole workspace (and answer) fits the default model's 32K
 trained context, so ``full`` runs there; 128K and 256K are past it (compact positions)."""
-PLANS = {p.name: p for p in (
-    Plan("quick", "tuning", (Cell(8192, depths=(0.3,)),),
-         note="10 sessions of 8K tokens on the tuning split: every kind once, at depth 0.3"),
-    Plan("tuning", "tuning", tuple(Cell(s) for s in (8192, 30000, 131072)),
-         note="the tuning split: 50 sessions at each of 8K, 30K and 128K tokens"),
-    Plan("report", "report", tuple(Cell(s) for s in SIZES),
-         note="the report split: 50 sessions (10 kinds x 5 depths) at each of 8K, 30K, 128K and 256K tokens"),
-    Plan("report-1m", "report", (Cell(1 << 20, depths=(0.1, 0.5, 0.9), extra=("--kvmem-cpu-gb", "24")),),
-         eighth=False, note="the report split at 1M tokens (host tier raised to hold the workspace), default view only"),
-)}
+PLANS = {
+    p.name: p
+    for p in (
+        Plan(
+            "quick",
+            "tuning",
+            (Cell(8192, depths=(0.3,)),),
+            note="10 sessions of 8K tokens on the tuning split: every kind once, at depth 0.3",
+        ),
+        Plan(
+            "tuning",
+            "tuning",
+            tuple(Cell(s) for s in (8192, 30000, 131072)),
+            note="the tuning split: 50 sessions at each of 8K, 30K and 128K tokens",
+        ),
+        Plan(
+            "report",
+            "report",
+            tuple(Cell(s) for s in SIZES),
+            note="the report split: 50 sessions (10 kinds x 5 depths) at each of 8K, 30K, 128K and 256K tokens",
+        ),
+        Plan(
+            "report-1m",
+            "report",
+            (Cell(1 << 20, depths=(0.1, 0.5, 0.9), extra=("--kvmem-cpu-gb", "24")),),
+            eighth=False,
+            note="the report split at 1M tokens (host tier raised to hold the workspace), default view only",
+        ),
+    )
+}
 
 
 def plan_named(name: str) -> Plan:
@@ -187,7 +211,9 @@ def only_sizes(plan: Plan, spec: str) -> Plan:
         raise ConfigError(f"--sizes: {spec!r} is not a list of token counts") from None
     if not sizes or not sizes <= set(plan.sizes):
         raise ConfigError(f"--sizes: choose from {', '.join(map(str, plan.sizes))}")
-    return Plan(plan.name, plan.split, tuple(c for c in plan.cells if c.size in sizes), plan.eighth, plan.full, plan.note)
+    return Plan(
+        plan.name, plan.split, tuple(c for c in plan.cells if c.size in sizes), plan.eighth, plan.full, plan.note
+    )
 
 
 @dataclass(frozen=True)

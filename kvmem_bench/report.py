@@ -5,6 +5,7 @@ outcome counts: an errored request is a wrong answer (``errors`` lists them). Th
 blocks forced into the same view: a retrieval answer that is wrong with the gold blocks selected is a model
 error, without them a retrieval error; the oracle's accuracy is what perfect retrieval reaches with this model.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -27,8 +28,11 @@ def config(o: dict[str, Any]) -> str:
 
 def _config_order(name: str) -> tuple[int, int, str]:
     method, _, view = name.partition(" @ ")
-    return (VIEW_ORDER.index(view) if view in VIEW_ORDER else 2, METHOD_ORDER.index(method)
-            if method in METHOD_ORDER else 9, name)
+    return (
+        VIEW_ORDER.index(view) if view in VIEW_ORDER else 2,
+        METHOD_ORDER.index(method) if method in METHOD_ORDER else 9,
+        name,
+    )
 
 
 def rows(outcomes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -39,11 +43,20 @@ def rows(outcomes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (view, method, size, kind), items in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         hits = [o["gold_selected"] for o in items if o["gold_selected"] is not None]
-        out.append({"view": view, "budget": items[0]["budget"], "method": method, "workspace_tokens": size,
-                    "kind": kind, "n": len(items), "accuracy": _mean([o["correct"] for o in items]),
-                    "errors": sum(o["error"] is not None for o in items),
-                    "gold_block_recall": _mean(hits) if hits else None,
-                    "prompt_tokens": round(_mean([o["prompt_tokens"] for o in items if o["prompt_tokens"]]))})
+        out.append(
+            {
+                "view": view,
+                "budget": items[0]["budget"],
+                "method": method,
+                "workspace_tokens": size,
+                "kind": kind,
+                "n": len(items),
+                "accuracy": _mean([o["correct"] for o in items]),
+                "errors": sum(o["error"] is not None for o in items),
+                "gold_block_recall": _mean(hits) if hits else None,
+                "prompt_tokens": round(_mean([o["prompt_tokens"] for o in items if o["prompt_tokens"]])),
+            }
+        )
     return out
 
 
@@ -54,8 +67,10 @@ def by(outcomes: Iterable[dict[str, Any]], key: str, field: str = "correct") -> 
     for o in outcomes:
         if o[field] is not None:
             groups[config(o)][o[key]].append(o[field])
-    return {m: {k: _mean(v) for k, v in sorted(g.items())} for m, g in sorted(groups.items(), key=lambda kv:
-                                                                                   _config_order(kv[0]))}
+    return {
+        m: {k: _mean(v) for k, v in sorted(g.items())}
+        for m, g in sorted(groups.items(), key=lambda kv: _config_order(kv[0]))
+    }
 
 
 def counts(outcomes: Iterable[dict[str, Any]]) -> dict[str, dict[int, int]]:
@@ -68,10 +83,19 @@ def counts(outcomes: Iterable[dict[str, Any]]) -> dict[str, dict[int, int]]:
 
 def summary(outcomes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy and n per config and size, the goals, the diagnosis of retrieval's answers, and every error."""
-    return {"accuracy": by(outcomes, "size"), "n": counts(outcomes), "gold_recall": by(outcomes, "size", "gold_selected"),
-            "accuracy_by_kind": by(outcomes, "kind"), "goals": goals(outcomes), "diagnosis": diagnosis(outcomes),
-            "errors": [{k: o.get(k) for k in ("queue", "session", "view", "method", "error")}
-                       for o in outcomes if o["error"] is not None]}
+    return {
+        "accuracy": by(outcomes, "size"),
+        "n": counts(outcomes),
+        "gold_recall": by(outcomes, "size", "gold_selected"),
+        "accuracy_by_kind": by(outcomes, "kind"),
+        "goals": goals(outcomes),
+        "diagnosis": diagnosis(outcomes),
+        "errors": [
+            {k: o.get(k) for k in ("queue", "session", "view", "method", "error")}
+            for o in outcomes
+            if o["error"] is not None
+        ],
+    }
 
 
 def goals(outcomes: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -89,8 +113,9 @@ def goals(outcomes: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "budget": mine[0]["budget"] if mine else None,
                 "gold_recall": _check(_mean(recall) if recall else None, GOAL_RECALL, len(recall)),
                 "vs_full": _ratio(here, mine, lambda o: o["method"] == "full", GOAL_VS_FULL),
-                "vs_oracle": _ratio(here, mine, lambda o: o["view"] == view and o["method"] == "oracle",
-                                    GOAL_VS_ORACLE) if size >= ORACLE_GOAL_FROM else None,
+                "vs_oracle": _ratio(here, mine, lambda o: o["view"] == view and o["method"] == "oracle", GOAL_VS_ORACLE)
+                if size >= ORACLE_GOAL_FROM
+                else None,
                 "update_newest": _check(_mean([o["correct"] for o in updates]) if updates else None, 1.0, len(updates)),
             }
     return out
@@ -107,8 +132,14 @@ def _ratio(here: Sequence[dict[str, Any]], mine: Sequence[dict[str, Any]], is_ot
     if not both:
         return None
     a, b = _mean([o["correct"] for o in both]), _mean([other[o["session"]] for o in both])
-    return {"value": a / b if b else None, "accuracy": a, "other_accuracy": b, "n": len(both), "goal": goal,
-            "pass": a >= goal * b - _EPS}
+    return {
+        "value": a / b if b else None,
+        "accuracy": a,
+        "other_accuracy": b,
+        "n": len(both),
+        "goal": goal,
+        "pass": a >= goal * b - _EPS,
+    }
 
 
 def diagnosis(outcomes: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -119,9 +150,20 @@ def diagnosis(outcomes: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
     for o in outcomes:
         if o["method"] != "retrieval":
             continue
-        c = out.setdefault(f"{o['size']} @ {o['view']}", dict.fromkeys(
-            ("selected_right", "selected_wrong", "missed_right", "missed_wrong", "missed_wrong_oracle_right",
-             "errors"), 0))
+        c = out.setdefault(
+            f"{o['size']} @ {o['view']}",
+            dict.fromkeys(
+                (
+                    "selected_right",
+                    "selected_wrong",
+                    "missed_right",
+                    "missed_wrong",
+                    "missed_wrong_oracle_right",
+                    "errors",
+                ),
+                0,
+            ),
+        )
         if o["error"] is not None or o["gold_selected"] is None:
             c["errors"] += 1
             continue
@@ -148,11 +190,25 @@ def table(outcomes: Sequence[dict[str, Any]]) -> str:
 
 def goals_table(g: dict[str, Any]) -> str:
     """The goals, one row per (size, view)."""
-    lines = [["size @ view", f"gold recall (>= {GOAL_RECALL:.0%})", f"/ full (>= {GOAL_VS_FULL})",
-              f"/ oracle (>= {GOAL_VS_ORACLE}, from {ORACLE_GOAL_FROM})", "update newest"]]
+    lines = [
+        [
+            "size @ view",
+            f"gold recall (>= {GOAL_RECALL:.0%})",
+            f"/ full (>= {GOAL_VS_FULL})",
+            f"/ oracle (>= {GOAL_VS_ORACLE}, from {ORACLE_GOAL_FROM})",
+            "update newest",
+        ]
+    ]
     for key, c in g.items():
-        lines.append([key, _show(c["gold_recall"], "{:.0%}"), _show(c["vs_full"], "{:.2f}"),
-                      _show(c["vs_oracle"], "{:.2f}"), _show(c["update_newest"], "{:.0%}")])
+        lines.append(
+            [
+                key,
+                _show(c["gold_recall"], "{:.0%}"),
+                _show(c["vs_full"], "{:.2f}"),
+                _show(c["vs_oracle"], "{:.2f}"),
+                _show(c["update_newest"], "{:.0%}"),
+            ]
+        )
     return _markdown(lines)
 
 

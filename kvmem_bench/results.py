@@ -5,6 +5,7 @@ outcome a line, the format of the run's own ``outcomes.jsonl``).
 ``python -m kvmem_bench.results bench-out/quality docs/results/quality-NAME`` keeps a run that way;
 ``read_outcomes`` (or ``zcat outcomes.jsonl.gz``) reads the outcomes back.
 """
+
 from __future__ import annotations
 
 import argparse

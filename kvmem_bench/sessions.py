@@ -8,6 +8,7 @@ as the last user turn. Everything comes from a seeded RNG, so a seed (and the to
 results) differ from the calibration documents on purpose: the benchmark measures
 transfer, not memorization; ``port`` and ``owner`` are forms no calibration template has.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -29,16 +30,59 @@ DISTRACTOR_SPAN = 0.8  # distractors start in the first 80% of a session: the ne
 SYSTEM = "You are a careful software agent. You read files and run commands with tools, then answer briefly."
 NAMES = ("orion", "vega", "lyra", "draco", "atlas", "nova", "cygnus", "hydra", "pavo", "tucana", "carina", "fornax")
 PEOPLE = ("Alice", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ingrid", "Jonas", "Keiko", "Luis")
-FILES = ("src/app/server.py", "src/app/models.py", "deploy/config.yaml", "scripts/build.sh", "docs/notes.md",
-         "src/lib/cache.py", "tests/test_api.py", "Makefile", "src/app/routes.py", "infra/main.tf")
-COMMANDS = ("make test", "git log --oneline -n 12", "docker ps", "df -h", "pytest -q tests/", "kubectl get pods",
-            "journalctl -u api -n 20", "ls -la build/")
-WORDS = ("request", "handler", "timeout", "retry", "config", "worker", "queue", "latency", "cache", "token",
-         "session", "deploy", "metric", "buffer", "index", "schema", "router", "client", "backend", "job")
+FILES = (
+    "src/app/server.py",
+    "src/app/models.py",
+    "deploy/config.yaml",
+    "scripts/build.sh",
+    "docs/notes.md",
+    "src/lib/cache.py",
+    "tests/test_api.py",
+    "Makefile",
+    "src/app/routes.py",
+    "infra/main.tf",
+)
+COMMANDS = (
+    "make test",
+    "git log --oneline -n 12",
+    "docker ps",
+    "df -h",
+    "pytest -q tests/",
+    "kubectl get pods",
+    "journalctl -u api -n 20",
+    "ls -la build/",
+)
+WORDS = (
+    "request",
+    "handler",
+    "timeout",
+    "retry",
+    "config",
+    "worker",
+    "queue",
+    "latency",
+    "cache",
+    "token",
+    "session",
+    "deploy",
+    "metric",
+    "buffer",
+    "index",
+    "schema",
+    "router",
+    "client",
+    "backend",
+    "job",
+)
 QUESTION = "Based on the tool outputs above, {question} Reply with just the value."
-TASKS = ("Find out why the nightly build is slow.", "Check the API error rate after the last deploy.",
-         "Review the cache module for stale entries.", "See which tests are flaky.",
-         "Figure out where the request timeout is configured.", "Summarize the recent changes.")
+TASKS = (
+    "Find out why the nightly build is slow.",
+    "Check the API error rate after the last deploy.",
+    "Review the cache module for stale entries.",
+    "See which tests are flaky.",
+    "Figure out where the request timeout is configured.",
+    "Summarize the recent changes.",
+)
 
 
 @dataclass(frozen=True)
@@ -69,42 +113,80 @@ class Session:
 
 def _passkey(name: str, rng: random.Random) -> Fact:
     key = str(rng.randint(10000, 99999))
-    return Fact("passkey", key, f"What is the {name} deployment passkey?",
-                (f"NOTE: the {name} deployment passkey is {key}. Keep it safe.",), subject=name)
+    return Fact(
+        "passkey",
+        key,
+        f"What is the {name} deployment passkey?",
+        (f"NOTE: the {name} deployment passkey is {key}. Keep it safe.",),
+        subject=name,
+    )
 
 
 def _kv(name: str, rng: random.Random) -> Fact:
     value = str(rng.randint(10000, 99999))
-    return Fact("kv", value, f"What is the value of {name.upper()}_API_KEY?",
-                (f"export {name.upper()}_API_KEY={value}",), subject=name)
+    return Fact(
+        "kv",
+        value,
+        f"What is the value of {name.upper()}_API_KEY?",
+        (f"export {name.upper()}_API_KEY={value}",),
+        subject=name,
+    )
 
 
 def _chain(name: str, rng: random.Random) -> Fact:
     build, var = str(rng.randint(1000, 9999)), name.upper()
-    return Fact("chain", build, f"What is the numeric value of {var}_ARTIFACT?",
-                (f"{var}_BUILD={build}", f"{var}_ARTIFACT=${{{var}_BUILD}}"), (0, 1), name)
+    return Fact(
+        "chain",
+        build,
+        f"What is the numeric value of {var}_ARTIFACT?",
+        (f"{var}_BUILD={build}", f"{var}_ARTIFACT=${{{var}_BUILD}}"),
+        (0, 1),
+        name,
+    )
 
 
 def _update(name: str, rng: random.Random) -> Fact:
     old, new = rng.sample(range(1000, 9999), 2)
-    return Fact("update", str(new), f"What is the current {name} pager code?",
-                (f"the {name} pager code is {old}", f"UPDATE: the {name} pager code changed to {new}"), (1,), name)
+    return Fact(
+        "update",
+        str(new),
+        f"What is the current {name} pager code?",
+        (f"the {name} pager code is {old}", f"UPDATE: the {name} pager code changed to {new}"),
+        (1,),
+        name,
+    )
 
 
 def _port(name: str, rng: random.Random) -> Fact:
     port = str(rng.randint(10000, 65535))
-    return Fact("port", port, f"Which port does the {name}-svc service listen on?",
-                (f"{name}-svc listening on 0.0.0.0 port {port}",), subject=name)
+    return Fact(
+        "port",
+        port,
+        f"Which port does the {name}-svc service listen on?",
+        (f"{name}-svc listening on 0.0.0.0 port {port}",),
+        subject=name,
+    )
 
 
 def _owner(name: str, rng: random.Random) -> Fact:
     ticket, person = f"{name.upper()}-{rng.randint(100, 999)}", rng.choice(PEOPLE)
-    return Fact("owner", person, f"Who is ticket {ticket} assigned to?", (f"ticket {ticket} assigned to {person}",),
-                subject=name)
+    return Fact(
+        "owner",
+        person,
+        f"Who is ticket {ticket} assigned to?",
+        (f"ticket {ticket} assigned to {person}",),
+        subject=name,
+    )
 
 
 FACTS: dict[str, Callable[[str, random.Random], Fact]] = {
-    "passkey": _passkey, "kv": _kv, "chain": _chain, "update": _update, "port": _port, "owner": _owner}
+    "passkey": _passkey,
+    "kv": _kv,
+    "chain": _chain,
+    "update": _update,
+    "port": _port,
+    "owner": _owner,
+}
 KINDS = tuple(FACTS)
 """Every fact kind: ``update`` (the newest value wins) and ``chain`` (two lines) need two statements."""
 
@@ -142,23 +224,35 @@ def _code_lines(rng: random.Random, n: int) -> list[str]:
     lines = []
     for _ in range(n):
         a, b, c = rng.sample(WORDS, 3)
-        lines.append(rng.choice((
-            f"def {a}_{b}(self, {c}):", f"    {a} = self.{b}.get({c!r}, {rng.randint(1, 500)})",
-            f"    return {a}_{c}({b})", f"# {a} {b} for the {c}", f"{a.upper()}_{b.upper()} = {rng.randint(1, 90)}",
-        )))
+        lines.append(
+            rng.choice(
+                (
+                    f"def {a}_{b}(self, {c}):",
+                    f"    {a} = self.{b}.get({c!r}, {rng.randint(1, 500)})",
+                    f"    return {a}_{c}({b})",
+                    f"# {a} {b} for the {c}",
+                    f"{a.upper()}_{b.upper()} = {rng.randint(1, 90)}",
+                )
+            )
+        )
     return lines
 
 
 def _log_lines(rng: random.Random, n: int) -> list[str]:
     levels = ("INFO", "WARN", "DEBUG", "ERROR")
-    return [f"2026-11-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} "
-            f"{rng.choice(levels)} {rng.choice(WORDS)}: {rng.choice(WORDS)} {rng.choice(WORDS)} "
-            f"took {rng.randint(2, 900)}ms" for _ in range(n)]
+    return [
+        f"2026-11-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} "
+        f"{rng.choice(levels)} {rng.choice(WORDS)}: {rng.choice(WORDS)} {rng.choice(WORDS)} "
+        f"took {rng.randint(2, 900)}ms"
+        for _ in range(n)
+    ]
 
 
 def _search_lines(rng: random.Random, n: int) -> list[str]:
-    return [f"{rng.choice(FILES)}:{rng.randint(1, 400)}: {rng.choice(WORDS)} = {rng.choice(WORDS)}_{rng.choice(WORDS)}()"
-            for _ in range(n)]
+    return [
+        f"{rng.choice(FILES)}:{rng.randint(1, 400)}: {rng.choice(WORDS)} = {rng.choice(WORDS)}_{rng.choice(WORDS)}()"
+        for _ in range(n)
+    ]
 
 
 @dataclass
@@ -201,8 +295,9 @@ def _tool_round(rng: random.Random, index: int) -> _Round:
     return _Round(index, tool, args, body, rng.choice(TASKS) if index % 3 == 0 else None)
 
 
-def make_session(sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random,
-                 chars_per_token: float = CHARS_PER_TOKEN) -> Session:
+def make_session(
+    sid: str, kind: str, target_tokens: int, depth: float, rng: random.Random, chars_per_token: float = CHARS_PER_TOKEN
+) -> Session:
     """A transcript of about ``target_tokens`` (for a tokenizer of ``chars_per_token``) with the fact's
     first statement at ``depth`` (0–1) of it.
 
@@ -242,12 +337,17 @@ def _round_at(ends: list[int], token: float) -> int:
     return min(bisect.bisect_right(ends, token), len(ends) - 1)
 
 
-def make_sessions(sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0,
-                  chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
+def make_sessions(
+    sizes: list[int], depths: list[float], kinds: list[str], seed: int = 0, chars_per_token: float = CHARS_PER_TOKEN
+) -> list[Session]:
     """Every (size, depth, kind) combination once, deterministic for a seed and ``chars_per_token``."""
     rng = random.Random(seed)
-    return [make_session(f"s{size}-d{depth:.2f}-{kind}", kind, size, depth, rng, chars_per_token)
-            for size in sizes for depth in depths for kind in kinds]
+    return [
+        make_session(f"s{size}-d{depth:.2f}-{kind}", kind, size, depth, rng, chars_per_token)
+        for size in sizes
+        for depth in depths
+        for kind in kinds
+    ]
 
 
 def is_correct(answer: str, fact: Fact) -> bool:

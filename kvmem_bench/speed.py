@@ -4,6 +4,7 @@
 ``speed_torch`` for the torch engine), sweeps the thread count (``speed_threads``), checks
 the goals, and writes JSON and plots.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,16 @@ from typing import Any, Callable
 from kvmem_bench import speed_common
 
 
-def run_speed(backend: str, model_path: str | None, *, quick: bool, out_dir: Path | None,
-              log: Callable[[str], None] = print, compute: dict[str, Any] | None = None, **opts: Any) -> dict[str, Any]:
+def run_speed(
+    backend: str,
+    model_path: str | None,
+    *,
+    quick: bool,
+    out_dir: Path | None,
+    log: Callable[[str], None] = print,
+    compute: dict[str, Any] | None = None,
+    **opts: Any,
+) -> dict[str, Any]:
     """Every speed figure of ``backend`` as a JSON-ready dict: the contract's headline keys first,
     then ``points`` (one per workspace size), ``transfer``, ``threads`` and ``goals``; JSON + PNGs go
     to ``out_dir``. ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""

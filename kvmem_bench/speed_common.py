@@ -8,6 +8,7 @@ A backend produces ``points`` (one per workspace size, ascending) with at least
 dict with the tier and raw throughputs of the same bytes. ``headline`` turns them into the
 output contract's ratios.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,16 @@ from typing import Any, Sequence
 
 from kvmem_bench.plots import save_figure
 
-GOALS = {"ttft_speedup": 30.0, "quick_ttft_speedup": 10.0, "decode_flatness_tolerance": 0.10, "nvme_vs_raw": 0.8,
-         "decode_vs_plain": 0.95, "vs_prefix_cache": 1.2, "vs_floor": 1.25, "floor_slack_s": 0.05}
+GOALS = {
+    "ttft_speedup": 30.0,
+    "quick_ttft_speedup": 10.0,
+    "decode_flatness_tolerance": 0.10,
+    "nvme_vs_raw": 0.8,
+    "decode_vs_plain": 0.95,
+    "vs_prefix_cache": 1.2,
+    "vs_floor": 1.25,
+    "floor_slack_s": 0.05,
+}
 
 
 def decode_rate(result: Any) -> float | None:
@@ -49,23 +58,29 @@ def headline(backend: str, model: str, points: Sequence[dict[str, Any]], transfe
     workspace, and tier / raw throughput of the same bytes."""
     assert points, "no workspace sizes were measured"
     first, last = points[0], points[-1]
-    return {"backend": backend, "model": model,
-            "ttft_speedup": ratio(last["reprefill_ttft_s"], last["reuse_ttft_s"]),
-            "ttft_vs_prefix_cache": ratio(last["reuse_ttft_s"], last.get("prefix_ttft_s")),
-            "ttft_vs_suffix_floor": ratio(last["reuse_ttft_s"], last.get("suffix_floor_s")),
-            "decode_flatness": ratio(last["kvmem_tok_s"], first["kvmem_tok_s"]),
-            "nvme_vs_raw": transfer.get("nvme_vs_raw"), "host_vs_raw": transfer.get("host_vs_raw"),
-            "workspace_growth": ratio(last["workspace_tokens"], first["workspace_tokens"]),
-            "largest_workspace_tokens": last["workspace_tokens"]}
+    return {
+        "backend": backend,
+        "model": model,
+        "ttft_speedup": ratio(last["reprefill_ttft_s"], last["reuse_ttft_s"]),
+        "ttft_vs_prefix_cache": ratio(last["reuse_ttft_s"], last.get("prefix_ttft_s")),
+        "ttft_vs_suffix_floor": ratio(last["reuse_ttft_s"], last.get("suffix_floor_s")),
+        "decode_flatness": ratio(last["kvmem_tok_s"], first["kvmem_tok_s"]),
+        "nvme_vs_raw": transfer.get("nvme_vs_raw"),
+        "host_vs_raw": transfer.get("host_vs_raw"),
+        "workspace_growth": ratio(last["workspace_tokens"], first["workspace_tokens"]),
+        "largest_workspace_tokens": last["workspace_tokens"],
+    }
 
 
 def goals(result: dict[str, Any], quick: bool) -> dict[str, bool | None]:
     """Each speed goal of the issue: met (True), missed (False) or not measured (None)."""
     ttft, flat, nvme = result.get("ttft_speedup"), result.get("decode_flatness"), result.get("nvme_vs_raw")
     need = GOALS["quick_ttft_speedup"] if quick else GOALS["ttft_speedup"]
-    out = {f"ttft_speedup>={need:g}": None if ttft is None else ttft >= need,
-           "decode_flat_within_10pct": None if flat is None else abs(flat - 1) <= GOALS["decode_flatness_tolerance"],
-           "nvme_vs_raw>=0.8": None if nvme is None else nvme >= GOALS["nvme_vs_raw"]}
+    out = {
+        f"ttft_speedup>={need:g}": None if ttft is None else ttft >= need,
+        "decode_flat_within_10pct": None if flat is None else abs(flat - 1) <= GOALS["decode_flatness_tolerance"],
+        "nvme_vs_raw>=0.8": None if nvme is None else nvme >= GOALS["nvme_vs_raw"],
+    }
     if "ttft_vs_prefix_cache" in result:  # the fair baselines: within 1.2x the prefix cache, 1.25x (floor + 50 ms)
         out.update(fair_goals(result))
     if "decode_vs_plain" in result:  # backends with a plain engine to compare against (llama.cpp)
@@ -79,9 +94,13 @@ def fair_goals(result: dict[str, Any]) -> dict[str, bool | None]:
     ≤ 1.25 × (suffix floor + 50 ms); None where not measured."""
     cache, last = result.get("ttft_vs_prefix_cache"), (result.get("points") or [{}])[-1]
     reuse, floor = last.get("reuse_ttft_s"), last.get("suffix_floor_s")
-    near_floor = None if reuse is None or floor is None else reuse <= GOALS["vs_floor"] * (floor + GOALS["floor_slack_s"])
-    return {"ttft_vs_prefix_cache<=1.2": None if cache is None else cache <= GOALS["vs_prefix_cache"],
-            "ttft<=1.25x(suffix_floor+50ms)": near_floor}
+    near_floor = (
+        None if reuse is None or floor is None else reuse <= GOALS["vs_floor"] * (floor + GOALS["floor_slack_s"])
+    )
+    return {
+        "ttft_vs_prefix_cache<=1.2": None if cache is None else cache <= GOALS["vs_prefix_cache"],
+        "ttft<=1.25x(suffix_floor+50ms)": near_floor,
+    }
 
 
 def rss_mb() -> tuple[float, float]:
@@ -97,12 +116,20 @@ def rss_mb() -> tuple[float, float]:
 
 def table(points: Sequence[dict[str, Any]]) -> str:
     """Plain-text table of the per-workspace figures."""
-    cols = [("workspace_tokens", "workspace", "{:d}"), ("reuse_ttft_s", "ttft reuse s", "{:.3f}"),
-            ("reprefill_ttft_s", "ttft re-prefill s", "{:.2f}"), ("ttft_speedup", "speedup", "{:.1f}x"),
-            ("prefix_ttft_s", "ttft prefix cache s", "{:.3f}"), ("ttft_vs_prefix_cache", "vs cache", "{:.2f}x"),
-            ("suffix_floor_s", "suffix floor s", "{:.3f}"), ("ttft_vs_suffix_floor", "vs floor", "{:.2f}x"),
-            ("kvmem_tok_s", "kvmem tok/s", "{:.1f}"), ("full_tok_s", "full tok/s", "{:.1f}"),
-            ("select_share", "select share", "{:.0%}"), ("rss_mb", "rss MB", "{:.0f}")]
+    cols = [
+        ("workspace_tokens", "workspace", "{:d}"),
+        ("reuse_ttft_s", "ttft reuse s", "{:.3f}"),
+        ("reprefill_ttft_s", "ttft re-prefill s", "{:.2f}"),
+        ("ttft_speedup", "speedup", "{:.1f}x"),
+        ("prefix_ttft_s", "ttft prefix cache s", "{:.3f}"),
+        ("ttft_vs_prefix_cache", "vs cache", "{:.2f}x"),
+        ("suffix_floor_s", "suffix floor s", "{:.3f}"),
+        ("ttft_vs_suffix_floor", "vs floor", "{:.2f}x"),
+        ("kvmem_tok_s", "kvmem tok/s", "{:.1f}"),
+        ("full_tok_s", "full tok/s", "{:.1f}"),
+        ("select_share", "select share", "{:.0%}"),
+        ("rss_mb", "rss MB", "{:.0f}"),
+    ]
     cols = [c for c in cols if any(p.get(c[0]) is not None for p in points)]
     rows = [[c[1] for c in cols]]
     for p in points:
@@ -127,25 +154,46 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     return [path, *plot_speed(result["points"], result["backend"], out_dir, ttft)]
 
 
-def plot_speed(points: Sequence[dict[str, Any]], backend: str, out_dir: Path,
-               ttft: Sequence[dict[str, Any]] | None = None) -> list[Path]:
+def plot_speed(
+    points: Sequence[dict[str, Any]], backend: str, out_dir: Path, ttft: Sequence[dict[str, Any]] | None = None
+) -> list[Path]:
     """TTFT (reuse vs re-prefill; ``ttft`` points, default ``points``), decode tok/s (KVMem vs full) and RSS
     against the workspace size."""
     import matplotlib
 
     matplotlib.use("Agg")
-    series = [("ttft.png", "time to first token (s)", True, ttft or points,
-               {"KVMem reuse": "reuse_ttft_s", "stateless re-prefill": "reprefill_ttft_s",
-                "dense prefix cache": "prefix_ttft_s", "suffix floor": "suffix_floor_s"}),
-              ("decode.png", "decode tok/s", False, points,
-               {"KVMem (fixed budget)": "kvmem_tok_s", "full attention": "full_tok_s"}),
-              ("memory.png", "resident memory (MB)", False, points, {"engine RSS": "rss_mb"})]
-    return [_plot(pts, ylabel, logy, keys, f"{backend}: {ylabel} vs workspace", out_dir / name)
-            for name, ylabel, logy, pts, keys in series if any(p.get(k) is not None for k in keys.values() for p in pts)]
+    series = [
+        (
+            "ttft.png",
+            "time to first token (s)",
+            True,
+            ttft or points,
+            {
+                "KVMem reuse": "reuse_ttft_s",
+                "stateless re-prefill": "reprefill_ttft_s",
+                "dense prefix cache": "prefix_ttft_s",
+                "suffix floor": "suffix_floor_s",
+            },
+        ),
+        (
+            "decode.png",
+            "decode tok/s",
+            False,
+            points,
+            {"KVMem (fixed budget)": "kvmem_tok_s", "full attention": "full_tok_s"},
+        ),
+        ("memory.png", "resident memory (MB)", False, points, {"engine RSS": "rss_mb"}),
+    ]
+    return [
+        _plot(pts, ylabel, logy, keys, f"{backend}: {ylabel} vs workspace", out_dir / name)
+        for name, ylabel, logy, pts, keys in series
+        if any(p.get(k) is not None for k in keys.values() for p in pts)
+    ]
 
 
-def _plot(points: Sequence[dict[str, Any]], ylabel: str, logy: bool, keys: dict[str, str], title: str,
-          path: Path) -> Path:
+def _plot(
+    points: Sequence[dict[str, Any]], ylabel: str, logy: bool, keys: dict[str, str], title: str, path: Path
+) -> Path:
     import matplotlib.pyplot as plt
 
     xs = [p["workspace_tokens"] for p in points]

@@ -8,6 +8,7 @@ tokens one GiB of host RAM or NVMe holds (blocks keep their bytes in every tier)
 default model on llama.cpp; ``diverge`` runs greedy turns of the default model with ``f16`` and ``q8_0`` KV and
 prints the first step where their tokens differ.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,13 @@ from kvmem_core.layout import BlockLayout
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 LLAMACPP_DTYPES = {"f16": "float16", "q8_0": "q8_0"}
-PROMPTS = ("Write a Python function that parses a CSV file and returns the rows as dictionaries.",
-           "Explain what a hash map is and when to use one.",
-           "Write a bash script that finds the ten largest files under a directory.",
-           "Describe the history of the printing press in a few paragraphs.",
-           "Write a C function that reverses a singly linked list, with comments.")
+PROMPTS = (
+    "Write a Python function that parses a CSV file and returns the rows as dictionaries.",
+    "Explain what a hash map is and when to use one.",
+    "Write a bash script that finds the ten largest files under a directory.",
+    "Describe the history of the printing press in a few paragraphs.",
+    "Write a C function that reverses a singly linked list, with comments.",
+)
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512, method="full")
 
 
@@ -34,8 +37,11 @@ def sizes(layout: BlockLayout, dtypes: dict[str, str]) -> dict[str, dict[str, in
     out = {}
     for name, dtype in dtypes.items():
         lay = BlockLayout(**{**layout.__dict__, "dtype": dtype})
-        out[name] = {"bytes_per_token": lay.bytes_per_token, "block_bytes": lay.kv_bytes_per_block,
-                     "tokens_per_GiB": GIB // lay.kv_bytes_per_block * lay.block_tokens}
+        out[name] = {
+            "bytes_per_token": lay.bytes_per_token,
+            "block_bytes": lay.kv_bytes_per_block,
+            "tokens_per_GiB": GIB // lay.kv_bytes_per_block * lay.block_tokens,
+        }
     return out
 
 
@@ -67,15 +73,23 @@ def diverge(steps: int) -> dict[str, Any]:
     for kv_dtype in LLAMACPP_DTYPES:
         engine = load_engine("llama.cpp", None, CFG.replace(kv_dtype=kv_dtype), n_threads=1, n_threads_batch=1)
         sampling = SamplingParams(temperature=0.0, max_tokens=steps)
-        tokens[kv_dtype] = [list(engine.step(StepRequest(messages=({"role": "user", "content": p},),
-                                                             sampling=sampling), lambda piece: True).token_ids)
-                            for p in PROMPTS]
+        tokens[kv_dtype] = [
+            list(
+                engine.step(
+                    StepRequest(messages=({"role": "user", "content": p},), sampling=sampling), lambda piece: True
+                ).token_ids
+            )
+            for p in PROMPTS
+        ]
         engine.close()
     out = {}
     for i, (a, b) in enumerate(zip(*tokens.values())):
         same = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-        out[PROMPTS[i][:40]] = {"first_differing_step": same if a != b else None, "f16_tokens": len(a),
-                                "q8_0_tokens": len(b)}
+        out[PROMPTS[i][:40]] = {
+            "first_differing_step": same if a != b else None,
+            "f16_tokens": len(a),
+            "q8_0_tokens": len(b),
+        }
     return out
 
 
@@ -106,8 +120,12 @@ def torch_speed(shape: str, view: int, steps: int) -> dict[str, Any]:
     t = time.perf_counter()
     spec = qwen35_spec(shape)
     model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
-    out: dict[str, Any] = {"shape": shape, "view": view, "build_s": time.perf_counter() - t,
-                           "gpu": torch.cuda.get_device_name()}
+    out: dict[str, Any] = {
+        "shape": shape,
+        "view": view,
+        "build_s": time.perf_counter() - t,
+        "gpu": torch.cuda.get_device_name(),
+    }
     per_dtype = sizes(torch_layout(shape), TORCH_DTYPES)
     for name in TORCH_DTYPES:
         out[name] = per_dtype[name] | measure(model, name, view, steps)

@@ -8,6 +8,7 @@ fixed budget. Afterwards plain llama-cpp-python measures the baselines of the sa
 transcript (``full``), a dense prefix cache that prefills only the suffix, and the suffix floor.
 Block transfers host→view and NVMe→view are timed next to a raw copy / file read of the same bytes.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -38,20 +39,37 @@ FULL = dict(sizes=(2048, 4096, 8192, 16384), budget=2048, recent=512, gen=512)
 
 def tool_result(turn: int, lines: int, rng: np.random.Generator) -> str:
     """One tool round of log lines (distinct numbers per line, like real command output)."""
-    body = "\n".join(f"{turn:03d}.{i:03d} worker-{rng.integers(1, 64)} batch {rng.integers(1000, 99999)} "
-                     f"status={'ok' if rng.random() > 0.05 else 'FAIL'} in {rng.integers(1, 900)} ms" for i in range(lines))
-    return (f"Tool result of `tail -n {lines} logs/run{turn}.log`:\n{body}\n"
-            "List every failed batch so far, one per line, with its worker and run.")
+    body = "\n".join(
+        f"{turn:03d}.{i:03d} worker-{rng.integers(1, 64)} batch {rng.integers(1000, 99999)} "
+        f"status={'ok' if rng.random() > 0.05 else 'FAIL'} in {rng.integers(1, 900)} ms"
+        for i in range(lines)
+    )
+    return (
+        f"Tool result of `tail -n {lines} logs/run{turn}.log`:\n{body}\n"
+        "List every failed batch so far, one per line, with its worker and run."
+    )
 
 
 def session_config(plan: dict[str, Any]) -> KVMemConfig:
-    return KVMemConfig(ctx=max(plan["sizes"]) + 4096, budget=plan["budget"], gen_budget=plan["gen"],
-                       recent_tokens=plan["recent"], cpu_gb=4.0)
+    return KVMemConfig(
+        ctx=max(plan["sizes"]) + 4096,
+        budget=plan["budget"],
+        gen_budget=plan["gen"],
+        recent_tokens=plan["recent"],
+        cpu_gb=4.0,
+    )
 
 
-def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn: int = 12,
-        plan: dict[str, Any] | None = None, log: Callable[[str], None] = print,
-        compute: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(
+    model_path: str,
+    *,
+    quick: bool,
+    decode_tokens: int = 32,
+    lines_per_turn: int = 12,
+    plan: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+    compute: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The whole llama.cpp speed run; a JSON-ready dict (headline ratios first, then detail).
     ``plan`` (sizes, budget, recent, gen) replaces the quick / full presets; ``compute``: the adapter's
     thread and GPU-layer options, which the plain llama-cpp-python references copy."""
@@ -73,20 +91,38 @@ def run(model_path: str, *, quick: bool, decode_tokens: int = 32, lines_per_turn
     for point, ids, prev in zip(points, transcripts, previous):
         point.update(baselines(model_path, ids, prev, decode_tokens, plain))
         point.update(baseline_ratios(point))
-        log(f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, prefix cache "
+        log(
+            f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, prefix cache "
             f"{point['prefix_ttft_s']:.2f} s, suffix floor {point['suffix_floor_s']:.2f} s ({point['new_tokens']} new "
-            f"tokens), full decode {point['full_tok_s']:.1f} tok/s")
+            f"tokens), full decode {point['full_tok_s']:.1f} tok/s"
+        )
     overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
     out = headline("llama.cpp", model, points, transfer)
-    out.update(decode_vs_plain=overhead["decode_vs_plain"], overhead=overhead, prompt_building=prompt_row,
-               structured=structured)
-    log(f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "
-        f"({structured.get('mask_share')} of a decode step)")
+    out.update(
+        decode_vs_plain=overhead["decode_vs_plain"],
+        overhead=overhead,
+        prompt_building=prompt_row,
+        structured=structured,
+    )
+    log(
+        f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "
+        f"({structured.get('mask_share')} of a decode step)"
+    )
     log(f"prompt building at {prompt_row['messages']} messages: {prompt_row['ratio']:.2f}x one render + tokenize")
-    out.update(placement=placement, compute=plain, quick=quick, config={"budget": config.budget, "gen_budget": config.gen_budget,
-                                    "recent_tokens": config.recent_tokens, "block_tokens": config.block_tokens},
-               points=points, transfer=transfer)
+    out.update(
+        placement=placement,
+        compute=plain,
+        quick=quick,
+        config={
+            "budget": config.budget,
+            "gen_budget": config.gen_budget,
+            "recent_tokens": config.recent_tokens,
+            "block_tokens": config.block_tokens,
+        },
+        points=points,
+        transfer=transfer,
+    )
     return out
 
 
@@ -95,14 +131,17 @@ def baseline_ratios(point: dict[str, Any]) -> dict[str, float | None]:
     KVMem faster), ``ttft_vs_prefix_cache`` and ``ttft_vs_suffix_floor`` (reuse / baseline, < 1 is KVMem
     faster), and ``decode_vs_full``."""
     reuse = point["reuse_ttft_s"]
-    return {"ttft_speedup": ratio(point["reprefill_ttft_s"], reuse),
-            "ttft_vs_prefix_cache": ratio(reuse, point.get("prefix_ttft_s")),
-            "ttft_vs_suffix_floor": ratio(reuse, point.get("suffix_floor_s")),
-            "decode_vs_full": ratio(point["kvmem_tok_s"], point["full_tok_s"])}
+    return {
+        "ttft_speedup": ratio(point["reprefill_ttft_s"], reuse),
+        "ttft_vs_prefix_cache": ratio(reuse, point.get("prefix_ttft_s")),
+        "ttft_vs_suffix_floor": ratio(reuse, point.get("suffix_floor_s")),
+        "decode_vs_full": ratio(point["kvmem_tok_s"], point["full_tok_s"]),
+    }
 
 
-def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
-            log: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[list[int]], list[list[int]]]:
+def session(
+    engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], list[list[int]], list[list[int]]]:
     """Grow one transcript turn by turn; time the first turn past each size. -> (points, token ids, the previous
     turn's prompt ids: what a prefix cache holds when the measured turn arrives)"""
     rng, clock = np.random.default_rng(0), ForwardClock(engine.adapter)
@@ -113,9 +152,12 @@ def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
         turn += 1
         measure = engine.count_tokens(StepRequest(messages=tuple(messages))) >= todo[0]
         clock.reset()
-        request = StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=decode_tokens))
-        result = engine.step(request if measure else StepRequest(messages=tuple(messages), sampling=GREEDY_ONE),
-                             lambda piece: True)
+        request = StepRequest(
+            messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=decode_tokens)
+        )
+        result = engine.step(
+            request if measure else StepRequest(messages=tuple(messages), sampling=GREEDY_ONE), lambda piece: True
+        )
         if measure:
             todo.pop(0)
             points.append(point(engine, result, clock))
@@ -123,8 +165,10 @@ def session(engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int,
             transcripts.append(engine.tokenize(engine.adapter.render_chat(messages)))
             previous.append(engine.tokenize(engine.adapter.render_chat(messages[:-2])))
             p = points[-1]
-            log(f"turn {turn}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
-                f"({p['prefill_tokens']} prefilled), decode {p['kvmem_tok_s']:.1f} tok/s")
+            log(
+                f"turn {turn}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
+                f"({p['prefill_tokens']} prefilled), decode {p['kvmem_tok_s']:.1f} tok/s"
+            )
         messages.append({"role": "assistant", "content": f"Noted the failures of run {turn - 1}."})
     return points, transcripts, previous
 
@@ -152,15 +196,29 @@ def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
     replay, probe = clock.replay_s(new), clock.probe_s()
     overhead = ttft - clock.first_pass_s(new)
     rss, peak = rss_mb()
-    return {"workspace_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
-            "prefill_tokens": new, "reuse_ttft_s": ttft, "prefill_s": t["prefill_s"],
-            "select_s": t["select_s"], "replay_s": replay, "probe_s": probe, "probed_tokens": clock.probed_tokens(),
-            "select_materialize_s": overhead - replay - probe, "overhead_s": overhead,
-            "select_share": ratio(t["select_s"], ttft), "overhead_share": ratio(overhead, ttft),
-            "select_materialize_share": ratio(overhead - replay - probe, ttft),
-            "kvmem_tok_s": decode_rate(result), "decode_tokens": forwards,
-            "method": result.selection.get("method"), "selected_blocks": len(result.selection.get("blocks", ())),
-            "rss_mb": rss, "peak_rss_mb": peak, "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6}
+    return {
+        "workspace_tokens": result.prompt_tokens,
+        "cached_tokens": result.cached_tokens,
+        "prefill_tokens": new,
+        "reuse_ttft_s": ttft,
+        "prefill_s": t["prefill_s"],
+        "select_s": t["select_s"],
+        "replay_s": replay,
+        "probe_s": probe,
+        "probed_tokens": clock.probed_tokens(),
+        "select_materialize_s": overhead - replay - probe,
+        "overhead_s": overhead,
+        "select_share": ratio(t["select_s"], ttft),
+        "overhead_share": ratio(overhead, ttft),
+        "select_materialize_share": ratio(overhead - replay - probe, ttft),
+        "kvmem_tok_s": decode_rate(result),
+        "decode_tokens": forwards,
+        "method": result.selection.get("method"),
+        "selected_blocks": len(result.selection.get("blocks", ())),
+        "rss_mb": rss,
+        "peak_rss_mb": peak,
+        "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6,
+    }
 
 
 class ForwardClock:
@@ -180,7 +238,8 @@ class ForwardClock:
             if len(tokens) > 1:
                 _ = out.logits  # waits for the device
             (self.probes if kwargs.get("stop_after") is not None else self.calls).append(
-                (len(tokens), time.perf_counter() - t0))
+                (len(tokens), time.perf_counter() - t0)
+            )
             return out
 
         adapter.forward = timed
@@ -213,8 +272,9 @@ class ForwardClock:
         return sum(n for n, _ in self.probes)
 
 
-def baselines(model_path: str, ids: list[int], previous: list[int], decode_tokens: int, opts: dict[str, Any],
-            rounds: int = 3) -> dict[str, float]:
+def baselines(
+    model_path: str, ids: list[int], previous: list[int], decode_tokens: int, opts: dict[str, Any], rounds: int = 3
+) -> dict[str, float]:
     """The plain llama-cpp-python baselines of one turn (``opts``: KVMem's threads and GPU layers), as a dict:
 
     - ``reprefill_ttft_s``: the whole transcript ``ids`` from an empty cache, as a stateless engine pays every
@@ -229,16 +289,18 @@ def baselines(model_path: str, ids: list[int], previous: list[int], decode_token
     rounds reuse); the re-prefill runs once: it is the long one, and its ratio to KVMem dwarfs the noise."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True,
-                          verbose=False, **opts)
+    llm = llama_cpp.Llama(
+        model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True, verbose=False, **opts
+    )
     try:
         llm.eval(ids[:8])  # warm-up: the first decode of a context allocates its graph; KVMem's is warm as well
         out = reprefill(llm, ids, decode_tokens)
         hit = min(common_prefix(previous, ids), len(ids) - 1)  # the last token is always computed (its logits)
         prefix = [prefill_from(llm, ids, hit) for _ in range(rounds)]
         floor = [prefill_from(llm, ids[hit:], 0) for _ in range(rounds)]
-        out.update(prefix_ttft_s=float(np.median(prefix)), suffix_floor_s=float(np.median(floor)),
-                   new_tokens=len(ids) - hit)
+        out.update(
+            prefix_ttft_s=float(np.median(prefix)), suffix_floor_s=float(np.median(floor)), new_tokens=len(ids) - hit
+        )
         out["plain_prefill_tok_s"] = out["new_tokens"] / out["suffix_floor_s"]
         return out
     finally:
@@ -295,15 +357,20 @@ def transfers(engine: Any, n_blocks: int = 32, rounds: int = 3) -> dict[str, Any
     nvme = [_nvme_round(engine.layout, adapter, blocks, batch, first=r) for r in range(rounds)]
     reset(engine.view, adapter)  # the engine's view state forgets what the timed writes replaced
     med = lambda xs: float(np.median(xs))  # noqa: E731
-    return {"blocks": len(blocks), "bytes": nbytes, "view_batch_blocks": batch,
-            "raw_copy_GBps": nbytes / med([r for r, _ in host]) / 1e9,
-            "host_to_view_GBps": nbytes / med([v for _, v in host]) / 1e9,
-            "host_vs_raw": med([r / v for r, v in host]),
-            "raw_read_GBps": nbytes / med([r for r, _, _ in nvme]) / 1e9,
-            "nvme_to_host_GBps": nbytes / med([h for _, h, _ in nvme]) / 1e9,
-            "nvme_to_view_GBps": nbytes / med([v for _, _, v in nvme]) / 1e9,
-            "nvme_vs_raw": med([r / v for r, _, v in nvme]), "nvme_tier_vs_raw": med([r / h for r, h, _ in nvme]),
-            "rounds": rounds}
+    return {
+        "blocks": len(blocks),
+        "bytes": nbytes,
+        "view_batch_blocks": batch,
+        "raw_copy_GBps": nbytes / med([r for r, _ in host]) / 1e9,
+        "host_to_view_GBps": nbytes / med([v for _, v in host]) / 1e9,
+        "host_vs_raw": med([r / v for r, v in host]),
+        "raw_read_GBps": nbytes / med([r for r, _, _ in nvme]) / 1e9,
+        "nvme_to_host_GBps": nbytes / med([h for _, h, _ in nvme]) / 1e9,
+        "nvme_to_view_GBps": nbytes / med([v for _, _, v in nvme]) / 1e9,
+        "nvme_vs_raw": med([r / v for r, _, v in nvme]),
+        "nvme_tier_vs_raw": med([r / h for r, h, _ in nvme]),
+        "rounds": rounds,
+    }
 
 
 def _contiguous(kv: BlockKV) -> BlockKV:
@@ -320,12 +387,16 @@ def _raw_copy_s(blocks: list[tuple[BlockMeta, BlockKV]]) -> float:
     return time.perf_counter() - t0
 
 
-def _to_view_s(adapter: Any, blocks: list[tuple[BlockMeta, BlockKV]], batch: int,
-               load: Callable[[list[BlockMeta]], list[BlockKV]] | None = None) -> float:
+def _to_view_s(
+    adapter: Any,
+    blocks: list[tuple[BlockMeta, BlockKV]],
+    batch: int,
+    load: Callable[[list[BlockMeta]], list[BlockKV]] | None = None,
+) -> float:
     """Seconds to write ``blocks`` into the view, ``batch`` at a time (``load`` fetches each batch first)."""
     total = 0.0
     for i in range(0, len(blocks), batch):
-        part = blocks[i:i + batch]
+        part = blocks[i : i + batch]
         adapter.clear_view()
         t0 = time.perf_counter()
         kvs = load([m for m, _ in part]) if load else [kv for _, kv in part]
@@ -334,8 +405,9 @@ def _to_view_s(adapter: Any, blocks: list[tuple[BlockMeta, BlockKV]], batch: int
     return total
 
 
-def _nvme_round(layout: Any, adapter: Any, blocks: list[tuple[BlockMeta, BlockKV]], batch: int,
-                first: int) -> tuple[float, float, float]:
+def _nvme_round(
+    layout: Any, adapter: Any, blocks: list[tuple[BlockMeta, BlockKV]], batch: int, first: int
+) -> tuple[float, float, float]:
     """Seconds of a raw cold file read, a cold NVMe tier load, and a cold tier load + view write of the same
     blocks; each starts with the page cache dropped, and ``first`` rotates their order between rounds."""
     root = Path(tempfile.mkdtemp(prefix="kvmem-speed-"))
@@ -350,8 +422,11 @@ def _nvme_round(layout: Any, adapter: Any, blocks: list[tuple[BlockMeta, BlockKV
         times: dict[str, float] = {}
         for side in np.roll(["raw", "tier", "view"], -first):
             drop_page_cache(root)
-            times[side] = plain_read(root, nbytes) if side == "raw" else _tier_load_s(layout, root, adapter, blocks,
-                                                                                       batch if side == "view" else 0)
+            times[side] = (
+                plain_read(root, nbytes)
+                if side == "raw"
+                else _tier_load_s(layout, root, adapter, blocks, batch if side == "view" else 0)
+            )
         return times["raw"], times["tier"], times["view"]
     finally:
         shutil.rmtree(root, ignore_errors=True)

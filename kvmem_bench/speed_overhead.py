@@ -6,6 +6,7 @@ sampler); the blocks an answer completes are archived after its last token (``ar
 sides compute with the same threads and GPU layers (``plain_opts``). The machine may be
 shared: rounds interleave the two sides and the best of each is kept.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,9 @@ FILLER = "The survey team logged soil samples, wind speed and the colour of the 
 CONFIG = KVMemConfig(ctx=8192, budget=4096, gen_budget=512, positions="original")
 
 
-def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5,
-                    compute: dict[str, Any] | None = None) -> dict[str, Any]:
+def decode_overhead(
+    model_path: str, *, decode_tokens: int = 64, rounds: int = 5, compute: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Best-of-``rounds`` decode tok/s of KVMem and of plain llama-cpp-python on one prompt, and their ratio.
     ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""
     from kvmem.engines import load_engine
@@ -40,17 +42,26 @@ def decode_overhead(model_path: str, *, decode_tokens: int = 64, rounds: int = 5
     finally:
         engine.close()
         plain.close()
-    return {"kvmem_tok_s": round(max(ours), 2), "plain_tok_s": round(max(theirs), 2),
-            "decode_vs_plain": round(max(ours) / max(theirs), 3), "tokens": len(result.token_ids), "rounds": rounds,
-            "compute": plain.opts}
+    return {
+        "kvmem_tok_s": round(max(ours), 2),
+        "plain_tok_s": round(max(theirs), 2),
+        "decode_vs_plain": round(max(ours) / max(theirs), 3),
+        "tokens": len(result.token_ids),
+        "rounds": rounds,
+        "compute": plain.opts,
+    }
 
 
 def plain_opts(adapter: Any) -> dict[str, Any]:
     """``llama_cpp.Llama`` options that compute like ``adapter`` (a ``LlamaCppAdapter``): threads, GPU layers and
     whether CPU batches may borrow the GPU."""
     threads, layers = adapter.ctx.threads, adapter.model.n_gpu_layers
-    return {"n_threads": threads.decode, "n_threads_batch": threads.batch, "n_gpu_layers": layers,
-            "op_offload": layers != 0}
+    return {
+        "n_threads": threads.decode,
+        "n_threads_batch": threads.batch,
+        "n_gpu_layers": layers,
+        "op_offload": layers != 0,
+    }
 
 
 class PlainDecoder:

@@ -10,6 +10,7 @@ is the product's; materialization and checkpoints end with the device idle (thei
 they queue is billed to them. ``phase_figures`` turns a step's record and the forward clock's replay into a
 point's keys.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,11 @@ class PhaseClock:
         engine._archive = self._timed(engine._archive, "archive_s")
         if engine.checkpoints is not None:
             for name in ("take", "restore"):
-                setattr(engine.checkpoints, name, self._timed(getattr(engine.checkpoints, name), "checkpoint_s",
-                                                              settle=True))
+                setattr(
+                    engine.checkpoints,
+                    name,
+                    self._timed(getattr(engine.checkpoints, name), "checkpoint_s", settle=True),
+                )
         engine._decode = self._until_decode(engine._decode)
         engine.step = self._recorded(engine.step)
 
@@ -82,12 +86,14 @@ class PhaseClock:
                 self._add(key, sec)
                 if around is not None and key != "archive_s":  # archiving stays in the prefill's own time
                     self._add(f"inner_{around}", sec)
+
         return timed
 
     def _until_decode(self, decode: Callable[..., Any]) -> Callable[..., Any]:
         def until(*args: Any, **kwargs: Any) -> Any:
             self._active = False
             return decode(*args, **kwargs)
+
         return until
 
     def _recorded(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +105,7 @@ class PhaseClock:
                 self._active = False
             self.records.append((result.prompt_tokens, self._phases))
             return result
+
         return recorded
 
 
@@ -114,13 +121,24 @@ def phase_figures(point: dict[str, Any], phases: dict[str, float]) -> dict[str, 
     ttft, replay = point["reuse_ttft_s"], point.get("replay_s", 0.0)
     prefill = phases.get("prefill_phase_s", 0.0) - phases.get("inner_prefill_phase_s", 0.0)
     select = phases.get("select_phase_s", 0.0) - phases.get("inner_select_phase_s", 0.0) - replay
-    parts = {"suffix_prefill_s": prefill, "selection_s": max(0.0, select), "replay_s": replay,
-             "materialize_s": phases.get("materialize_s", 0.0), "checkpoint_s": phases.get("checkpoint_s", 0.0)}
+    parts = {
+        "suffix_prefill_s": prefill,
+        "selection_s": max(0.0, select),
+        "replay_s": replay,
+        "materialize_s": phases.get("materialize_s", 0.0),
+        "checkpoint_s": phases.get("checkpoint_s", 0.0),
+    }
     parts["host_other_s"] = max(0.0, ttft - sum(parts.values()))
-    out: dict[str, Any] = {"phases": parts, "phase_shares": {k[:-2]: ratio(v, ttft) for k, v in parts.items()},
-                           "archive_host_s": phases.get("archive_s", 0.0)}
+    out: dict[str, Any] = {
+        "phases": parts,
+        "phase_shares": {k[:-2]: ratio(v, ttft) for k, v in parts.items()},
+        "archive_host_s": phases.get("archive_s", 0.0),
+    }
     share = ratio(parts["selection_s"] + replay + parts["materialize_s"], ttft)
     limit = next(goal for size, goal in SHARE_GOALS if point["workspace_tokens"] < size)
-    out.update(engine_prefill_tok_s=ratio(point["prefill_tokens"], prefill), select_replay_materialize_share=share,
-               select_replay_materialize_goal=limit)
+    out.update(
+        engine_prefill_tok_s=ratio(point["prefill_tokens"], prefill),
+        select_replay_materialize_share=share,
+        select_replay_materialize_goal=limit,
+    )
     return out

@@ -10,6 +10,7 @@ use the same compute (``threads`` gives every engine that many instead); on GPUs
 Reported per configuration: wall time, turns per second, turn latency (p50, p95), the
 fraction of prompt tokens served from the cache, and the 429s seen.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,30 +28,66 @@ TOOL_OUTPUT = "def handler(event):\n    return {'status': 200, 'body': event.get
 MAX_TOKENS = 16
 
 
-def run(model: str | None, replicas: int, *, sessions: int, turns: int, gpus: list[int] | None = None,
-        threads: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    model: str | None,
+    replicas: int,
+    *,
+    sessions: int,
+    turns: int,
+    gpus: list[int] | None = None,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Both configurations' figures and ``speedup`` (turns per second of N replicas over one) as a JSON-ready
     dict. ``threads``: every engine's CPU threads instead of the cores split between the replicas."""
-    rows = [_configuration(model, count, sessions, turns, (gpus or [])[:count], threads, log) for count in (1, replicas)]
-    return {"model": model, "sessions": sessions, "turns": turns, "threads": threads, "rows": rows,
-            "speedup": rows[1]["turns_per_s"] / rows[0]["turns_per_s"]}
+    rows = [
+        _configuration(model, count, sessions, turns, (gpus or [])[:count], threads, log) for count in (1, replicas)
+    ]
+    return {
+        "model": model,
+        "sessions": sessions,
+        "turns": turns,
+        "threads": threads,
+        "rows": rows,
+        "speedup": rows[1]["turns_per_s"] / rows[0]["turns_per_s"],
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     """The result as aligned text, one row per configuration."""
-    lines = [f"{result['sessions']} concurrent sessions x {result['turns']} turns ({result['model'] or 'default model'})",
-             "replicas  wall s  turns/s  p50 turn s  p95 turn s  cached  429s"]
-    lines += [f"{r['replicas']:8d}  {r['wall_s']:6.1f}  {r['turns_per_s']:7.2f}  {r['p50_turn_s']:10.2f}  "
-              f"{r['p95_turn_s']:10.2f}  {r['cached_fraction']:6.2f}  {r['refused']:4d}" for r in result["rows"]]
+    lines = [
+        f"{result['sessions']} concurrent sessions x {result['turns']} turns ({result['model'] or 'default model'})",
+        "replicas  wall s  turns/s  p50 turn s  p95 turn s  cached  429s",
+    ]
+    lines += [
+        f"{r['replicas']:8d}  {r['wall_s']:6.1f}  {r['turns_per_s']:7.2f}  {r['p50_turn_s']:10.2f}  "
+        f"{r['p95_turn_s']:10.2f}  {r['cached_fraction']:6.2f}  {r['refused']:4d}"
+        for r in result["rows"]
+    ]
     lines.append(f"speedup   {result['speedup']:.2f}x turns/s")
     return "\n".join(lines)
 
 
-def _configuration(model: str | None, count: int, sessions: int, turns: int, gpus: list[int], threads: int | None,
-                   log: Callable[[str], None]) -> dict[str, Any]:
+def _configuration(
+    model: str | None,
+    count: int,
+    sessions: int,
+    turns: int,
+    gpus: list[int],
+    threads: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvmem-replicas-") as tmp:
         root = Path(tmp)
-        flags = ["--no-ui", "--replicas", str(count), "--max-queue", str(sessions), "--kvmem-nvme-dir", str(root / "nvme")]
+        flags = [
+            "--no-ui",
+            "--replicas",
+            str(count),
+            "--max-queue",
+            str(sessions),
+            "--kvmem-nvme-dir",
+            str(root / "nvme"),
+        ]
         flags += ["--model", model] if model else []
         flags += ["--gpus", ",".join(map(str, gpus))] if gpus else []
         flags += ["--threads", str(threads)] if threads else []
@@ -101,9 +138,14 @@ def _measure(api: Api, sessions: int, turns: int) -> dict[str, Any]:
         list(pool.map(session, range(sessions)))
     wall = time.monotonic() - started
     ordered = sorted(latencies)
-    return {"wall_s": wall, "turns_per_s": len(latencies) / wall, "p50_turn_s": statistics.median(ordered),
-            "p95_turn_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-            "cached_fraction": counts["cached"] / max(counts["prompt"], 1), "refused": counts["refused"]}
+    return {
+        "wall_s": wall,
+        "turns_per_s": len(latencies) / wall,
+        "p50_turn_s": statistics.median(ordered),
+        "p95_turn_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        "cached_fraction": counts["cached"] / max(counts["prompt"], 1),
+        "refused": counts["refused"],
+    }
 
 
 def _turn(api: Api, messages: list[dict[str, str]], key: str) -> tuple[dict[str, Any], int]:

@@ -6,6 +6,7 @@ first, and the rows report each mode's median decode tok/s over the rounds, the 
 tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH]
 [--device D] [--tokens N] [--rounds R]``; rows are JSON lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,19 @@ FILE = Path(kvmem_core.lookup.__file__)  # a file of this project, about 800 tok
 def turns() -> dict[str, tuple[dict[str, str], ...]]:
     source = FILE.read_text()
     return {
-        "rewrite": ({"role": "user", "content": f"Here is lookup.py:\n```python\n{source}```\nRewrite the whole file "
-                                                "with LookupDrafter renamed to NgramDrafter. Output only the file."},),
-        "story": ({"role": "user", "content": "Write a short story about a lighthouse keeper who finds a strange "
-                                              "bottle on the shore."},),
+        "rewrite": (
+            {
+                "role": "user",
+                "content": f"Here is lookup.py:\n```python\n{source}```\nRewrite the whole file "
+                "with LookupDrafter renamed to NgramDrafter. Output only the file.",
+            },
+        ),
+        "story": (
+            {
+                "role": "user",
+                "content": "Write a short story about a lighthouse keeper who finds a strange bottle on the shore.",
+            },
+        ),
     }
 
 
@@ -41,16 +51,26 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int) -> list[dict[str, Any
         drafted = accepted = 0.0
         for _ in range(rounds):
             for mode in rates:
-                request = StepRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=tokens),
-                                      overrides={"speculative": mode})
+                request = StepRequest(
+                    messages=messages,
+                    sampling=SamplingParams(temperature=0.0, max_tokens=tokens),
+                    overrides={"speculative": mode},
+                )
                 t = engine.step(request, lambda piece: True).timings
                 rates[mode].append(t["decode_tokens"] / t["decode_s"])
                 drafted += t.get("draft_tokens", 0.0)
                 accepted += t.get("draft_accepted", 0.0)
         off, on = statistics.median(rates["off"]), statistics.median(rates["lookup"])
-        rows.append({"turn": name, "off_tok_s": round(off, 2), "lookup_tok_s": round(on, 2),
-                     "speedup": round(on / off, 3), "accepted_share": round(accepted / drafted, 3) if drafted else 0.0,
-                     "drafted_per_round": drafted / rounds})
+        rows.append(
+            {
+                "turn": name,
+                "off_tok_s": round(off, 2),
+                "lookup_tok_s": round(on, 2),
+                "speedup": round(on / off, 3),
+                "accepted_share": round(accepted / drafted, 3) if drafted else 0.0,
+                "drafted_per_round": drafted / rounds,
+            }
+        )
     return rows
 
 

@@ -4,6 +4,7 @@ best of interleaved rounds. The mask's own work (``mask_ms_per_token``): the ans
 fresh grammar mask alone (``kvmem_core.structured.Constraint``, planning each step in line) over the model's whole
 vocabulary. The decode loop plans each step's mask while the model computes the step's logits, so the exposed
 cost is what is left of the mask's work on the token path. The goal: at most 5% of a decode step."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,17 @@ from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.structured import Constraint
 
 GOAL_SHARE = 0.05
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "country": {"type": "string"},
-                                           "population": {"type": "integer"}, "landmarks": {"type": "array", "items": {"type": "string"}}},
-          "required": ["name", "country", "population", "landmarks"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "country": {"type": "string"},
+        "population": {"type": "integer"},
+        "landmarks": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "country", "population", "landmarks"],
+    "additionalProperties": False,
+}
 
 
 def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 3) -> dict[str, Any]:
@@ -39,11 +48,18 @@ def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 3) -> dict[
         constrained_ms = min(constrained_ms, _decode_ms(engine, constrained)[1])
         free_ms = min(free_ms, _decode_ms(engine, free)[1])
     mask_ms, exposed_ms = mask_alone_ms(engine, text, result.token_ids, max_tokens), constrained_ms - free_ms
-    return {"tokens": len(result.token_ids), "parses": parses(result.text), "vocab": engine.formats.vocabulary.n_vocab,
-            "mask_ms_per_token": round(mask_ms, 4), "decode_ms_per_token": round(constrained_ms, 3),
-            "free_decode_ms_per_token": round(free_ms, 3), "exposed_ms_per_token": round(exposed_ms, 4),
-            "mask_alone_share": round(mask_ms / free_ms, 4), "mask_share": round(exposed_ms / free_ms, 4),
-            "goal_share": GOAL_SHARE}
+    return {
+        "tokens": len(result.token_ids),
+        "parses": parses(result.text),
+        "vocab": engine.formats.vocabulary.n_vocab,
+        "mask_ms_per_token": round(mask_ms, 4),
+        "decode_ms_per_token": round(constrained_ms, 3),
+        "free_decode_ms_per_token": round(free_ms, 3),
+        "exposed_ms_per_token": round(exposed_ms, 4),
+        "mask_alone_share": round(mask_ms / free_ms, 4),
+        "mask_share": round(exposed_ms / free_ms, 4),
+        "goal_share": GOAL_SHARE,
+    }
 
 
 def _decode_ms(engine: Any, sampling: SamplingParams) -> tuple[Any, float]:

@@ -10,6 +10,7 @@ processes keep busy, ``kvmem_core.thread_governor``) against each fixed count, o
 it is and while a spinning process keeps one core busy: llama.cpp's threads meet at a barrier
 after every operation, so a count that needs the busy core collapses.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -35,8 +36,9 @@ def thread_counts(cores: int) -> list[int]:
     return counts + [cores]
 
 
-def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    backend: str, model: str | None, opts: dict[str, Any], *, quick: bool, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Rows of ``{threads, prefill_tok_s, decode_tok_s}`` for every count up to the usable cores, on ``model``
     (a known model's name or a path; None: the default model); ``skipped`` with the reason instead when the
     backend cannot load it."""
@@ -50,14 +52,18 @@ def run(backend: str, model: str | None, opts: dict[str, Any], *, quick: bool,
         log(f"threads: not measured ({exc})")
         return {"model": path.name, "skipped": str(exc)}
     try:
-        rows = [measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
-                for n in thread_counts(usable_cores())]
+        rows = [
+            measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
+            for n in thread_counts(usable_cores())
+        ]
         busy = busy_rows(adapter, decode=16 if quick else 64, repeats=1 if quick else 3)
         device = adapter.caps.devices[0]
     finally:
         adapter.close()
     for row in rows:
-        log(f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, decode {row['decode_tok_s']:.1f} tok/s")
+        log(
+            f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, decode {row['decode_tok_s']:.1f} tok/s"
+        )
     for row in busy:
         log(f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s")
     return {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows, "busy": busy}
@@ -73,8 +79,10 @@ def busy_rows(adapter: Any, *, decode: int, repeats: int) -> list[dict[str, Any]
     for condition, load in (("as is", nullcontext), ("one core busy", one_core_busy)):
         with load():
             for label, threads in counts:
-                speeds = [measure(adapter, threads, prompt=32, decode=decode, rounds=2)["decode_tok_s"]
-                          for _ in range(repeats)]
+                speeds = [
+                    measure(adapter, threads, prompt=32, decode=decode, rounds=2)["decode_tok_s"]
+                    for _ in range(repeats)
+                ]
                 rows.append({"condition": condition, "threads": label, "decode_tok_s": speeds})
     return rows
 
@@ -107,5 +115,10 @@ def measure(adapter: Any, n: int | Threads, *, prompt: int, decode: int, rounds:
             _ = adapter.forward([ids[i]], [len(ids) + i]).logits
         steps.append(decode / (time.perf_counter() - t0))
     adapter.clear_view()
-    return {"threads": threads.decode, "prefill_tok_s": round(max(prefill), 1), "decode_tok_s": round(max(steps), 1),
-            "prompt_tokens": len(ids), "decode_tokens": decode}
+    return {
+        "threads": threads.decode,
+        "prefill_tok_s": round(max(prefill), 1),
+        "decode_tok_s": round(max(steps), 1),
+        "prompt_tokens": len(ids),
+        "decode_tokens": decode,
+    }

@@ -12,6 +12,7 @@ and NVMe→view are timed against a raw copy / file read of the same bytes
 (``speed_llamacpp.transfers``). Decode figures come with their floor: the bytes a step reads
 (weights + view or whole-transcript KV) over the copy bandwidth measured in the same run.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -33,10 +34,19 @@ from kvmem_core.engine import KVMemEngine
 # each); stateless_max: the largest of the sizes the plain engine re-prefills (its attention cost grows with the
 # square of the transcript)
 PLANS = {
-    "full": dict(sizes=(32768, 131072, 524288, 1048576), budget=32768, recent=512, gen=512, lines=400, decode=32,
-                 stateless_max=131072, hf=True),
-    "quick": dict(sizes=(16384, 65536), budget=16384, recent=512, gen=512, lines=100, decode=16,
-                  stateless_max=65536, hf=False),
+    "full": dict(
+        sizes=(32768, 131072, 524288, 1048576),
+        budget=32768,
+        recent=512,
+        gen=512,
+        lines=400,
+        decode=32,
+        stateless_max=131072,
+        hf=True,
+    ),
+    "quick": dict(
+        sizes=(16384, 65536), budget=16384, recent=512, gen=512, lines=100, decode=16, stateless_max=65536, hf=False
+    ),
     "cpu": dict(sizes=(1024, 4096), budget=512, recent=128, gen=128, lines=12, decode=8, stateless_max=4096, hf=False),
 }
 INDEX_HEADS = 3  # retrieval heads the index scores (a calibrated profile's size)
@@ -44,8 +54,15 @@ NOT_RUN = {"reprefill_ttft_s": None, "full_tok_s": None}
 GB = 1e9
 
 
-def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = None, tokenizer: str | None = None,
-        sizes: Sequence[int] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    *,
+    quick: bool,
+    shape: str | None = None,
+    plan: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+    sizes: Sequence[int] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Every torch speed figure as a JSON-ready dict (the contract's headline keys first). CUDA: the ``27b``
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
     template the random weights get; None: the default model. ``sizes``: the workspace sizes measured instead
@@ -58,8 +75,13 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     plan = plan or PLANS[("quick" if quick else "full") if cuda else "cpu"]
     plan = dict(plan, sizes=tuple(sorted(sizes))) if sizes else plan
     t = time.perf_counter()
-    adapter = random_adapter(shape, resolve_model(tokenizer), device="cuda" if cuda else "cpu",
-                             view_tokens=plan["budget"] + plan["gen"], block_tokens=KVMemConfig.block_tokens)
+    adapter = random_adapter(
+        shape,
+        resolve_model(tokenizer),
+        device="cuda" if cuda else "cpu",
+        view_tokens=plan["budget"] + plan["gen"],
+        block_tokens=KVMemConfig.block_tokens,
+    )
     model, weights = adapter.model, weight_bytes(adapter.model)
     log(f"{adapter.model_id}: {weights / GB:.2f} GB of weights built in {time.perf_counter() - t:.1f} s")
     engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
@@ -77,19 +99,40 @@ def run(*, quick: bool, shape: str | None = None, plan: dict[str, Any] | None = 
     chunk = engine._prefill_chunk(config)
     for size, point, ids, prev in zip(plan["sizes"], points, transcripts, previous):
         add_floors(point, weights, kv_token, config.view_tokens, bw["hbm_copy_GBps"])
-        add_stateless(point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens,
-                                          kv_token, log))
+        add_stateless(
+            point, plain_engine(model, ids, size, plan, adapter.prefill_chunk, config.block_tokens, kv_token, log)
+        )
         add_prefill_floor(point, model, len(ids), tflops)
-        add_fair(point, phases.for_prompt(point["workspace_tokens"]),
-                 turn_baselines(model, ids, prev, chunk=chunk, block_tokens=config.block_tokens,
-                                view_tokens=config.view_tokens, log=log))
-    out = {**headline("torch", engine.model_id, points, transfer), "ttft_speedup": _largest_ttft_speedup(points),
-           "shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu", "plan": plan,
-           "config": {"budget": config.budget, "gen_budget": config.gen_budget, "recent_tokens": config.recent_tokens,
-                      "block_tokens": config.block_tokens, "heads": [list(h) for h in engine.heads]},
-           "weights_GB": weights / GB, "kv_bytes_per_token": kv_token, "bandwidths": bw, "bf16_gemm_TFLOPs": tflops,
-           "points": points, "point_goals": {str(p["workspace_tokens"]): p["goals"] for p in points},
-           "transfer": transfer, "capacity": capacity(weights, kv_token, points), "structured": structured}
+        add_fair(
+            point,
+            phases.for_prompt(point["workspace_tokens"]),
+            turn_baselines(
+                model, ids, prev, chunk=chunk, block_tokens=config.block_tokens, view_tokens=config.view_tokens, log=log
+            ),
+        )
+    out = {
+        **headline("torch", engine.model_id, points, transfer),
+        "ttft_speedup": _largest_ttft_speedup(points),
+        "shape": shape,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "plan": plan,
+        "config": {
+            "budget": config.budget,
+            "gen_budget": config.gen_budget,
+            "recent_tokens": config.recent_tokens,
+            "block_tokens": config.block_tokens,
+            "heads": [list(h) for h in engine.heads],
+        },
+        "weights_GB": weights / GB,
+        "kv_bytes_per_token": kv_token,
+        "bandwidths": bw,
+        "bf16_gemm_TFLOPs": tflops,
+        "points": points,
+        "point_goals": {str(p["workspace_tokens"]): p["goals"] for p in points},
+        "transfer": transfer,
+        "capacity": capacity(weights, kv_token, points),
+        "structured": structured,
+    }
     if plan["hf"] and cuda:
         spec = model.spec
         del engine, adapter, model  # HF builds its own weights of the same shape: ours must be gone first
@@ -109,8 +152,13 @@ def add_fair(point: dict[str, Any], phases: dict[str, float], baselines: dict[st
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:
     """The engine's knobs for ``plan``: a workspace a little past the largest size, a host tier that holds it."""
     ctx = max(plan["sizes"]) + 64 * plan["lines"] + 4096
-    return KVMemConfig(ctx=ctx, budget=plan["budget"], gen_budget=plan["gen"], recent_tokens=plan["recent"],
-                       cpu_gb=1.25 * ctx * bytes_per_token / GIB)
+    return KVMemConfig(
+        ctx=ctx,
+        budget=plan["budget"],
+        gen_budget=plan["gen"],
+        recent_tokens=plan["recent"],
+        cpu_gb=1.25 * ctx * bytes_per_token / GIB,
+    )
 
 
 def index_heads(adapter: Any) -> tuple[tuple[int, int], ...]:
@@ -135,10 +183,13 @@ def add_floors(point: dict[str, Any], weights: int, kv_token: int, view_tokens: 
     """KVMem decode's floor: weights + the view's KV (at most budget + generation reserve) at ``copy_gbps``."""
     view = min(view_tokens, point["workspace_tokens"] + point["decode_tokens"])
     floor = floor_s(weights + view * kv_token, copy_gbps)
-    point.update(view_tokens=view, floor_tok_s=1 / floor,
-                 fraction_of_floor=None if point["kvmem_tok_s"] is None else point["kvmem_tok_s"] * floor,
-                 full_floor_tok_s=1 / floor_s(weights + point["workspace_tokens"] * kv_token, copy_gbps),
-                 theoretical_ratio=(weights + point["workspace_tokens"] * kv_token) / (weights + view * kv_token))
+    point.update(
+        view_tokens=view,
+        floor_tok_s=1 / floor,
+        fraction_of_floor=None if point["kvmem_tok_s"] is None else point["kvmem_tok_s"] * floor,
+        full_floor_tok_s=1 / floor_s(weights + point["workspace_tokens"] * kv_token, copy_gbps),
+        theoretical_ratio=(weights + point["workspace_tokens"] * kv_token) / (weights + view * kv_token),
+    )
 
 
 def add_stateless(point: dict[str, Any], plain: dict[str, float | None]) -> None:
@@ -160,8 +211,16 @@ def add_prefill_floor(point: dict[str, Any], model: Any, n_tokens: int, tflops: 
     point["reprefill_fraction_of_floor"] = ratio(floor, point["reprefill_ttft_s"]) if floor else None
 
 
-def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], chunk: int, block_tokens: int,
-                 kv_token: int, log: Callable[[str], None]) -> dict[str, Any]:
+def plain_engine(
+    model: Any,
+    ids: list[int],
+    size: int,
+    plan: dict[str, Any],
+    chunk: int,
+    block_tokens: int,
+    kv_token: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """``stateless`` for the transcript measured at plan size ``size`` if the plan re-prefills that size; past
     ``stateless_max``, dense decode over a view of the transcript's length with random KV (``dense_decode``)
     where it fits in GPU memory, else ``NOT_RUN``."""
@@ -171,7 +230,9 @@ def plain_engine(model: Any, ids: list[int], size: int, plan: dict[str, Any], ch
             log(f"workspace {len(ids)}: dense decode over a synthesized view {dense['full_tok_s']:.1f} tok/s")
         return dense
     plain = stateless(model, ids, plan["decode"], chunk, block_tokens)
-    log(f"workspace {len(ids)}: re-prefill {plain['reprefill_ttft_s']:.2f} s, full decode {plain['full_tok_s']:.1f} tok/s")
+    log(
+        f"workspace {len(ids)}: re-prefill {plain['reprefill_ttft_s']:.2f} s, full decode {plain['full_tok_s']:.1f} tok/s"
+    )
     return plain
 
 
@@ -230,10 +291,16 @@ def capacity(weights: int, kv_token: float, points: list[dict[str, Any]]) -> dic
     kvmem_tokens = (mem["MemTotal"] + disk) / kv_token
     dense_tokens = max(0.0, gpu_total - weights) / kv_token
     dense_runs = [p["workspace_tokens"] for p in points if p.get("full_tok_s") is not None]
-    return {"host_ram_GB": mem["MemTotal"] / GB, "disk_free_GB": disk / GB, "gpu_GB": gpu_total / GB,
-            "kvmem_max_tokens": int(kvmem_tokens), "dense_max_tokens": int(dense_tokens),
-            "ratio": ratio(kvmem_tokens, dense_tokens), "largest_run": points[-1]["workspace_tokens"],
-            "largest_dense_run": max(dense_runs, default=None)}
+    return {
+        "host_ram_GB": mem["MemTotal"] / GB,
+        "disk_free_GB": disk / GB,
+        "gpu_GB": gpu_total / GB,
+        "kvmem_max_tokens": int(kvmem_tokens),
+        "dense_max_tokens": int(dense_tokens),
+        "ratio": ratio(kvmem_tokens, dense_tokens),
+        "largest_run": points[-1]["workspace_tokens"],
+        "largest_dense_run": max(dense_runs, default=None),
+    }
 
 
 def _largest_ttft_speedup(points: list[dict[str, Any]]) -> float | None:

@@ -15,6 +15,7 @@ last logits' argmax on the host), the median of ``ROUNDS`` after one untimed war
   the new tokens; at most the transcript's prefix): the forward path alone of a KVMem suffix prefill, and
   ``view_prefill_vs_plain`` its rate against the plain one (goal ≥ ``VIEW_PREFILL_GOAL``).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,16 @@ VIEW_PREFILL_GOAL = 0.8
 HEADROOM = 0.9  # of the free GPU memory the resident KV may take before the suffix's activations
 
 
-def turn_baselines(model: Any, ids: Sequence[int], previous: Sequence[int], *, chunk: int, block_tokens: int,
-                   view_tokens: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+def turn_baselines(
+    model: Any,
+    ids: Sequence[int],
+    previous: Sequence[int],
+    *,
+    chunk: int,
+    block_tokens: int,
+    view_tokens: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """The three baselines of the turn whose prompt is ``ids`` after the turn whose prompt was ``previous``,
     as a point's keys (see the module docstring), with ``new_tokens`` (the suffix past the common prefix;
     the last token is always computed, for its logits)."""
@@ -42,19 +51,27 @@ def turn_baselines(model: Any, ids: Sequence[int], previous: Sequence[int], *, c
     resident = max(0, min(hit, view_tokens - len(new)))
     view = suffix_ttft(model, new, resident, chunk, block_tokens)
     prefix = suffix_ttft(model, new, hit, chunk, block_tokens)
-    out = {"new_tokens": len(new), "suffix_floor_s": floor, "plain_prefill_tok_s": ratio(len(new), floor),
-           "prefix_ttft_s": prefix if isinstance(prefix, float) else None,
-           "prefix_cache": "resident on the device" if isinstance(prefix, float) else prefix,
-           "view_resident_tokens": resident, "view_prefill_s": view if isinstance(view, float) else None}
+    out = {
+        "new_tokens": len(new),
+        "suffix_floor_s": floor,
+        "plain_prefill_tok_s": ratio(len(new), floor),
+        "prefix_ttft_s": prefix if isinstance(prefix, float) else None,
+        "prefix_cache": "resident on the device" if isinstance(prefix, float) else prefix,
+        "view_resident_tokens": resident,
+        "view_prefill_s": view if isinstance(view, float) else None,
+    }
     out["view_prefill_tok_s"] = ratio(len(new), out["view_prefill_s"])
     out["view_prefill_vs_plain"] = ratio(out["view_prefill_tok_s"], out["plain_prefill_tok_s"])
-    log(f"workspace {len(ids)}: {len(new)} new tokens; suffix floor {floor:.3f} s, after a {resident}-token view "
-        f"{_seconds(out['view_prefill_s'])}, dense prefix cache ({hit} resident) {_seconds(out['prefix_ttft_s'])}")
+    log(
+        f"workspace {len(ids)}: {len(new)} new tokens; suffix floor {floor:.3f} s, after a {resident}-token view "
+        f"{_seconds(out['view_prefill_s'])}, dense prefix cache ({hit} resident) {_seconds(out['prefix_ttft_s'])}"
+    )
     return out
 
 
-def suffix_ttft(model: Any, new: Sequence[int], resident: int, chunk: int, block_tokens: int,
-                rounds: int = ROUNDS) -> float | str:
+def suffix_ttft(
+    model: Any, new: Sequence[int], resident: int, chunk: int, block_tokens: int, rounds: int = ROUNDS
+) -> float | str:
     """Median seconds to the first token of ``new`` prefilled in ``chunk``-token forwards at positions
     ``resident``.. after ``resident`` tokens of synthesized KV; a sentence instead where that does not fit
     in GPU memory."""
@@ -105,7 +122,9 @@ def _does_not_fit(model: Any, n_blocks: int, block_tokens: int) -> str | None:
     if model.device.type != "cuda":
         return None
     s = model.spec
-    nbytes = n_blocks * block_tokens * 2 * len(s.attention_layers) * s.n_kv_heads * s.head_dim * model.embed.element_size()
+    nbytes = (
+        n_blocks * block_tokens * 2 * len(s.attention_layers) * s.n_kv_heads * s.head_dim * model.embed.element_size()
+    )
     free = torch.cuda.mem_get_info()[0]
     if nbytes > HEADROOM * free:
         return f"does not fit: {nbytes / 1e9:.1f} GB of KV, {free / 1e9:.1f} GB of GPU memory free"
@@ -128,12 +147,15 @@ def point_goals(point: dict[str, Any]) -> dict[str, bool | None]:
     reuse, floor = point["reuse_ttft_s"], point.get("suffix_floor_s")
     cache, share = point.get("ttft_vs_prefix_cache"), point.get("select_replay_materialize_share")
     limit = point.get("select_replay_materialize_goal")
-    return {"ttft<=1.25x(suffix_floor+50ms)": None if floor is None else
-            reuse <= GOALS["vs_floor"] * (floor + GOALS["floor_slack_s"]),
-            "ttft_vs_prefix_cache<=1.2": None if cache is None else cache <= GOALS["vs_prefix_cache"],
-            "view_prefill_vs_plain>=0.8": _at_least(point.get("view_prefill_vs_plain"), VIEW_PREFILL_GOAL),
-            "engine_prefill_vs_plain>=0.8": _at_least(point.get("engine_prefill_vs_plain"), VIEW_PREFILL_GOAL),
-            f"select_replay_materialize_share<={limit}": None if share is None or limit is None else share <= limit}
+    return {
+        "ttft<=1.25x(suffix_floor+50ms)": None
+        if floor is None
+        else reuse <= GOALS["vs_floor"] * (floor + GOALS["floor_slack_s"]),
+        "ttft_vs_prefix_cache<=1.2": None if cache is None else cache <= GOALS["vs_prefix_cache"],
+        "view_prefill_vs_plain>=0.8": _at_least(point.get("view_prefill_vs_plain"), VIEW_PREFILL_GOAL),
+        "engine_prefill_vs_plain>=0.8": _at_least(point.get("engine_prefill_vs_plain"), VIEW_PREFILL_GOAL),
+        f"select_replay_materialize_share<={limit}": None if share is None or limit is None else share <= limit,
+    }
 
 
 def _at_least(value: float | None, goal: float) -> bool | None:

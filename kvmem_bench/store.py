@@ -5,6 +5,7 @@ is dropped from the page cache (``posix_fadvise(DONTNEED)`` on clean, synced pag
 the tier reads through a fresh store on the same directory, as after a restart. Rounds
 alternate which side goes first; each round gives a ratio, the result is their median.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,24 +20,32 @@ from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta, chain_
 from kvmem_core.store import BlockStore
 
 
-def synthetic_block(layout: BlockLayout, namespace: str, parent: str, token_ids: np.ndarray, start_pos: int,
-                    rng: np.random.Generator) -> tuple[BlockMeta, BlockKV]:
+def synthetic_block(
+    layout: BlockLayout, namespace: str, parent: str, token_ids: np.ndarray, start_pos: int, rng: np.random.Generator
+) -> tuple[BlockMeta, BlockKV]:
     """A block of random KV with a mean-K summary, chained to ``parent``."""
     k = rng.standard_normal(layout.kv_shape, dtype=np.float32).astype(layout.storage_dtype)
     v = rng.standard_normal(layout.kv_shape, dtype=np.float32).astype(layout.storage_dtype)
     ids = np.asarray(token_ids, dtype=np.int32)
-    meta = BlockMeta(chain_hash(namespace, parent, ids), parent, ids, start_pos, kv_checksum(k, v),
-                     summary={"mean_k": k.astype(np.float32).mean(axis=1)})
+    meta = BlockMeta(
+        chain_hash(namespace, parent, ids),
+        parent,
+        ids,
+        start_pos,
+        kv_checksum(k, v),
+        summary={"mean_k": k.astype(np.float32).mean(axis=1)},
+    )
     return meta, BlockKV(k, v)
 
 
-def synthetic_chain(layout: BlockLayout, token_ids: np.ndarray, namespace: str = "bench",
-                    seed: int = 0) -> list[tuple[BlockMeta, BlockKV]]:
+def synthetic_chain(
+    layout: BlockLayout, token_ids: np.ndarray, namespace: str = "bench", seed: int = 0
+) -> list[tuple[BlockMeta, BlockKV]]:
     """Blocks for every whole block of ``token_ids``, chained from the root."""
     rng = np.random.default_rng(seed)
     out, parent, n = [], ROOT_HASH, layout.block_tokens
     for start in range(0, len(token_ids) - n + 1, n):
-        meta, kv = synthetic_block(layout, namespace, parent, token_ids[start:start + n], start, rng)
+        meta, kv = synthetic_block(layout, namespace, parent, token_ids[start : start + n], start, rng)
         out.append((meta, kv))
         parent = meta.chain_hash
     return out
@@ -45,8 +54,9 @@ def synthetic_chain(layout: BlockLayout, token_ids: np.ndarray, namespace: str =
 SMOLLM2 = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9, block_tokens=128)
 
 
-def measure_nvme(directory: Path | None = None, layout: BlockLayout = SMOLLM2, n_blocks: int = 128,
-                 rounds: int = 5) -> dict[str, float]:
+def measure_nvme(
+    directory: Path | None = None, layout: BlockLayout = SMOLLM2, n_blocks: int = 128, rounds: int = 5
+) -> dict[str, float]:
     """Tier write/read throughput over plain sequential write/read of the same payload bytes.
 
     Each round times both sides back to back (alternating which goes first) and yields one
@@ -58,16 +68,25 @@ def measure_nvme(directory: Path | None = None, layout: BlockLayout = SMOLLM2, n
     directory = Path(tempfile.gettempdir()) if directory is None else Path(directory)
     blocks = synthetic_chain(layout, np.arange(n_blocks * layout.block_tokens) % 50000, seed=n_blocks)
     payload = sum(kv.nbytes for _, kv in blocks)
-    runs = [_round(directory / f"kvmem-bench-{os.getpid()}-{r}", layout, blocks, tier_first=r % 2 == 0)
-            for r in range(rounds)]
+    runs = [
+        _round(directory / f"kvmem-bench-{os.getpid()}-{r}", layout, blocks, tier_first=r % 2 == 0)
+        for r in range(rounds)
+    ]
     med = {k: float(np.median([run[k] for run in runs])) for k in runs[0]}
-    return {"write_ratio": float(np.median([run["plain_write"] / run["tier_write"] for run in runs])),
-            "read_ratio": float(np.median([run["plain_read"] / run["tier_read"] for run in runs])),
-            **{k + "_GBps": payload / med[k] / 1e9 for k in ("tier_write", "plain_write", "tier_read", "plain_read")},
-            "bytes": payload, "blocks": n_blocks, "rounds": rounds, "scan_s": med["scan"]}
+    return {
+        "write_ratio": float(np.median([run["plain_write"] / run["tier_write"] for run in runs])),
+        "read_ratio": float(np.median([run["plain_read"] / run["tier_read"] for run in runs])),
+        **{k + "_GBps": payload / med[k] / 1e9 for k in ("tier_write", "plain_write", "tier_read", "plain_read")},
+        "bytes": payload,
+        "blocks": n_blocks,
+        "rounds": rounds,
+        "scan_s": med["scan"],
+    }
 
 
-def _round(root: Path, layout: BlockLayout, blocks: list[tuple[BlockMeta, BlockKV]], tier_first: bool) -> dict[str, float]:
+def _round(
+    root: Path, layout: BlockLayout, blocks: list[tuple[BlockMeta, BlockKV]], tier_first: bool
+) -> dict[str, float]:
     """Seconds for each side's write and cold read of ``blocks`` (and the tier's start-up scan)."""
     payload = sum(kv.nbytes for _, kv in blocks)
     root.mkdir(parents=True)
@@ -101,7 +120,9 @@ def measure_host_copy(layout: BlockLayout = SMOLLM2, n_blocks: int = 64) -> floa
 
 
 def _store(root: Path, layout: BlockLayout, payload: int) -> BlockStore:
-    return BlockStore(layout, cpu_bytes=2 * payload + (1 << 20), nvme_dir=root / "tier", nvme_bytes=4 * payload + (1 << 30))
+    return BlockStore(
+        layout, cpu_bytes=2 * payload + (1 << 20), nvme_dir=root / "tier", nvme_bytes=4 * payload + (1 << 30)
+    )
 
 
 def _tier_write(root: Path, layout: BlockLayout, blocks: list[tuple[BlockMeta, BlockKV]]) -> float:

@@ -8,6 +8,7 @@ measured in the same run).
 ``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
 tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,19 +21,58 @@ import torch
 
 from kvmem_bench.torch_weights import random_weights
 from kvmem_core.gguf_file import GGUFFile
-from kvmem_torch import (BlockStager, Model, ModelSpec, TorchAdapter, from_gguf_meta, plain_engine, prefill_chunk_for,
-                         qwen35_kinds, quantize_fp8, set_dependent_launch)
+from kvmem_torch import (
+    BlockStager,
+    Model,
+    ModelSpec,
+    TorchAdapter,
+    from_gguf_meta,
+    plain_engine,
+    prefill_chunk_for,
+    qwen35_kinds,
+    quantize_fp8,
+    set_dependent_launch,
+)
 
 
 SHAPES = {
-    "27b": dict(hidden_size=5120, intermediate_size=17408, n_heads=24, n_kv_heads=4, n_layers=64,
-                linear_k_heads=16, linear_v_heads=48),
-    "9b": dict(hidden_size=4096, intermediate_size=12288, n_heads=16, n_kv_heads=4, n_layers=32,
-               linear_k_heads=16, linear_v_heads=32),
-    "small": dict(hidden_size=1024, intermediate_size=3072, n_heads=8, n_kv_heads=2, n_layers=8,
-                  linear_k_heads=8, linear_v_heads=16),
-    "tiny": dict(hidden_size=256, intermediate_size=512, n_heads=4, n_kv_heads=2, n_layers=4,
-                 linear_k_heads=2, linear_v_heads=4, vocab_size=4096),
+    "27b": dict(
+        hidden_size=5120,
+        intermediate_size=17408,
+        n_heads=24,
+        n_kv_heads=4,
+        n_layers=64,
+        linear_k_heads=16,
+        linear_v_heads=48,
+    ),
+    "9b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        n_heads=16,
+        n_kv_heads=4,
+        n_layers=32,
+        linear_k_heads=16,
+        linear_v_heads=32,
+    ),
+    "small": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        n_heads=8,
+        n_kv_heads=2,
+        n_layers=8,
+        linear_k_heads=8,
+        linear_v_heads=16,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        n_heads=4,
+        n_kv_heads=2,
+        n_layers=4,
+        linear_k_heads=2,
+        linear_v_heads=4,
+        vocab_size=4096,
+    ),
 }
 GB = 1e9
 
@@ -42,13 +82,22 @@ def qwen35_spec(shape: str, min_vocab: int = 0) -> ModelSpec:
     s = dict(SHAPES[shape])
     n_layers = s.pop("n_layers")
     s["vocab_size"] = max(s.get("vocab_size", 248320), min_vocab)
-    return ModelSpec(arch="qwen35", head_dim=256, rotary_dim=64, rope_theta=1e7, rms_eps=1e-6,
-                     layer_kinds=qwen35_kinds(n_layers, 4), max_context=262144, linear_k_dim=128,
-                     linear_v_dim=128, conv_kernel=4, **s)
+    return ModelSpec(
+        arch="qwen35",
+        head_dim=256,
+        rotary_dim=64,
+        rope_theta=1e7,
+        rms_eps=1e-6,
+        layer_kinds=qwen35_kinds(n_layers, 4),
+        max_context=262144,
+        linear_k_dim=128,
+        linear_v_dim=128,
+        conv_kernel=4,
+        **s,
+    )
 
 
-def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed: int = 0,
-                   **opts: Any) -> TorchAdapter:
+def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed: int = 0, **opts: Any) -> TorchAdapter:
     """A ``TorchAdapter`` (``opts``: its view and block sizes, threads) over random qwen35 weights of ``shape``
     (bf16 on CUDA, fp32 on the CPU) with the tokenizer and chat template of ``tokenizer_gguf``. The vocabulary
     is the larger of the shape's and the tokenizer's. The LM-head rows of end-of-generation tokens are zero:
@@ -61,8 +110,14 @@ def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed:
     weights = random_weights(spec, dtype, device, seed)
     weights["lm_head"][sorted(tokenizer.eog_ids)] = 0
     name = f"random-qwen35-{shape}"
-    return TorchAdapter(name, device=device, dtype=dtype, progress=False,
-                        loaded=(spec, weights, tokenizer, f"{name}-seed{seed}"), **opts)
+    return TorchAdapter(
+        name,
+        device=device,
+        dtype=dtype,
+        progress=False,
+        loaded=(spec, weights, tokenizer, f"{name}-seed{seed}"),
+        **opts,
+    )
 
 
 def weight_bytes(model: Model) -> int:
@@ -96,13 +151,17 @@ def bandwidths(block_bytes: int) -> dict[str, float]:
             part = slice(i * block_bytes, (i + 1) * block_bytes)
             a[part].copy_(host[part], non_blocking=True)
 
-    return {"hbm_copy_GBps": hbm, "pinned_h2d_GBps": h2d, "pinned_block_copies_GBps": k * block_bytes / timed(blocks, 3) / GB}
+    return {
+        "hbm_copy_GBps": hbm,
+        "pinned_h2d_GBps": h2d,
+        "pinned_block_copies_GBps": k * block_bytes / timed(blocks, 3) / GB,
+    }
 
 
 def gemm_tflops(n: int = 8192) -> float:
     """bf16 matmul throughput of this GPU (an n×n×n product), TFLOP/s: the compute floor's rate."""
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return 2 * n ** 3 / timed(lambda: a @ b, 10) / 1e12
+    return 2 * n**3 / timed(lambda: a @ b, 10) / 1e12
 
 
 def prefill_flops(model: Model, n_tokens: int) -> float:
@@ -119,7 +178,7 @@ def prefill_speed(runner: Any, n_tokens: int, chunk: int, tflops: float) -> dict
     chunks first, untimed: the first forwards of a shape compile and autotune Triton kernels."""
     ids = torch.randint(0, runner.model.spec.vocab_size, (n_tokens,)).tolist()
     runner.clear()
-    runner.prefill(ids[:2 * chunk], list(range(min(n_tokens, 2 * chunk))), chunk=chunk)
+    runner.prefill(ids[: 2 * chunk], list(range(min(n_tokens, 2 * chunk))), chunk=chunk)
     runner.clear()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -183,10 +242,18 @@ def hf_decode_ms(spec: ModelSpec, prompt: int = 512, new: int = 16) -> float:
     import transformers
 
     config = transformers.Qwen3_5TextConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads,
-        head_dim=spec.head_dim, linear_num_key_heads=spec.linear_k_heads, linear_num_value_heads=spec.linear_v_heads,
-        linear_key_head_dim=spec.linear_k_dim, linear_value_head_dim=spec.linear_v_dim)
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        linear_num_key_heads=spec.linear_k_heads,
+        linear_num_value_heads=spec.linear_v_heads,
+        linear_key_head_dim=spec.linear_k_dim,
+        linear_value_head_dim=spec.linear_v_dim,
+    )
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         hf = transformers.Qwen3_5ForCausalLM(config).eval()
@@ -224,8 +291,12 @@ def profile(runner: Any, n_view: int, chunk: int) -> str:
         torch.cuda.synchronize()
     runner.use_graphs = graphs
     runner.clear()
-    return "decode x3\n" + decode + f"\nprefill chunk {chunk} at {chunk}\n" + p.key_averages().table(
-        sort_by="cuda_time_total", row_limit=14)
+    return (
+        "decode x3\n"
+        + decode
+        + f"\nprefill chunk {chunk} at {chunk}\n"
+        + p.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+    )
 
 
 def main() -> None:
@@ -252,8 +323,12 @@ def main() -> None:
     for n in views:
         sec = decode_speed(runner, n, args.steps)
         floor = (weights + n * kv_per_token) / (out["hbm_copy_GBps"] * GB)  # bytes a step must read
-        out[f"decode_{n}"] = {"ms_per_token": sec * 1e3, "tok_s": 1 / sec, "floor_ms": floor * 1e3,
-                              "fraction_of_floor": floor / sec}
+        out[f"decode_{n}"] = {
+            "ms_per_token": sec * 1e3,
+            "tok_s": 1 / sec,
+            "floor_ms": floor * 1e3,
+            "fraction_of_floor": floor / sec,
+        }
     model.use_kernels(False)  # the same graphs over torch ops only: what the Triton kernels save
     runner.drop_graphs()
     out[f"decode_{views[0]}_torch_ops_ms"] = decode_speed(runner, views[0], args.steps) * 1e3

@@ -5,6 +5,7 @@ Qwen3.6-27B's (head dim 256, 3 retrieval heads on 3 kv heads, 128-token blocks) 
 512-token query. Prints one JSON line per size: median seconds per score and the mirror's
 first sync (the upload of the whole index).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -2,6 +2,7 @@
 
 Only torch is needed; the weights are generated directly on the target device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,9 @@ import torch
 from kvmem_torch import ATTENTION, ModelSpec
 
 
-def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
-                   std: float = 0.02) -> dict[str, torch.Tensor]:
+def random_weights(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device | str, seed: int = 0, std: float = 0.02
+) -> dict[str, torch.Tensor]:
     """Random internal weights for ``spec`` generated on ``device`` (benchmarks; no checkpoint needed)."""
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -24,18 +26,34 @@ def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device | s
     w = {"embed": mat(s.vocab_size, h), "norm": ones(h), "lm_head": mat(s.vocab_size, h)}
     for i, kind in enumerate(s.layer_kinds):
         p = f"layers.{i}."
-        w |= {p + "attn_norm": ones(h), p + "mlp_norm": ones(h), p + "gate": mat(s.intermediate_size, h),
-              p + "up": mat(s.intermediate_size, h), p + "down": mat(h, s.intermediate_size)}
+        w |= {
+            p + "attn_norm": ones(h),
+            p + "mlp_norm": ones(h),
+            p + "gate": mat(s.intermediate_size, h),
+            p + "up": mat(s.intermediate_size, h),
+            p + "down": mat(h, s.intermediate_size),
+        }
         if kind == ATTENTION:
             q_rows = s.n_heads * s.head_dim * (2 if s.gated_attention else 1)
-            w |= {p + "q": mat(q_rows, h), p + "k": mat(s.n_kv_heads * s.head_dim, h),
-                  p + "v": mat(s.n_kv_heads * s.head_dim, h), p + "o": mat(h, s.n_heads * s.head_dim)}
+            w |= {
+                p + "q": mat(q_rows, h),
+                p + "k": mat(s.n_kv_heads * s.head_dim, h),
+                p + "v": mat(s.n_kv_heads * s.head_dim, h),
+                p + "o": mat(h, s.n_heads * s.head_dim),
+            }
             if s.gated_attention:
                 w |= {p + "q_norm": ones(s.head_dim), p + "k_norm": ones(s.head_dim)}
         else:
             vd = s.linear_v_heads * s.linear_v_dim
-            w |= {p + "qkv": mat(s.conv_dim, h), p + "z": mat(vd, h), p + "b": mat(s.linear_v_heads, h),
-                  p + "a": mat(s.linear_v_heads, h), p + "out": mat(h, vd),
-                  p + "conv": mat(s.conv_dim, s.conv_kernel), p + "dt_bias": ones(s.linear_v_heads, 0.5, torch.float32),
-                  p + "ssm_a": ones(s.linear_v_heads, -1.0, torch.float32), p + "ssm_norm": ones(s.linear_v_dim)}
+            w |= {
+                p + "qkv": mat(s.conv_dim, h),
+                p + "z": mat(vd, h),
+                p + "b": mat(s.linear_v_heads, h),
+                p + "a": mat(s.linear_v_heads, h),
+                p + "out": mat(h, vd),
+                p + "conv": mat(s.conv_dim, s.conv_kernel),
+                p + "dt_bias": ones(s.linear_v_heads, 0.5, torch.float32),
+                p + "ssm_a": ones(s.linear_v_heads, -1.0, torch.float32),
+                p + "ssm_norm": ones(s.linear_v_dim),
+            }
     return w

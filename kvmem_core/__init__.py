@@ -3,6 +3,7 @@
 Imports numpy only (torch lazily, where tensors live on a GPU); engines bind to it through
 the contract in ``kvmem_core.contract``.
 """
+
 from __future__ import annotations
 
 from kvmem_core.config import KVMemConfig

@@ -6,6 +6,7 @@ over it and moves blocks of KV in and out. Shapes use the adapter's ``layout``:
 K and V of a block are ``[layers, tokens, kv heads, head dim]`` in the engine's frame
 (K rotated at the block's stored start position).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,8 +65,13 @@ class ForwardOut:
 
     __slots__ = ("_logits", "_read", "queries")
 
-    def __init__(self, logits: np.ndarray | None = None, queries: np.ndarray | None = None, *,
-                 read: Callable[[], np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        logits: np.ndarray | None = None,
+        queries: np.ndarray | None = None,
+        *,
+        read: Callable[[], np.ndarray] | None = None,
+    ) -> None:
         self._logits, self._read, self.queries = logits, read, queries
 
     @property
@@ -102,13 +108,25 @@ class EngineAdapter(Protocol):
         """True for end-of-generation tokens (EOS, EOT, ``<|im_end|>``...)."""
         ...
 
-    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """The model's own chat template applied to ``messages``."""
         ...
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
-                capture_from: int | None = None) -> ForwardOut:
+    def forward(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        *,
+        want_logits: bool = True,
+        capture_from: int | None = None,
+    ) -> ForwardOut:
         """Append ``tokens`` at ``positions`` to the view and run the model over them.
 
         Positions must exceed every position already in the view. ``capture_from``: index

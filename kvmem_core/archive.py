@@ -21,6 +21,7 @@ computed against the selected view, where without a probe they were computed aga
 streaming view, so that step's logits may differ slightly.
 ``tests/reference/test_probe_engines.py`` checks scores, selections and answers on a real model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +55,7 @@ class Probe:
 def merge_layers(probed: BlockKV, full: BlockKV, stop_after: int) -> BlockKV:
     """A held block's stored KV: layers up to ``stop_after`` from ``probed``, deeper ones from ``full``."""
     k, v = np.array(full.k, copy=True), np.array(full.v, copy=True)
-    k[:stop_after + 1], v[:stop_after + 1] = probed.k[:stop_after + 1], probed.v[:stop_after + 1]
+    k[: stop_after + 1], v[: stop_after + 1] = probed.k[: stop_after + 1], probed.v[: stop_after + 1]
     return BlockKV(k, v)
 
 
@@ -73,8 +74,9 @@ class ArchiveOps:
     _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
     _prefill_chunk: Callable[[KVMemConfig], int]
 
-    def _archive(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = (),
-                 staged: dict[int, int] | None = None) -> None:
+    def _archive(
+        self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span] = (), staged: dict[int, int] | None = None
+    ) -> None:
         """Export newly completed blocks from the view into the store (host tier, NVMe by policy); those
         overlapping the ``mandatory`` token ranges are tagged so. ``staged``: the view positions of blocks whose
         reads ``_stage`` took (they may have left the view since)."""
@@ -103,10 +105,11 @@ class ArchiveOps:
         """The meta of view block ``b`` (KV ``kv``, resident at its view position, or ``pos``) chained after
         ``parent``."""
         bt, pos = self.layout.block_tokens, self.view.blocks[b] if pos is None else pos
-        ids = np.asarray(self.view.tokens[b * bt:(b + 1) * bt], dtype=np.int32)
+        ids = np.asarray(self.view.tokens[b * bt : (b + 1) * bt], dtype=np.int32)
         tags = frozenset({MANDATORY_TAG}) if mandatory else frozenset()
-        return BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(),
-                         self._summarize(kv, pos), tags)
+        return BlockMeta(
+            chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), self._summarize(kv, pos), tags
+        )
 
     def _put(self, ws: Workspace, meta: BlockMeta, kv: BlockKV) -> None:
         self.store.append(ws.id, meta, kv)
@@ -119,8 +122,10 @@ class ArchiveOps:
         hashes = [self.store.workspaces[self._view_ws].hashes[b] for b in blocks]
         result = self.store.complete_load(self.store.prepare_load(hashes))
         if result.missing:
-            raise CorruptBlockError(f"{len(result.missing)} selected blocks failed their checks or are gone from the "
-                                    "store; the step prefills them again")
+            raise CorruptBlockError(
+                f"{len(result.missing)} selected blocks failed their checks or are gone from the "
+                "store; the step prefills them again"
+            )
         return [(self.store.meta(h), result.blocks[h]) for h in hashes]
 
     # ---- the query window: replayed, or probed -----------------------------------------------
@@ -149,8 +154,13 @@ class ArchiveOps:
         window's part in the last prefill chunk (room is made once per chunk, before anything is held, so no held
         block is dropped). None otherwise: prefill and replay as before."""
         heads = cfg.retrieval_heads or self.heads
-        if (not self.adapter.caps.probe or self.checkpoints is not None or mode != "original" or not heads
-                or cfg.scorer != "retrieval-heads"):
+        if (
+            not self.adapter.caps.probe
+            or self.checkpoints is not None
+            or mode != "original"
+            or not heads
+            or cfg.scorer != "retrieval-heads"
+        ):
             return None
         stop, n = max(layer for layer, _ in (*heads, *self.heads)), len(prompt.ids)  # summaries index self.heads
         start = max(self._replay_start(cfg, prompt), chunk_cuts(cached, n, self._prefill_chunk(cfg))[-2])
@@ -180,5 +190,6 @@ class ArchiveOps:
             assert len(ws.hashes) == b and self.view.blocks[b] == meta.start_pos, "held blocks stay in place"
             full = self.adapter.read_block(meta.start_pos, self.layout.block_tokens)
             kv = merge_layers(probe.held[b], full, probe.stop_after)
-            self._put(ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)),
-                      kv)
+            self._put(
+                ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)), kv
+            )

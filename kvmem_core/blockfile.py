@@ -15,6 +15,7 @@ dtype is not the layout's (``float16`` blocks read by an ``fp8_e4m3`` store, say
 ``BlockDtypeError`` naming both, before its bytes are looked at: 8-bit codes are never read as 16-bit
 values or the other way round.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,18 @@ def encode_header(meta: BlockMeta, layout: BlockLayout) -> EncodedHeader:
         directory[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset}
         chunks.append(arr.tobytes())
         offset += arr.nbytes
-    header = json.dumps({
-        "layout": layout.layout_hash(), "dtype": layout.dtype, "chain_hash": meta.chain_hash, "parent_hash": meta.parent_hash,
-        "start_pos": meta.start_pos, "checksum": meta.checksum, "tags": sorted(meta.tags), "arrays": directory,
-    }).encode()
+    header = json.dumps(
+        {
+            "layout": layout.layout_hash(),
+            "dtype": layout.dtype,
+            "chain_hash": meta.chain_hash,
+            "parent_hash": meta.parent_hash,
+            "start_pos": meta.start_pos,
+            "checksum": meta.checksum,
+            "tags": sorted(meta.tags),
+            "arrays": directory,
+        }
+    ).encode()
     payload_len = layout.kv_bytes_per_block
     head = _PREFIX.pack(MAGIC, VERSION, len(header), offset, payload_len) + header + b"".join(chunks)
     return EncodedHeader(head + _CRC.pack(zlib.crc32(head)), payload_len)
@@ -110,7 +119,7 @@ def _read_header(f: BinaryIO, path: Path, layout: BlockLayout) -> tuple[BlockMet
     rest = f.read(head_len - _PREFIX.size)
     if len(rest) != head_len - _PREFIX.size or size < head_len:
         raise CorruptBlockError(f"{path.name}: size {size} does not match its header")
-    if zlib.crc32(rest[:-_CRC.size], zlib.crc32(prefix)) != _CRC.unpack(rest[-_CRC.size:])[0]:
+    if zlib.crc32(rest[: -_CRC.size], zlib.crc32(prefix)) != _CRC.unpack(rest[-_CRC.size :])[0]:
         raise CorruptBlockError(f"{path.name}: header checksum mismatch")
     info = json.loads(rest[:header_len])
     stored = info.get("dtype", layout.dtype)  # files written before the dtype was recorded: the layout hash decides
@@ -118,7 +127,7 @@ def _read_header(f: BinaryIO, path: Path, layout: BlockLayout) -> tuple[BlockMet
         raise BlockDtypeError(f"{path.name}: its KV is {stored}, this store's is {layout.dtype}; refusing to read it")
     if size != head_len + payload_len or payload_len != layout.kv_bytes_per_block:
         raise CorruptBlockError(f"{path.name}: size {size} does not match its header")
-    return _parse_meta(info, rest[header_len:-_CRC.size], path, layout), head_len, size
+    return _parse_meta(info, rest[header_len : -_CRC.size], path, layout), head_len, size
 
 
 def _parse_meta(info: dict, arrays: bytes, path: Path, layout: BlockLayout) -> BlockMeta:
@@ -132,6 +141,11 @@ def _parse_meta(info: dict, arrays: bytes, path: Path, layout: BlockLayout) -> B
         loaded[name] = flat.reshape(tuple(d["shape"])).copy()
     summary = {k.removeprefix("summary."): v for k, v in loaded.items() if k.startswith("summary.")}
     return BlockMeta(
-        chain_hash=info["chain_hash"], parent_hash=info["parent_hash"], token_ids=loaded["token_ids"],
-        start_pos=info["start_pos"], checksum=info["checksum"], summary=summary, tags=frozenset(info["tags"]),
+        chain_hash=info["chain_hash"],
+        parent_hash=info["parent_hash"],
+        token_ids=loaded["token_ids"],
+        start_pos=info["start_pos"],
+        checksum=info["checksum"],
+        summary=summary,
+        tags=frozenset(info["tags"]),
     )

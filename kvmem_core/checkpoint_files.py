@@ -10,6 +10,7 @@ the least recently written go first. Server replicas may share the directory: te
 are unique per process; a checkpoint another replica wrote after this one started is not
 known here (that step recomputes the state), and one it removes is reported missing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,8 +78,7 @@ class CheckpointFiles:
         tmp = temp_path(path)
         with open(tmp, "wb") as f:
             # numpy's stub types **kwds as if they could name its allow_pickle flag; the keys here all start with _STATE
-            np.savez(f, n_tokens=np.int64(n_tokens), ws_id=np.str_(ws_id),
-                     **{_STATE + k: v for k, v in arrays.items()})  # type: ignore[arg-type]
+            np.savez(f, n_tokens=np.int64(n_tokens), ws_id=np.str_(ws_id), **{_STATE + k: v for k, v in arrays.items()})  # type: ignore[arg-type]
         os.replace(tmp, path)
 
     def get(self, key: bytes) -> dict[str, np.ndarray] | None:
@@ -88,7 +88,7 @@ class CheckpointFiles:
             if pending is not None:
                 pending.result()
             with np.load(self._path(key)) as z:
-                return {k[len(_STATE):]: z[k] for k in z.files if k.startswith(_STATE)}
+                return {k[len(_STATE) :]: z[k] for k in z.files if k.startswith(_STATE)}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile):
             self.remove(key)
             return None

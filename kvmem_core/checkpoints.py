@@ -19,6 +19,7 @@ there (it is recomputed when needed); a workspace the store evicts or deletes ta
 checkpoints along at once. The files found at start are counted under their workspaces;
 those whose workspace is gone (and no other replica's) are removed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,8 +55,13 @@ class Checkpoints:
     stands for the checkpoint of no tokens.
     """
 
-    def __init__(self, adapter: RecurrentCheckpoints, capacity: int = MAX_CHECKPOINTS,
-                 files: CheckpointFiles | None = None, store: BlockStore | None = None) -> None:
+    def __init__(
+        self,
+        adapter: RecurrentCheckpoints,
+        capacity: int = MAX_CHECKPOINTS,
+        files: CheckpointFiles | None = None,
+        store: BlockStore | None = None,
+    ) -> None:
         self.adapter, self.capacity, self.files, self.store = adapter, capacity, files, store
         self._zero = adapter.save_state()
         self._items: OrderedDict[bytes, Checkpoint] = OrderedDict()
@@ -63,8 +69,9 @@ class Checkpoints:
             files.on_remove = lambda key: self._release("nvme", key)
 
     @classmethod
-    def open(cls, adapter: RecurrentCheckpoints, nvme_dir: Any, namespace: str,
-             store: BlockStore | None = None) -> Checkpoints:
+    def open(
+        cls, adapter: RecurrentCheckpoints, nvme_dir: Any, namespace: str, store: BlockStore | None = None
+    ) -> Checkpoints:
         """Checkpoints in host memory, also written under ``nvme_dir`` (for model ``namespace``) when given;
         counted in ``store``'s budgets when given (see module docstring)."""
         checkpoints = cls(adapter, files=CheckpointFiles(nvme_dir, namespace) if nvme_dir else None, store=store)
@@ -92,7 +99,11 @@ class Checkpoints:
         arrays = self.adapter.state_arrays(state)
         if self._charge("host", key, ws_id, sum(a.nbytes for a in arrays.values())):
             self._keep(key, Checkpoint(len(tokens), ws_id, state))
-        if self.files is not None and key not in self.files.index and self._charge("nvme", key, ws_id, file_bytes(arrays)):
+        if (
+            self.files is not None
+            and key not in self.files.index
+            and self._charge("nvme", key, ws_id, file_bytes(arrays))
+        ):
             self.files.put(key, len(tokens), ws_id, arrays)
 
     def _keep(self, key: bytes, checkpoint: Checkpoint) -> None:

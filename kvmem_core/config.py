@@ -3,6 +3,7 @@
 Every knob has a default that makes the embedded models (Qwen2.5-Coder-0.5B, SmolLM2-135M)
 useful on a 2-core CPU machine; ``FIELD_HELP`` documents each one for ``--help`` and the docs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ FIELD_HELP = {
     "budget": "history tokens materialized in the view for one step",
     "gen_budget": "generation reserve in the view (reused, so an answer may be longer)",
     "block_tokens": "tokens per stored block (64: a small view then holds several selected blocks besides the sink "
-                    "and recent ones, and a fact that straddles two blocks costs 128 tokens, not 256)",
+    "and recent ones, and a fact that straddles two blocks costs 128 tokens, not 256)",
     "method": "view selection: " + "|".join(METHODS),
     "scorer": "retrieval scorer: " + "|".join(SCORERS),
     "sink_tokens": "first tokens always kept in the view",
@@ -41,17 +42,17 @@ FIELD_HELP = {
     "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, keep-all refuses new history",
     "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
     "recurrent": "hybrid models' recurrent state when selection drops blocks: keep the full-history state, "
-                 "or recompute it over the selected view",
+    "or recompute it over the selected view",
     "relevance": "retrieval takes by score only blocks scoring at least this share of the best candidate (0-1); the "
-                 "rest of the view goes to the newest blocks",
+    "rest of the view goes to the newest blocks",
     "groups": "whole-message selection: a block retrieval takes brings the rest of its message (a tool call with "
-              "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
+    "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
     "speculative": "speculative decoding of greedy steps without an output format: lookup drafts tokens from n-gram "
-                   "matches in the workspace's transcript and verifies them in one forward (lossless; llama.cpp "
-                   "engine); " + "|".join(SPECULATIVE_MODES),
+    "matches in the workspace's transcript and verifies them in one forward (lossless; llama.cpp "
+    "engine); " + "|".join(SPECULATIVE_MODES),
     "kv_dtype": "KV dtype in the view and every tier: auto (16-bit: f16 on llama.cpp, the run dtype on torch), f16, "
-                "bf16 (torch), fp8 (torch: e4m3 with a scale per token and kv head), q8_0 (llama.cpp); 8-bit halves "
-                "the bytes per token; " + "|".join(KV_DTYPES),
+    "bf16 (torch), fp8 (torch: e4m3 with a scale per token and kv head), q8_0 (llama.cpp); 8-bit halves "
+    "the bytes per token; " + "|".join(KV_DTYPES),
 }
 
 
@@ -88,7 +89,9 @@ class KVMemConfig:
 
     def _check_ranges(self) -> None:
         _require(self.method in METHODS, f"--kvmem-method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        _require(self.scorer in SCORERS, f"--kvmem-retrieval-method must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
+        _require(
+            self.scorer in SCORERS, f"--kvmem-retrieval-method must be one of {', '.join(SCORERS)}, got {self.scorer!r}"
+        )
         _require(self.positions in POSITION_MODES, f"--kvmem-positions must be one of {', '.join(POSITION_MODES)}")
         _require(self.retention in RETENTIONS, f"retention must be one of {', '.join(RETENTIONS)}")
         _require(self.recurrent in RECURRENT_MODES, f"--kvmem-recurrent must be one of {', '.join(RECURRENT_MODES)}")
@@ -148,8 +151,10 @@ def check_heads(heads: tuple[tuple[int, int], ...], layout: BlockLayout) -> None
     """ConfigError naming the (layer, query head) pairs of ``heads`` that ``layout``'s model does not have."""
     bad = [f"{l}:{h}" for l, h in heads if not (0 <= l < layout.n_layers and 0 <= h < layout.n_heads)]
     if bad:
-        raise ConfigError(f"retrieval heads {', '.join(bad)} are outside this model ({layout.n_layers} attention "
-                          f"layers, {layout.n_heads} query heads)")
+        raise ConfigError(
+            f"retrieval heads {', '.join(bad)} are outside this model ({layout.n_layers} attention "
+            f"layers, {layout.n_heads} query heads)"
+        )
 
 
 def parse_retrieval_heads(text: str) -> tuple[tuple[int, int], ...]:
@@ -157,7 +162,9 @@ def parse_retrieval_heads(text: str) -> tuple[tuple[int, int], ...]:
     pairs = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         layer, sep, head = item.partition(":")
-        _require(sep == ":" and layer.isdigit() and head.isdigit(), f"--kvmem-retrieval-heads: bad item {item!r}, want L:H")
+        _require(
+            sep == ":" and layer.isdigit() and head.isdigit(), f"--kvmem-retrieval-heads: bad item {item!r}, want L:H"
+        )
         pairs.append((int(layer), int(head)))
     _require(bool(pairs), "--kvmem-retrieval-heads needs at least one L:H pair")
     return tuple(pairs)

@@ -6,6 +6,7 @@ KVMem step per request, token text streamed through a callback, workspace inspec
 backend-neutral step in ``kvmem_core`` can drive it; it is modelled on llama.cpp's
 memory interface (plan, then apply) and vLLM's KV connector (batched, two-phase).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,6 +4,7 @@
 Tokens are sampled into the generation reserve one at a time, or, for greedy steps where it is lossless, with
 prompt-lookup drafts verified in one forward (``kvmem_core.speculative``).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence, cast
@@ -31,13 +32,21 @@ class DecodeOps:
     decode_alive: Callable[[], bool] | None
 
     if TYPE_CHECKING:  # the engine's, which this phase calls
+
         def _mode(self, cfg: KVMemConfig) -> str: ...
         def _archive(self, ws: Workspace, blocks: Sequence[int]) -> None: ...
         def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None: ...
 
-    def _decode(self, cfg: KVMemConfig, ws: Workspace, sampling: SamplingParams, logits: np.ndarray,
-                on_text: OnText, steer: Thinking | None,
-                history: Sequence[int]) -> tuple[str, list[int], str, list[int], dict[str, int]]:
+    def _decode(
+        self,
+        cfg: KVMemConfig,
+        ws: Workspace,
+        sampling: SamplingParams,
+        logits: np.ndarray,
+        on_text: OnText,
+        steer: Thinking | None,
+        history: Sequence[int],
+    ) -> tuple[str, list[int], str, list[int], dict[str, int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
@@ -62,11 +71,26 @@ class DecodeOps:
             return lambda: cast(np.ndarray, out.logits)  # asked for: never None
 
         constraint = self.formats.constraint(sampling, logits.size)
-        spec = lookup_advance(cfg.speculative, adapter, sampling, constraint is not None, history,
-                              lambda: ViewVerifier(adapter, self.view, room, pending))
+        spec = lookup_advance(
+            cfg.speculative,
+            adapter,
+            sampling,
+            constraint is not None,
+            history,
+            lambda: ViewVerifier(adapter, self.view, room, pending),
+        )
         try:
-            text, ids, finish = decode(sampling, logits, adapter.token_bytes, adapter.is_eog, spec or advance, on_text,
-                                       steer, constraint, self.decode_alive)
+            text, ids, finish = decode(
+                sampling,
+                logits,
+                adapter.token_bytes,
+                adapter.is_eog,
+                spec or advance,
+                on_text,
+                steer,
+                constraint,
+                self.decode_alive,
+            )
         finally:
             if spec is not None:
                 spec.close()

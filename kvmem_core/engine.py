@@ -7,6 +7,7 @@ budget nothing is selected or replayed, so the result equals the plain engine's.
 adapter can, the query window is probed rather than prefilled and replayed
 (``kvmem_core.archive``): the same selection for less compute.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,15 @@ from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import BlockMeta
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import thinking_for
-from kvmem_core.retrieval import (BlockIndex, BlockScores, BlockSpans, QueryFeatures, Selector, SummaryOptions,
-                                  make_scorer)
+from kvmem_core.retrieval import (
+    BlockIndex,
+    BlockScores,
+    BlockSpans,
+    QueryFeatures,
+    Selector,
+    SummaryOptions,
+    make_scorer,
+)
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import within
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
@@ -50,8 +58,14 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
     step was sampled from (tests and benchmarks compare them).
     """
 
-    def __init__(self, adapter: EngineAdapter, config: KVMemConfig, *, heads: Sequence[tuple[int, int]] = (),
-                 store: BlockStore | None = None) -> None:
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        config: KVMemConfig,
+        *,
+        heads: Sequence[tuple[int, int]] = (),
+        store: BlockStore | None = None,
+    ) -> None:
         config.validate_view(adapter.caps.max_view_tokens)
         config.validate_capacity(adapter.layout)
         self.adapter, self.config, self.layout = adapter, config, adapter.layout
@@ -62,7 +76,11 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self.namespace = f"{adapter.fingerprint}:{adapter.layout.layout_hash()}"
         self.view = ViewState(adapter.layout.block_tokens)
         adapter.clear_view()
-        self.checkpoints = Checkpoints.open(adapter, config.nvme_dir, self.namespace, self.store) if adapter.caps.recurrent_state else None
+        self.checkpoints = (
+            Checkpoints.open(adapter, config.nvme_dir, self.namespace, self.store)
+            if adapter.caps.recurrent_state
+            else None
+        )
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
         self.last_logits: np.ndarray | None = None
         self.formats = Formats(adapter)
@@ -70,7 +88,9 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self.decode_alive: Callable[[], bool] | None = None  # after each decoded token; False: the client left
         self._indexes: dict[str, BlockIndex] = {}
         self._view_ws: str | None = None
-        self._counts: Counter[str] = Counter(blocks_recomputed=0, draft_tokens=0, draft_accepted=0)  # listed from the start
+        self._counts: Counter[str] = Counter(
+            blocks_recomputed=0, draft_tokens=0, draft_accepted=0
+        )  # listed from the start
 
     # ---- the Engine contract ------------------------------------------------------------
 
@@ -120,8 +140,16 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self._forget(*(e["workspace"] for e in events if e["event"] == "evicted_workspace"))
         return sum(e["event"] == "corrupt_block" for e in events)
 
-    def _run(self, cfg: KVMemConfig, prompt: Prompt, request: StepRequest, on_text: OnText,
-             on_start: OnStart | None, oracle: Sequence[int] | None, t0: float) -> StepResult:
+    def _run(
+        self,
+        cfg: KVMemConfig,
+        prompt: Prompt,
+        request: StepRequest,
+        on_text: OnText,
+        on_start: OnStart | None,
+        oracle: Sequence[int] | None,
+        t0: float,
+    ) -> StepResult:
         fits = len(prompt.ids) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
         limit = min(len(prompt.ids) - 1, prompt.query_from if scoring else len(prompt.ids))
@@ -149,12 +177,25 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self.store.set_selection(ws.id, selection)
         self._take_store_events()
         t4 = time.perf_counter()
-        timings = {"prefill_s": t1 - t0, "select_s": t2 - t1, "decode_s": t3 - t2, "archive_s": t4 - t3,
-                   "prefill_tokens": float(len(prompt.ids) - cached), "decode_tokens": float(len(ids)),
-                   "reasoning_tokens": float(steer.spent if steer else 0), **{k: float(v) for k, v in drafts.items()}}
-        self._counts.update(steps=1, prompt_tokens=len(prompt.ids), cached_tokens=cached, decode_tokens=len(ids),
-                            prefill_seconds=timings["prefill_s"], decode_seconds=timings["decode_s"],
-                            **drafts)
+        timings = {
+            "prefill_s": t1 - t0,
+            "select_s": t2 - t1,
+            "decode_s": t3 - t2,
+            "archive_s": t4 - t3,
+            "prefill_tokens": float(len(prompt.ids) - cached),
+            "decode_tokens": float(len(ids)),
+            "reasoning_tokens": float(steer.spent if steer else 0),
+            **{k: float(v) for k, v in drafts.items()},
+        }
+        self._counts.update(
+            steps=1,
+            prompt_tokens=len(prompt.ids),
+            cached_tokens=cached,
+            decode_tokens=len(ids),
+            prefill_seconds=timings["prefill_s"],
+            decode_seconds=timings["decode_s"],
+            **drafts,
+        )
         return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
 
     @property
@@ -232,8 +273,16 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self._counts["blocks_dropped"] += dropped
         return loaded + dropped
 
-    def _prefill(self, cfg: KVMemConfig, mode: str, fits: bool, ws: Workspace, prompt: Prompt,
-                 cached: int, probe: Probe | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def _prefill(
+        self,
+        cfg: KVMemConfig,
+        mode: str,
+        fits: bool,
+        ws: Workspace,
+        prompt: Prompt,
+        cached: int,
+        probe: Probe | None = None,
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q. With a
         ``probe``, its window is probed (no logits) and the blocks it completes are held, not archived."""
         ids, q0 = prompt.ids, prompt.scored_from
@@ -295,9 +344,17 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
             self.adapter.drop(pos, pos + bt)
             self._counts["blocks_dropped"] += 1
 
-    def _select(self, cfg: KVMemConfig, mode: str, ws: Workspace, prompt: Prompt, queries: np.ndarray | None,
-                logits: np.ndarray | None, oracle: Sequence[int] | None,
-                probe: Probe | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def _select(
+        self,
+        cfg: KVMemConfig,
+        mode: str,
+        ws: Workspace,
+        prompt: Prompt,
+        queries: np.ndarray | None,
+        logits: np.ndarray | None,
+        oracle: Sequence[int] | None,
+        probe: Probe | None = None,
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         """Score and select blocks, materialize them, replay the query; return its logits and the selection.
         A ``probe``'s held blocks are candidates as the stored ones are, and stored once the window is computed."""
         metas = self.store.workspace_blocks(ws.id)
@@ -306,7 +363,10 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         n, bt = len(prompt.ids), self.layout.block_tokens
         scores, method = None, cfg.method
         if oracle is not None:
-            scores, method = BlockScores(np.isin(np.arange(len(metas)), oracle) * 1.0, np.full(len(metas), -1)), "retrieval"
+            scores, method = (
+                BlockScores(np.isin(np.arange(len(metas)), oracle) * 1.0, np.full(len(metas), -1)),
+                "retrieval",
+            )
         elif cfg.method == "retrieval":
             assert queries is not None, "retrieval needs the query's features"
             index = self._index(ws.id, metas)
@@ -334,8 +394,14 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
                 self.view.replayed_from = r0
         if probe is not None:
             self._store_held(ws, probe, held)
-        out = {**sel.to_dict(), "position_mode": mode, "replayed_tokens": replayed, "candidate_blocks": len(metas),
-               "groups": cfg.groups, "probed_tokens": n - probe.start if probe else 0}
+        out = {
+            **sel.to_dict(),
+            "position_mode": mode,
+            "replayed_tokens": replayed,
+            "candidate_blocks": len(metas),
+            "groups": cfg.groups,
+            "probed_tokens": n - probe.start if probe else 0,
+        }
         if self.checkpoints is not None:
             out["recurrent"] = "recompute" if recompute else "keep"
         if oracle is not None:

@@ -4,6 +4,7 @@ Internal invariants use ``assert``; anything a user or client can cause raises a
 ``KVMemError`` subclass whose message says what to change. The server maps each class to
 an HTTP status through ``http_status``.
 """
+
 from __future__ import annotations
 
 

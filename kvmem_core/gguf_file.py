@@ -4,6 +4,7 @@
 small tensors without torch; larger tensors are dequantized with the ``gguf`` package. The RoPE
 divisors a GGUF file implies live here too, so no adapter needs another adapter to compute them.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -61,7 +62,7 @@ class GGUFFile:
 
     def _string(self) -> str:
         n = self._read("<Q")
-        s = self.buf[self.pos:self.pos + n].decode("utf-8", errors="replace")
+        s = self.buf[self.pos : self.pos + n].decode("utf-8", errors="replace")
         self.pos += n
         return s
 
@@ -104,8 +105,9 @@ class GGUFFile:
         self.buf.close()
 
 
-def gguf_rope_factors(meta: Mapping[str, Any], arch: str, rotary_dim: int,
-                      freqs: list[float] | None) -> tuple[float, ...]:
+def gguf_rope_factors(
+    meta: Mapping[str, Any], arch: str, rotary_dim: int, freqs: list[float] | None
+) -> tuple[float, ...]:
     """Divisors from GGUF metadata (``rope.scaling.type`` none/linear) and the ``rope_freqs`` tensor, as
     llama.cpp combines them: theta = pos * base^(-2i/d) * freq_scale / freq_factor_i."""
     kind = meta.get(f"{arch}.rope.scaling.type", "none")

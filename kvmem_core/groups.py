@@ -16,6 +16,7 @@ A block whose tokens straddle two groups belongs to the one holding most of its 
 (ties: the earlier), so each group is a run of whole blocks and groups never overlap; the few
 edge tokens of a message in its neighbour's block come with that neighbour.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -66,7 +67,7 @@ def overlapping(spans: Sequence[Span], n_blocks: int, block_tokens: int) -> np.n
     mask = np.zeros(n_blocks, dtype=bool)
     for s, e in spans:
         if e > s:
-            mask[s // block_tokens:min(-(-e // block_tokens), n_blocks)] = True
+            mask[s // block_tokens : min(-(-e // block_tokens), n_blocks)] = True
     return mask
 
 

@@ -3,6 +3,7 @@
 It only keeps and counts; what may be evicted and when is the store's decision (pins,
 write-through state, retention). Metas live with the store, not here.
 """
+
 from __future__ import annotations
 
 from kvmem_core.layout import BlockKV

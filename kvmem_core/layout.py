@@ -5,6 +5,7 @@ K and V, the token ids, the original start position, scoring summaries and span 
 Blocks are content-addressed: the chain hash covers (namespace, parent hash, token ids),
 so equal prefixes give equal hashes and can be shared between workspaces.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ROOT_HASH = "0" * 32
-_STORAGE_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16, "fp8_e4m3": np.uint8,
-                   "q8_0": np.uint8}
+_STORAGE_DTYPES = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "bfloat16": np.uint16,
+    "fp8_e4m3": np.uint8,
+    "q8_0": np.uint8,
+}
 FP8_SCALE_BYTES = 4  # fp8_e4m3: each token's head row ends with its float32 scale
 Q8_0_GROUP, Q8_0_GROUP_BYTES = 32, 34  # q8_0 (ggml): a float16 scale then 32 int8 values per 32 values
 

@@ -16,6 +16,7 @@ threads (I/O waits overlap even where threads share one core). Bookkeeping (whic
 are on disk, reserved bytes) is the caller's thread's alone; the threads only touch
 files and report ``WriteDone`` records, including their errors, through a queue.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -63,8 +64,16 @@ class _Job:
 class NvmeTier:
     """Block files and workspace manifests of one layout; ``used`` counts reserved bytes."""
 
-    def __init__(self, root: Path, layout: BlockLayout, capacity: int, *, fsync: bool = True, io_threads: int = 8,
-                 owner: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        layout: BlockLayout,
+        capacity: int,
+        *,
+        fsync: bool = True,
+        io_threads: int = 8,
+        owner: str = "",
+    ) -> None:
         self.layout = layout
         self.owner = owner
         self.capacity = capacity
@@ -179,8 +188,10 @@ class NvmeTier:
 
     def submit_block(self, block_hash: str, gen: int, header: EncodedHeader, kv: BlockKV) -> None:
         """Queue a block file write; its bytes must already be reserved."""
+
         def write(f: BinaryIO) -> None:
             write_block(f, header, kv)
+
         self._jobs.put(_Job("block", block_hash, gen, self.path(block_hash), header.file_size, write))
 
     def submit_remove(self, block_hash: str) -> None:

@@ -1,4 +1,5 @@
 """Where KVMem keeps what it builds or downloads once per user (models, profiles, native helpers)."""
+
 from __future__ import annotations
 
 import os

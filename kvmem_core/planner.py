@@ -9,6 +9,7 @@ Two position modes:
 
 Kept blocks whose position changes are listed in ``move`` (the engine re-rotates their K).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,7 +87,9 @@ def plan_view(
     return ViewPlan(
         load=tuple(e.block_id for e in slots if e.block_id not in was),
         drop=tuple(e.block_id for e in current if e.block_id not in now),
-        move=tuple(Move(e.block_id, was[e.block_id], e.pos) for e in slots if e.block_id in was and was[e.block_id] != e.pos),
+        move=tuple(
+            Move(e.block_id, was[e.block_id], e.pos) for e in slots if e.block_id in was and was[e.block_id] != e.pos
+        ),
         slots=slots,
         next_pos=slots[-1].pos + slots[-1].n_tokens if slots else 0,
     )

@@ -4,6 +4,7 @@
 yields that are clean (already on disk) and unpinned. ``plan_workspace_eviction`` decides,
 before anything is dropped, whether evicting idle workspaces oldest first frees enough.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -45,10 +46,7 @@ class LRUPolicy:
 
 
 def plan_workspace_eviction(
-    idle: Sequence[tuple[str, Sequence[str]]],
-    owners: Callable[[str], int],
-    size_of: Callable[[str], int],
-    need: int,
+    idle: Sequence[tuple[str, Sequence[str]]], owners: Callable[[str], int], size_of: Callable[[str], int], need: int
 ) -> list[str] | None:
     """Workspace ids to evict, oldest first, to free ``need`` bytes; None if all idle ones fall short.
 

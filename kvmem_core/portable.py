@@ -14,6 +14,7 @@ fingerprint and KV layout: a file from another model is a ``ModelMismatchError``
 block its file's checks and the chain (block i's hash is ``chain_hash(namespace, hash of
 block i-1, its token ids)``), so a damaged or edited file is refused, never half-trusted.
 """
+
 from __future__ import annotations
 
 import io
@@ -39,11 +40,22 @@ def block_name(index: int) -> str:
     return f"blocks/{index:06d}.kvb"
 
 
-def write_workspace(path: Path, header: dict[str, Any], metas: Sequence[BlockMeta], load: Callable[[BlockMeta], BlockKV],
-                    layout: BlockLayout) -> None:
+def write_workspace(
+    path: Path,
+    header: dict[str, Any],
+    metas: Sequence[BlockMeta],
+    load: Callable[[BlockMeta], BlockKV],
+    layout: BlockLayout,
+) -> None:
     """Write ``header`` (the model and workspace fields) and the blocks ``metas`` name, each loaded in turn."""
     entries = [{"file": block_name(i), "hash": m.chain_hash, "tokens": m.n_tokens} for i, m in enumerate(metas)]
-    header = {"format": FORMAT, "version": VERSION, **header, "tokens": sum(m.n_tokens for m in metas), "blocks": entries}
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        **header,
+        "tokens": sum(m.n_tokens for m in metas),
+        "blocks": entries,
+    }
     try:
         with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
             _add(tar, HEADER, json.dumps(header, indent=1).encode())
@@ -91,12 +103,20 @@ class WorkspaceReader:
         if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION:
             raise WorkspaceFileError(f"not a {FORMAT} file of version {VERSION}")
         if header.get("namespace") != self.namespace:
-            raise ModelMismatchError(f"the workspace was exported from model {header.get('model_id')!r} with "
-                                     f"namespace {header.get('namespace')!r}; this server runs namespace "
-                                     f"{self.namespace!r} (same model file and KV layout needed)")
+            raise ModelMismatchError(
+                f"the workspace was exported from model {header.get('model_id')!r} with "
+                f"namespace {header.get('namespace')!r}; this server runs namespace "
+                f"{self.namespace!r} (same model file and KV layout needed)"
+            )
         blocks = header.get("blocks")
-        if not isinstance(blocks, list) or not isinstance(header.get("workspace"), dict) or not all(
-                isinstance(b, dict) and isinstance(b.get("file"), str) and _BLOCK_NAME.fullmatch(b["file"]) for b in blocks):
+        if (
+            not isinstance(blocks, list)
+            or not isinstance(header.get("workspace"), dict)
+            or not all(
+                isinstance(b, dict) and isinstance(b.get("file"), str) and _BLOCK_NAME.fullmatch(b["file"])
+                for b in blocks
+            )
+        ):
             raise WorkspaceFileError(f"{HEADER} lacks its workspace or block list")
         return header
 
@@ -106,8 +126,12 @@ class WorkspaceReader:
         with tempfile.TemporaryDirectory(prefix="kvmem-import-") as tmp:
             for i, entry in enumerate(self.header["blocks"]):
                 meta, kv = self._block(Path(tmp) / "block.kvb", entry, limit)
-                if meta.n_tokens != self.layout.block_tokens or meta.parent_hash != parent or chain_hash(self.namespace, parent, meta.token_ids) != meta.chain_hash \
-                        or entry.get("hash") != meta.chain_hash:
+                if (
+                    meta.n_tokens != self.layout.block_tokens
+                    or meta.parent_hash != parent
+                    or chain_hash(self.namespace, parent, meta.token_ids) != meta.chain_hash
+                    or entry.get("hash") != meta.chain_hash
+                ):
                     raise WorkspaceFileError(f"block {i} does not continue the blocks before it (edited or reordered)")
                 parent = meta.chain_hash
                 yield meta, kv
@@ -117,7 +141,14 @@ class WorkspaceReader:
         try:
             path.write_bytes(data)
             return read_block(path, self.layout)
-        except (CorruptBlockError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # the file is untrusted
+        except (
+            CorruptBlockError,
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            IndexError,
+        ) as exc:  # the file is untrusted
             raise WorkspaceFileError(f"{entry['file']} failed its checks: {exc}") from None
 
     def _member(self, name: str, limit: int) -> bytes:

@@ -12,6 +12,7 @@ to token indices through the tokens' byte lengths. The *query* is the last user 
 *mandatory* history, and so, for one step, are the messages a request pins (``kvmem.pin``).
 Messages also fall into semantic groups (``kvmem_core.groups``) the selector keeps together.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -78,16 +79,23 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     render = _renderer(adapter, request)
     text = render(messages, True)
     ids = adapter.tokenize(text)
-    schemas = _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
+    schemas = (
+        _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
+    )
     marks = _token_indices(adapter, text, ids, [*message_ends(render, messages, text), *schemas])
-    ends, schema = marks[:len(messages)], marks[len(messages):]
+    ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     query_start = starts[users[-1]] if users else starts[-1] if messages else 0
     mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m.get("role") in ("system", "developer"))
     schema_span = ((schema[0], schema[1]),) if schema else ()
-    return Prompt(ids, min(query_start, max(0, len(ids) - 1)), mandatory + schema_span,
-                  tuple(zip(starts, ends)), token_groups(messages, starts, ends))
+    return Prompt(
+        ids,
+        min(query_start, max(0, len(ids) - 1)),
+        mandatory + schema_span,
+        tuple(zip(starts, ends)),
+        token_groups(messages, starts, ends),
+    )
 
 
 def _tool_schemas(render: Render, bare: Render, messages: Sequence[dict[str, Any]], text: str) -> tuple[int, ...]:
@@ -126,8 +134,9 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
 
     def render(messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
         try:
-            text = adapter.render_chat(messages, tools=request.tools, add_generation_prompt=add_generation_prompt,
-                                       **kwargs)
+            text = adapter.render_chat(
+                messages, tools=request.tools, add_generation_prompt=add_generation_prompt, **kwargs
+            )
         except KVMemError:
             raise
         except Exception as exc:  # jinja2 errors, and whatever a template's filters raise on odd values
@@ -148,14 +157,14 @@ def message_ends(render: Render, messages: Sequence[dict[str, Any]], text: str) 
         except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
             alone = ""
         n = _continued(alone, text, pos)
-        pos = pos + n if n else _prefix_end(render, messages[:i + 1], text, pos)
+        pos = pos + n if n else _prefix_end(render, messages[: i + 1], text, pos)
         ends.append(pos)
     return ends
 
 
 def _continued(alone: str, text: str, pos: int) -> int:
     """Length of the longest tail of ``alone`` that ``text`` continues with at ``pos`` (0: none)."""
-    probe = text[pos:pos + PROBE_CHARS]
+    probe = text[pos : pos + PROBE_CHARS]
     if not probe:
         return 0
     j = alone.find(probe)
@@ -192,7 +201,7 @@ def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offset
     lead = total - len(text.encode("utf-8", "surrogatepass"))
     out, byte, prev = [0] * len(offsets), lead, 0
     for k in sorted(range(len(offsets)), key=offsets.__getitem__):
-        byte += len(text[prev:offsets[k]].encode("utf-8", "surrogatepass"))
+        byte += len(text[prev : offsets[k]].encode("utf-8", "surrogatepass"))
         prev = offsets[k]
         out[k] = min(bisect.bisect_right(ends, byte), len(ids))
     return out
@@ -210,8 +219,9 @@ def _lengths(adapter: EngineAdapter, ids: Sequence[int]) -> list[int]:
     return out
 
 
-def admit(adapter: EngineAdapter, config: KVMemConfig, request: StepRequest,
-          has_prototypes: bool) -> tuple[KVMemConfig, Prompt, tuple[int, ...] | None]:
+def admit(
+    adapter: EngineAdapter, config: KVMemConfig, request: StepRequest, has_prototypes: bool
+) -> tuple[KVMemConfig, Prompt, tuple[int, ...] | None]:
     """A step's config (the engine's with the request's overrides), prompt and diagnostic oracle blocks
     (``kvmem.blocks``: these, then the newest), after every check that may refuse it: nothing has
     changed when one raises. The messages ``kvmem.pin`` names are the prompt's ``pinned`` ranges."""
@@ -232,8 +242,10 @@ def pin(prompt: Prompt, indexes: Sequence[int]) -> Prompt:
     message for (a raw prompt has none)."""
     bad = [i for i in indexes if not 0 <= i < len(prompt.messages)]
     if bad:
-        raise ConfigError(f"kvmem.pin names messages {bad} but the request has {len(prompt.messages)} "
-                          f"(indexes 0 to {len(prompt.messages) - 1})")
+        raise ConfigError(
+            f"kvmem.pin names messages {bad} but the request has {len(prompt.messages)} "
+            f"(indexes 0 to {len(prompt.messages) - 1})"
+        )
     return replace(prompt, pinned=tuple(prompt.messages[i] for i in sorted(set(indexes)))) if indexes else prompt
 
 
@@ -243,11 +255,14 @@ def check_request(request: StepRequest, cfg: KVMemConfig) -> None:
     if request.messages is not None and len(request.messages) > MAX_MESSAGES:
         raise LimitError(f"the request has {len(request.messages)} messages; at most {MAX_MESSAGES} are served")
     if (request.sampling.max_tokens or 0) > cfg.ctx:
-        raise LimitError(f"max_tokens is {request.sampling.max_tokens} but --ctx is {cfg.ctx}; ask for at most {cfg.ctx}")
+        raise LimitError(
+            f"max_tokens is {request.sampling.max_tokens} but --ctx is {cfg.ctx}; ask for at most {cfg.ctx}"
+        )
 
 
-def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int,
-                 has_prototypes: bool) -> None:
+def check_prompt(
+    cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view_tokens: int, has_prototypes: bool
+) -> None:
     """Refuse a step that cannot run as configured, before anything changes: an empty or too long prompt,
     retrieval heads outside the model, key-direction scoring without prototypes, mandatory spans (or
     ``full``) over the budget."""
@@ -259,12 +274,16 @@ def check_prompt(cfg: KVMemConfig, prompt: Prompt, layout: BlockLayout, max_view
         raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
     check_heads(cfg.retrieval_heads or (), layout)
     if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not has_prototypes:
-        raise ConfigError("key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction")
+        raise ConfigError(
+            "key-direction scoring needs prototypes: start the engine with --kvmem-retrieval-method key-direction"
+        )
     sink = cfg.sink_tokens if cfg.method != "recent" else 0
     mandatory = covered(prompt.mandatory + prompt.pinned) + min(sink + cfg.recent_tokens, n)
     if n > cfg.budget and cfg.method != "full" and mandatory > cfg.budget:
-        raise BudgetError(f"mandatory spans (system prompt, tool definitions, pinned messages, sink, recent window) "
-                          f"need {mandatory} tokens but --kvmem-budget is {cfg.budget}; raise the budget, pin fewer "
-                          "messages or shorten the system prompt")
+        raise BudgetError(
+            f"mandatory spans (system prompt, tool definitions, pinned messages, sink, recent window) "
+            f"need {mandatory} tokens but --kvmem-budget is {cfg.budget}; raise the budget, pin fewer "
+            "messages or shorten the system prompt"
+        )
     if cfg.method == "full" and n > cfg.budget:
         raise BudgetError(f"method full needs {n} tokens but --kvmem-budget is {cfg.budget}; raise it or use retrieval")

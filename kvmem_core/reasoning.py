@@ -11,6 +11,7 @@ model goes on with its answer.
 When the prompt leaves the model inside a block, the step's text starts with the open tag
 (``lead``), so the text alone says where thinking ends, whoever parses it.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -99,4 +100,4 @@ def thinking_for(adapter: EngineAdapter, request: StepRequest, prompt_ids: Seque
 
 def _text_ids(adapter: EngineAdapter, text: str) -> list[int]:
     """Token ids of ``text`` mid-sequence: without the BOS the tokenizer puts in front of a whole text."""
-    return adapter.tokenize(text)[len(adapter.tokenize("")):]
+    return adapter.tokenize(text)[len(adapter.tokenize("")) :]

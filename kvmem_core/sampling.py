@@ -6,6 +6,7 @@ cuts the text before the first stop string; it holds back the longest tail that 
 still begin a stop string, so what it has streamed always equals the final text, however
 the tokens split the stop. ``decode`` runs the loop of one step over both.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -142,7 +143,7 @@ class TextStream:
         """Stream ``text[sent:end]``; False when the client is gone."""
         if end <= self.sent:
             return True
-        piece, self.sent = self.text[self.sent:end], end
+        piece, self.sent = self.text[self.sent : end], end
         return self.on_text(piece) is not False
 
 
@@ -172,10 +173,17 @@ def within(params: SamplingParams, room: int) -> SamplingParams:
     return params if params.max_tokens is not None else replace(params, max_tokens=room)
 
 
-def decode(params: SamplingParams, logits: np.ndarray, token_bytes: Callable[[int], bytes],
-           is_eog: Callable[[int], bool], advance: Advance, on_text: OnText,
-           steer: Steer | None = None, constraint: Constraint | None = None,
-           alive: Callable[[], bool] | None = None) -> tuple[str, list[int], str]:
+def decode(
+    params: SamplingParams,
+    logits: np.ndarray,
+    token_bytes: Callable[[int], bytes],
+    is_eog: Callable[[int], bool],
+    advance: Advance,
+    on_text: OnText,
+    steer: Steer | None = None,
+    constraint: Constraint | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> tuple[str, list[int], str]:
     """Sample up to ``params.max_tokens`` tokens from ``logits`` on; -> (text, token ids, finish reason).
 
     Every sampled token but an end-of-generation one is in the ids (the one that completed a

@@ -10,6 +10,7 @@ calls without a forward; the first token past them (the model's own choice after
 token) starts the next forward. Only greedy steps without an output format speculate: a sampled token is not
 the argmax, and a grammar's mask changes the choice (``kvmem_core.engine`` decides).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -82,7 +83,7 @@ class LookupAdvance:
     def _verify(self, token: int) -> Callable[[], np.ndarray]:
         limit = self.max_tokens - self._taken - 1  # draft tokens whose logits the loop may still sample from
         draft = self.drafter.propose(limit) if limit > 0 else []
-        draft = draft[:max(0, self.verifier.room(1 + len(draft)) - 1)]
+        draft = draft[: max(0, self.verifier.room(1 + len(draft)) - 1)]
         logits = self.verifier.run([token, *draft])
         self.verifier.commit(token)
         if draft:
@@ -97,7 +98,7 @@ class LookupAdvance:
 def accepted_prefix(logits: np.ndarray, draft: Sequence[int]) -> int:
     """How many leading ``draft`` tokens greedy decoding picks itself: ``draft[i]`` is taken while it is the argmax
     of ``logits[i]`` (the logits after the token before it) and every earlier one was taken."""
-    choices = np.argmax(logits[:len(draft)], axis=-1)
+    choices = np.argmax(logits[: len(draft)], axis=-1)
     wrong = np.flatnonzero(choices != np.asarray(draft))
     return int(wrong[0]) if wrong.size else len(draft)
 
@@ -106,8 +107,9 @@ class ViewVerifier:
     """The ``Verifier`` over an engine's view: forwards through the adapter's ``forward_every``, commits through
     ``append_computed`` (the blocks a commit completes join ``completed``), makes room through ``room``."""
 
-    def __init__(self, adapter: EngineAdapter, view: ViewState, room: Callable[[int], int],
-                 completed: list[int]) -> None:
+    def __init__(
+        self, adapter: EngineAdapter, view: ViewState, room: Callable[[int], int], completed: list[int]
+    ) -> None:
         self.adapter, self.view, self.room, self.completed = adapter, view, room, completed
 
     def run(self, tokens: Sequence[int]) -> np.ndarray:
@@ -121,8 +123,14 @@ class ViewVerifier:
         self.adapter.drop(self.view.next_pos + keep, -1)  # the tail is the view's last span: nothing lies past it
 
 
-def lookup_advance(mode: str, adapter: EngineAdapter, sampling: SamplingParams, shaped: bool,
-                   history: Sequence[int], verifier: Callable[[], Verifier]) -> LookupAdvance | None:
+def lookup_advance(
+    mode: str,
+    adapter: EngineAdapter,
+    sampling: SamplingParams,
+    shaped: bool,
+    history: Sequence[int],
+    verifier: Callable[[], Verifier],
+) -> LookupAdvance | None:
     """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off,
     a sampled step (temperature above 0), a step ``shaped`` by an output format, an adapter without
     ``forward_every``. ``history``: the transcript the request sent."""

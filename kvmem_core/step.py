@@ -9,6 +9,7 @@ resident blocks contiguously so a workspace may outgrow the model's trained cont
 Stored blocks keep K rotated at ``BlockMeta.start_pos`` (the view position they were
 computed at); moving one to another position re-rotates it while writing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -102,8 +103,9 @@ def append_computed(view: ViewState, tokens: Sequence[int]) -> list[int]:
     return done
 
 
-def materialize(view: ViewState, adapter: EngineAdapter, target: dict[int, int], tail_pos: int,
-                load: LoadBlocks) -> tuple[int, int]:
+def materialize(
+    view: ViewState, adapter: EngineAdapter, target: dict[int, int], tail_pos: int, load: LoadBlocks
+) -> tuple[int, int]:
     """Make the view hold exactly the ``target`` blocks (index -> position) plus the tail at ``tail_pos``.
 
     Blocks resident elsewhere are dropped and reloaded (the store holds every whole block);
@@ -138,9 +140,9 @@ def view_sequence(view: ViewState) -> tuple[list[int], list[int]]:
     """The view's tokens and their positions in view order: resident blocks, then the tail."""
     bt, tokens, positions = view.block_tokens, list[int](), list[int]()
     for b in sorted(view.blocks):
-        tokens += view.tokens[b * bt:(b + 1) * bt]
+        tokens += view.tokens[b * bt : (b + 1) * bt]
         positions += range(view.blocks[b], view.blocks[b] + bt)
-    tokens += view.tokens[view.tail_start:]
+    tokens += view.tokens[view.tail_start :]
     positions += range(view.tail_pos, view.next_pos)
     return tokens, positions
 

@@ -15,6 +15,7 @@ conversation moves between replicas without prefilling again.
 One caller thread drives a store (the engine serializes steps); background threads only
 do file I/O and hand results back through a queue.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,17 +68,29 @@ class LoadResult:
 class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     """Blocks of every workspace across the host and NVMe tiers; see the module docstring."""
 
-    def __init__(self, layout: BlockLayout, *, cpu_bytes: int, nvme_dir: Path | None = None, nvme_bytes: int = 0,
-                 retention: str = "evict-idle", policy: EvictionPolicy | None = None,
-                 clock: Callable[[], float] = time.time, fsync: bool = True, nvme_owner: str = "",
-                 nvme_retry_s: float = NVME_RETRY_S, orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
+    def __init__(
+        self,
+        layout: BlockLayout,
+        *,
+        cpu_bytes: int,
+        nvme_dir: Path | None = None,
+        nvme_bytes: int = 0,
+        retention: str = "evict-idle",
+        policy: EvictionPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        fsync: bool = True,
+        nvme_owner: str = "",
+        nvme_retry_s: float = NVME_RETRY_S,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
+    ) -> None:
         assert retention in ("evict-idle", "keep-all")
         self.layout = layout
         self.retention = retention
         self.host = HostTier(cpu_bytes)
         self.policy = policy or LRUPolicy()
-        self.nvme = (NvmeTier(nvme_dir, layout, nvme_bytes, fsync=fsync, owner=nvme_owner)
-                     if nvme_dir is not None else None)
+        self.nvme = (
+            NvmeTier(nvme_dir, layout, nvme_bytes, fsync=fsync, owner=nvme_owner) if nvme_dir is not None else None
+        )
         self.workspaces = WorkspaceRegistry(layout.block_tokens, clock)
         self._metas: dict[str, BlockMeta] = {}
         self._pins: Counter[str] = Counter()
@@ -106,13 +119,20 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
         off after a disk fault."""
         kwargs.setdefault("nvme_owner", os.environ.get(REPLICA_ENV, ""))
         kwargs.setdefault("nvme_retry_s", float(os.environ.get(RETRY_ENV, NVME_RETRY_S)))
-        return cls(layout, cpu_bytes=int(config.cpu_gb * GIB), nvme_dir=config.nvme_dir,
-                   nvme_bytes=int(config.nvme_gb * GIB), retention=config.retention, **kwargs)
+        return cls(
+            layout,
+            cpu_bytes=int(config.cpu_gb * GIB),
+            nvme_dir=config.nvme_dir,
+            nvme_bytes=int(config.nvme_gb * GIB),
+            retention=config.retention,
+            **kwargs,
+        )
 
     # -- workspaces -------------------------------------------------------------------
 
-    def open_workspace(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
-                       route: Route = Route()) -> tuple[Workspace, PrefixMatch]:
+    def open_workspace(
+        self, namespace: str, token_ids: Sequence[int] | np.ndarray, route: Route = Route()
+    ) -> tuple[Workspace, PrefixMatch]:
         """Match ``token_ids`` against stored prefixes; continue or fork as ``route`` says; it becomes the
         workspace in use."""
         self._drain()
@@ -145,8 +165,9 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     def add_workspace(self, ws: Workspace, blocks: Iterable[tuple[BlockMeta, BlockKV]]) -> None:
         """Add a workspace from elsewhere (an import) with its blocks, in order, stored unless already here.
         All or nothing: on any failure (CapacityError, a bad block) the workspace is deleted and the error raised."""
-        self.workspaces.add(Workspace(ws.id, ws.namespace, [], ws.created, ws.last_used, ws.last_selection, ws.key,
-                                      ws.pinned))
+        self.workspaces.add(
+            Workspace(ws.id, ws.namespace, [], ws.created, ws.last_used, ws.last_selection, ws.key, ws.pinned)
+        )
         try:
             for meta, kv in blocks:
                 self.append(ws.id, meta, kv)
@@ -273,16 +294,34 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
     def metrics(self) -> dict[str, float]:
         """Counts and bytes per tier, evictions, misses, corrupt files, write-through queue length; with a disk,
         whether it is off after a fault, the blocks waiting in RAM for it, and the faults so far."""
-        out: dict[str, float] = {"blocks": len(self._metas), "workspaces": len(self.workspaces), "pinned_blocks": len(self._pins),
-               "host_blocks": len(self.host), "host_bytes": self.host.used, "host_capacity_bytes": self.host.capacity,
-               "write_queue": self._pending, "side_host_bytes": self.side_bytes("host")}
+        out: dict[str, float] = {
+            "blocks": len(self._metas),
+            "workspaces": len(self.workspaces),
+            "pinned_blocks": len(self._pins),
+            "host_blocks": len(self.host),
+            "host_bytes": self.host.used,
+            "host_capacity_bytes": self.host.capacity,
+            "write_queue": self._pending,
+            "side_host_bytes": self.side_bytes("host"),
+        }
         if self.nvme is not None:
-            out.update(nvme_blocks=len(self.nvme.sizes), nvme_bytes=self.nvme.used, nvme_capacity_bytes=self.nvme.capacity,
-                       side_nvme_bytes=self.side_bytes("nvme"),
-                       nvme_offline=int(self._disk.mode == "off"),
-                       nvme_waiting_blocks=sum(gen == 0 for gen, _ in self._writing.values()))
-        for name in ("evictions", "evicted_workspaces", "misses", "corrupt", "write_errors", "orphans_removed",
-                     "nvme_faults"):
+            out.update(
+                nvme_blocks=len(self.nvme.sizes),
+                nvme_bytes=self.nvme.used,
+                nvme_capacity_bytes=self.nvme.capacity,
+                side_nvme_bytes=self.side_bytes("nvme"),
+                nvme_offline=int(self._disk.mode == "off"),
+                nvme_waiting_blocks=sum(gen == 0 for gen, _ in self._writing.values()),
+            )
+        for name in (
+            "evictions",
+            "evicted_workspaces",
+            "misses",
+            "corrupt",
+            "write_errors",
+            "orphans_removed",
+            "nvme_faults",
+        ):
             out[name] = self._counts[name]
         return out
 
@@ -378,8 +417,7 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin):
             self._metas[meta.chain_hash] = meta
             adopted.append(meta.chain_hash)
             parent = match.hashes[k - 1] if k else ROOT_HASH
-            if meta.parent_hash != parent or not np.array_equal(meta.token_ids, ids[k * size:(k + 1) * size]):
+            if meta.parent_hash != parent or not np.array_equal(meta.token_ids, ids[k * size : (k + 1) * size]):
                 break
             k += 1
         return dataclasses.replace(match, matched_blocks=k), adopted
-

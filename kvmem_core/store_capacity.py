@@ -7,6 +7,7 @@ a disk the host tier is a cache: a copy leaves when its file has landed and nobo
 it. Blocks waiting for a disk that is off after a fault (``store_disk``) stay in RAM;
 when they fill it, retention evicts idle workspaces holding them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,10 @@ class CapacityMixin:
         if plan is None and self._shed_side("host" if self.nvme is None else "nvme", used + nbytes - capacity):
             return
         if plan is None:
-            raise CapacityError(f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and "
-                                f"{self._why_no_eviction()}; raise {flag}")
+            raise CapacityError(
+                f"storage full: {used / GIB:.3f} of {capacity / GIB:.3f} GiB used and "
+                f"{self._why_no_eviction()}; raise {flag}"
+            )
         for ws_id in plan:
             self._evict_workspace(ws_id)
 
@@ -72,14 +75,20 @@ class CapacityMixin:
         fall short."""
         if self.retention != "evict-idle":
             return None
-        idle = [(w.id, [*w.hashes, *self._side_entries(w.id)]) for w in self.workspaces.oldest_first()
-                if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)]
+        idle = [
+            (w.id, [*w.hashes, *self._side_entries(w.id)])
+            for w in self.workspaces.oldest_first()
+            if w.id != self._active and not w.pinned and not any(h in self._pins for h in w.hashes)
+        ]
         owners = lambda h: 1 if h in self._side else self.workspaces.owners(h)  # noqa: E731
         return plan_workspace_eviction(idle, owners, size_of, need)
 
     def _why_no_eviction(self) -> str:
-        return ("--kvmem-retention keep-all refuses new history" if self.retention == "keep-all"
-                else "evicting every idle, unpinned workspace would not free enough")
+        return (
+            "--kvmem-retention keep-all refuses new history"
+            if self.retention == "keep-all"
+            else "evicting every idle, unpinned workspace would not free enough"
+        )
 
     def _bound(self) -> tuple[int, int, str]:
         if self.nvme is None:
@@ -138,8 +147,10 @@ class CapacityMixin:
         held = f"the host tier ({self.host.capacity / GIB:.3f} GiB) is full"
         fault = self.disk_fault()
         if fault:
-            return (f"{held} of blocks waiting for the NVMe tier, which is off after a disk fault ({fault}), and "
-                    f"{self._why_no_eviction()}; free disk space or raise --kvmem-cpu-gb")
+            return (
+                f"{held} of blocks waiting for the NVMe tier, which is off after a disk fault ({fault}), and "
+                f"{self._why_no_eviction()}; free disk space or raise --kvmem-cpu-gb"
+            )
         return f"{held} of pinned blocks; raise --kvmem-cpu-gb"
 
     def _evict_one(self) -> bool:

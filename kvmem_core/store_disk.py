@@ -15,6 +15,7 @@ failure turns it off again quietly until the next retry. Nothing stored is dropp
 a fault; a block that never reaches the disk is lost only with the process, as any write
 in flight is.
 """
+
 from __future__ import annotations
 
 import logging
@@ -145,8 +146,11 @@ class WriteThroughMixin:
         if self._disk.mode == "on":
             self._counts["nvme_faults"] += 1
             self._disk.fault = fault
-            log.warning("NVMe tier off after a disk fault (%s); steps continue from host RAM, writes retried every "
-                        "%.0f s", fault, self._retry_s)
+            log.warning(
+                "NVMe tier off after a disk fault (%s); steps continue from host RAM, writes retried every %.0f s",
+                fault,
+                self._retry_s,
+            )
             self._events.append({"event": "nvme_off", "error": fault})
         else:
             log.debug("NVMe tier still failing: %s", fault)
@@ -186,7 +190,12 @@ class WriteThroughMixin:
             ws = Workspace.from_manifest(data)
             whole = next((i for i, h in enumerate(ws.hashes) if h not in self._metas), len(ws.hashes))
             if whole < len(ws.hashes):
-                log.warning("workspace %s: %d of its blocks are missing; keeping its first %d", ws.id, len(ws.hashes) - whole, whole)
+                log.warning(
+                    "workspace %s: %d of its blocks are missing; keeping its first %d",
+                    ws.id,
+                    len(ws.hashes) - whole,
+                    whole,
+                )
                 ws.hashes = ws.hashes[:whole]
                 truncated.append(ws.id)
             self.workspaces.add(ws)

@@ -13,6 +13,7 @@ without it (a checkpoint then is recomputed when needed); and where blocks (or n
 data) find no room otherwise, side data of the tier is shed, oldest first, before the store
 refuses (``on_side_shed(tier, key)`` tells its owner), so it never costs a step.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable

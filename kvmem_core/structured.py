@@ -11,6 +11,7 @@ A grammar with a ``trigger`` (``SamplingParams.grammar_trigger``) is lazy: the t
 until it ends with the trigger (a tool-call marker), then the grammar runs until it is
 complete, and the text is free again until the next trigger.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,13 @@ def _planner() -> ThreadPoolExecutor:
 class Vocabulary:
     """An engine's vocabulary as llguidance's tokenizer, built on first use (one pass over the token bytes)."""
 
-    def __init__(self, n_vocab: int, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 tokenize: Callable[[str], Sequence[int]]) -> None:
+    def __init__(
+        self,
+        n_vocab: int,
+        token_bytes: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
+        tokenize: Callable[[str], Sequence[int]],
+    ) -> None:
         self.n_vocab = n_vocab
         self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
         self._tokenizer: Any = None
@@ -112,8 +118,9 @@ class Formats:
         if self.vocabulary is None:
             adapter = self.adapter
             bos = len(adapter.tokenize("", special=False))  # what the tokenizer puts in front of a whole text
-            self.vocabulary = Vocabulary(n_vocab, adapter.token_bytes, adapter.is_eog,
-                                         lambda text: adapter.tokenize(text, special=False)[bos:])
+            self.vocabulary = Vocabulary(
+                n_vocab, adapter.token_bytes, adapter.is_eog, lambda text: adapter.tokenize(text, special=False)[bos:]
+            )
         return Constraint(sampling.grammar, self.vocabulary, sampling.grammar_trigger)
 
 
@@ -150,7 +157,9 @@ class Constraint:
 
         self.vocab = vocab
         self.trigger = trigger.encode() if trigger else b""
-        self.matcher = llguidance.LLMatcher(vocab.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        self.matcher = llguidance.LLMatcher(
+            vocab.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
+        )
         if self.matcher.is_error():
             raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
         self.active = not self.trigger
@@ -207,7 +216,7 @@ class Constraint:
         if self._masked.shape != logits.shape or self._masked.dtype != logits.dtype:
             self._masked = np.empty_like(logits)
         self.masked += 1
-        return np.add(logits, self._bias[:logits.size], out=self._masked)
+        return np.add(logits, self._bias[: logits.size], out=self._masked)
 
     def take(self, token: int, data: bytes, left: int | None = None) -> None:
         """Advance by a sampled ``token`` (``data``: its bytes): the grammar consumes it, or, while free, the
@@ -239,8 +248,11 @@ class Constraint:
         if not self.active:
             return None
         need = self._need
-        if not self.closing and left <= self.WATCH and (left <= need + 2 * self.MARGIN
-                                                        or len(self._taken) % self.CHECK_EVERY == 0):
+        if (
+            not self.closing
+            and left <= self.WATCH
+            and (left <= need + 2 * self.MARGIN or len(self._taken) % self.CHECK_EVERY == 0)
+        ):
             need = self.closing_cost(left)
         closing = self.closing or left <= need + self.MARGIN or self._looping()
         closer = None
@@ -263,10 +275,10 @@ class Constraint:
         text = self._tail + data
         at = text.find(self.trigger)
         if at < 0:
-            self._tail = text[-len(self.trigger):]
+            self._tail = text[-len(self.trigger) :]
             return
         self.active = True
-        rest = text[at + len(self.trigger):]  # what the trigger's token wrote past it
+        rest = text[at + len(self.trigger) :]  # what the trigger's token wrote past it
         if rest:
             self.matcher.consume_tokens(self.vocab.tokenizer.tokenize_bytes(rest))
 
@@ -294,9 +306,10 @@ class Constraint:
 
     def _looping(self) -> bool:
         """The last ``LOOP_SPAN`` tokens repeat with a period of at most ``LOOP_PERIOD``."""
-        span, recent = self.LOOP_SPAN, self._taken[-self.LOOP_SPAN - self.LOOP_PERIOD:]
-        return any(len(recent) >= span + p and recent[-span:] == recent[-span - p:-p]
-                   for p in range(1, self.LOOP_PERIOD + 1))
+        span, recent = self.LOOP_SPAN, self._taken[-self.LOOP_SPAN - self.LOOP_PERIOD :]
+        return any(
+            len(recent) >= span + p and recent[-span:] == recent[-span - p : -p] for p in range(1, self.LOOP_PERIOD + 1)
+        )
 
     def _closer(self, matcher: Any, allowed: np.ndarray, quotes: Quotes) -> int | None:
         """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's."""
@@ -309,7 +322,7 @@ class Constraint:
         candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
         chosen = next((t for t in candidates if allowed[t]), None)
         if chosen is None:
-            rest = np.flatnonzero(allowed[:self.vocab.n_vocab])
+            rest = np.flatnonzero(allowed[: self.vocab.n_vocab])
             chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
         return chosen
 

@@ -6,33 +6,67 @@ asked about, the others are same-form distractors. Everything is generated offli
 seed. The forms are deliberately unlike agent tool-result transcripts (which benchmarks use),
 so calibration does not fit the test data.
 """
+
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-ENTITIES = ("Falcon", "Heron", "Juniper", "Basalt", "Orchid", "Tundra", "Marigold", "Quartz", "Cobalt", "Willow",
-            "Saffron", "Granite", "Lantern", "Meridian", "Harbor", "Nimbus", "Sequoia", "Topaz", "Vireo", "Ember")
+ENTITIES = (
+    "Falcon",
+    "Heron",
+    "Juniper",
+    "Basalt",
+    "Orchid",
+    "Tundra",
+    "Marigold",
+    "Quartz",
+    "Cobalt",
+    "Willow",
+    "Saffron",
+    "Granite",
+    "Lantern",
+    "Meridian",
+    "Harbor",
+    "Nimbus",
+    "Sequoia",
+    "Topaz",
+    "Vireo",
+    "Ember",
+)
 FACTS = (
     ("The access code for project {e} is {c}.", "What is the access code for project {e}?"),
     ("Locker {e} opens with the combination {c}.", "Which combination opens locker {e}?"),
     ("Agent {e} was assigned the badge number {c}.", "What badge number was agent {e} assigned?"),
-    ("The shipment labelled {e} carries tracking number {c}.", "What tracking number does the shipment labelled {e} carry?"),
+    (
+        "The shipment labelled {e} carries tracking number {c}.",
+        "What tracking number does the shipment labelled {e} carry?",
+    ),
 )
-PROSE = ("The committee met again on a grey morning and reviewed the quarterly figures line by line.",
-         "Rain had delayed the harvest, so the cooperative moved its market day to the following week.",
-         "A small museum near the river displays tools that the first settlers carried across the hills.",
-         "The library extended its opening hours after students asked for a quiet place to study.",
-         "Engineers replaced the old bridge cables, and traffic resumed before the holiday weekend.",
-         "The orchestra rehearsed the second movement twice, slowing the tempo in the final bars.")
-LOG = ("{t} INFO  scheduler: job {n} finished in {m} ms", "{t} WARN  cache: eviction pressure at {m}%",
-       "{t} DEBUG http: GET /api/v1/items/{n} 200", "{t} INFO  worker-{m}: heartbeat ok")
-CODE = ("def total_{n}(values):\n    return sum(v * {m} for v in values)\n",
-        "for i in range({m}):\n    buffer.append(i % {n})\n",
-        "class Record{n}:\n    size = {m}\n")
-CHAT = ("User: could you check the weather for tomorrow?\nAssistant: Light rain in the morning, clearing later.",
-        "User: how long does the train take?\nAssistant: About {m} minutes with one change.",
-        "User: remind me to call the bank.\nAssistant: I will remind you at {m} o'clock.")
+PROSE = (
+    "The committee met again on a grey morning and reviewed the quarterly figures line by line.",
+    "Rain had delayed the harvest, so the cooperative moved its market day to the following week.",
+    "A small museum near the river displays tools that the first settlers carried across the hills.",
+    "The library extended its opening hours after students asked for a quiet place to study.",
+    "Engineers replaced the old bridge cables, and traffic resumed before the holiday weekend.",
+    "The orchestra rehearsed the second movement twice, slowing the tempo in the final bars.",
+)
+LOG = (
+    "{t} INFO  scheduler: job {n} finished in {m} ms",
+    "{t} WARN  cache: eviction pressure at {m}%",
+    "{t} DEBUG http: GET /api/v1/items/{n} 200",
+    "{t} INFO  worker-{m}: heartbeat ok",
+)
+CODE = (
+    "def total_{n}(values):\n    return sum(v * {m} for v in values)\n",
+    "for i in range({m}):\n    buffer.append(i % {n})\n",
+    "class Record{n}:\n    size = {m}\n",
+)
+CHAT = (
+    "User: could you check the weather for tomorrow?\nAssistant: Light rain in the morning, clearing later.",
+    "User: how long does the train take?\nAssistant: About {m} minutes with one change.",
+    "User: remind me to call the bank.\nAssistant: I will remind you at {m} o'clock.",
+)
 SURROUNDINGS = ("prose", "log", "json", "code", "chat")
 
 

@@ -12,6 +12,7 @@ can cost it several times over.
 
 It reads ``/proc/stat`` and ``/proc/self/stat`` (Linux); elsewhere it keeps every core.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,15 @@ def read_ticks() -> tuple[int, int] | None:
 class ThreadGovernor:
     """The thread count to compute with now, out of ``cores``: the cores other processes left free lately."""
 
-    def __init__(self, cores: int, *, interval_s: float = 0.25, ticks: Callable[[], tuple[int, int] | None] = read_ticks,
-                 clock: Callable[[], float] = time.monotonic, hz: int | None = None) -> None:
+    def __init__(
+        self,
+        cores: int,
+        *,
+        interval_s: float = 0.25,
+        ticks: Callable[[], tuple[int, int] | None] = read_ticks,
+        clock: Callable[[], float] = time.monotonic,
+        hz: int | None = None,
+    ) -> None:
         self.cores, self.interval_s, self._ticks, self._clock = cores, interval_s, ticks, clock
         self._hz = hz or os.sysconf("SC_CLK_TCK")
         self._last = (clock(), ticks())

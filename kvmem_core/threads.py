@@ -7,6 +7,7 @@ the machine's core count), and ``auto``: the engine then follows the cores other
 leave free (``kvmem_core.thread_governor``). Adapters resolve an unset count here too, so an
 environment variable pins every engine a process tree starts (the tests pin 1).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,9 @@ def parse_count(text: str, what: str) -> int:
     return value
 
 
-def resolve_threads(threads: int | None = None, threads_batch: int | None = None,
-                    env: Mapping[str, str] | None = None) -> Threads:
+def resolve_threads(
+    threads: int | None = None, threads_batch: int | None = None, env: Mapping[str, str] | None = None
+) -> Threads:
     """Explicit counts win, then ``KVMEM_THREADS`` / ``KVMEM_THREADS_BATCH``, then every usable core (``auto``
     when both are unset); an unset batch count follows the decode count. ConfigError on a count below 1."""
     env = os.environ if env is None else env

@@ -13,6 +13,7 @@ only a keyless workspace; where none holds exactly the matched prefix it forks a
 histories under one key both keep their blocks. A *preferred* workspace (the one a
 previous response ran in) wins when several hold exactly the matched prefix.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,16 @@ class Workspace:
 
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> Workspace:
-        return cls(data["id"], data["namespace"], list(data["hashes"]), data["created"], data["last_used"],
-                   dict(data.get("last_selection", {})), data.get("key"), bool(data.get("pinned", False)))
+        return cls(
+            data["id"],
+            data["namespace"],
+            list(data["hashes"]),
+            data["created"],
+            data["last_used"],
+            dict(data.get("last_selection", {})),
+            data.get("key"),
+            bool(data.get("pinned", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,13 @@ class WorkspaceRegistry:
         """How many workspaces reference a block."""
         return len(self._owners.get(block_hash, ()))
 
-    def find_prefix(self, namespace: str, token_ids: Sequence[int] | np.ndarray,
-                    meta_of: Callable[[str], BlockMeta | None], route: Route = Route()) -> PrefixMatch:
+    def find_prefix(
+        self,
+        namespace: str,
+        token_ids: Sequence[int] | np.ndarray,
+        meta_of: Callable[[str], BlockMeta | None],
+        route: Route = Route(),
+    ) -> PrefixMatch:
         """Longest stored prefix of ``token_ids`` (whole blocks only, any workspace's) and the workspace the
         sequence continues under ``route``; no side effects."""
         hashes = block_hashes(namespace, token_ids, self.block_tokens)
@@ -124,14 +138,14 @@ class WorkspaceRegistry:
     def open(self, match: PrefixMatch) -> Workspace:
         """Continue the matched workspace (extended by blocks a match adopted past it) or fork a new one holding
         the matched prefix; return it."""
-        prefix = match.hashes[:match.matched_blocks]
+        prefix = match.hashes[: match.matched_blocks]
         if match.workspace_id is not None:
             ws = self._spaces[match.workspace_id]
         else:
             now = self._clock()
             ws = Workspace("ws-" + uuid.uuid4().hex[:16], match.namespace, [], now, now, key=match.key)
             self.add(ws)
-        for h in prefix[len(ws.hashes):]:
+        for h in prefix[len(ws.hashes) :]:
             self.append(ws.id, h)
         self.touch(ws.id)
         return ws
@@ -207,7 +221,7 @@ class WorkspaceRegistry:
         if not self._owners.get(hashes[k]):
             return False
         meta = meta_of(hashes[k])
-        block = ids[k * self.block_tokens:(k + 1) * self.block_tokens]
+        block = ids[k * self.block_tokens : (k + 1) * self.block_tokens]
         parent = hashes[k - 1] if k else ROOT_HASH
         return meta is not None and meta.parent_hash == parent and np.array_equal(meta.token_ids, block)
 
@@ -229,7 +243,7 @@ def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_to
     ids = np.asarray(token_ids, dtype=np.int32)
     out, parent = [], ROOT_HASH
     for start in range(0, len(ids) - block_tokens + 1, block_tokens):
-        parent = chain_hash(namespace, parent, ids[start:start + block_tokens])
+        parent = chain_hash(namespace, parent, ids[start : start + block_tokens])
         out.append(parent)
     return out
 
@@ -237,19 +251,40 @@ def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_to
 def describe(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], in_use: bool) -> dict[str, Any]:
     """A workspace's summary for listings: ids, sizes (stored tokens), times, key, pin."""
     tokens = sum(m.n_tokens for m in map(meta_of, ws.hashes) if m is not None)
-    return {"id": ws.id, "namespace": ws.namespace, "blocks": len(ws.hashes), "tokens": tokens,
-            "created": ws.created, "last_used": ws.last_used, "in_use": in_use, "key": ws.key, "pinned": ws.pinned}
+    return {
+        "id": ws.id,
+        "namespace": ws.namespace,
+        "blocks": len(ws.hashes),
+        "tokens": tokens,
+        "created": ws.created,
+        "last_used": ws.last_used,
+        "in_use": in_use,
+        "key": ws.key,
+        "pinned": ws.pinned,
+    }
 
 
-def detail(ws: Workspace, meta_of: Callable[[str], BlockMeta | None], tier_of: Callable[[str], str | None],
-           block_tokens: int, in_use: bool) -> dict[str, Any]:
+def detail(
+    ws: Workspace,
+    meta_of: Callable[[str], BlockMeta | None],
+    tier_of: Callable[[str], str | None],
+    block_tokens: int,
+    in_use: bool,
+) -> dict[str, Any]:
     """Summary plus each block's token range and tier (``missing`` if lost) and per-tier totals."""
     blocks = []
     for i, h in enumerate(ws.hashes):
         start = i * block_tokens  # blocks are consecutive and whole; meta.start_pos is where K was rotated
-        blocks.append({"index": i, "hash": h, "start": start, "end": start + block_tokens, "tier": tier_of(h) or "missing"})
+        blocks.append(
+            {"index": i, "hash": h, "start": start, "end": start + block_tokens, "tier": tier_of(h) or "missing"}
+        )
     tiers = Counter(b["tier"] for b in blocks)
     summary = describe(ws, meta_of, in_use)
-    totals = {"blocks": len(blocks), "tokens": summary["tokens"], "host_blocks": tiers["host"] + tiers["host+nvme"],
-              "nvme_blocks": tiers["nvme"] + tiers["host+nvme"], "missing_blocks": tiers["missing"]}
+    totals = {
+        "blocks": len(blocks),
+        "tokens": summary["tokens"],
+        "host_blocks": tiers["host"] + tiers["host+nvme"],
+        "nvme_blocks": tiers["nvme"] + tiers["host+nvme"],
+        "missing_blocks": tiers["missing"],
+    }
     return {**summary, "blocks": blocks, "totals": totals, "last_selection": ws.last_selection}

@@ -6,6 +6,7 @@ while each file keeps to its job. Export writes the portable file of ``kvmem_cor
 import checks it, recomputes each block's scoring summaries with this engine's retrieval
 heads, and adds the workspace all or nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,9 @@ class WorkspaceOps:
         resident = set(self.view.blocks) if workspace_id == self._view_ws else set()
         for block in info["blocks"]:
             meta = self.store.lookup(block["hash"])
-            block["text"] = self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS].tolist()) if meta is not None else ""
+            block["text"] = (
+                self.adapter.detokenize(meta.token_ids[:PREVIEW_TOKENS].tolist()) if meta is not None else ""
+            )
             block["tiers"] = (["gpu"] if block["index"] in resident else []) + block["tier"].split("+")
         info["totals"]["tokens_in_view"] = len(resident) * self.layout.block_tokens
         info.update(budget=self.config.budget, gen_budget=self.config.gen_budget, block_tokens=self.layout.block_tokens)
@@ -81,12 +84,23 @@ class WorkspaceOps:
         ws = self.store.workspaces.get(workspace_id)
         if ws is None:
             return None
-        fields = {"id": ws.id, "key": ws.key, "pinned": ws.pinned, "created": ws.created, "last_used": ws.last_used,
-                  "last_selection": ws.last_selection}
-        header = {"model_id": self.model_id, "namespace": self.namespace, "layout": dataclasses.asdict(self.layout),
-                  "workspace": fields}
-        write_workspace(Path(path), header, self.store.workspace_blocks(ws.id), lambda m: self.stored_kv(m.chain_hash),
-                        self.layout)
+        fields = {
+            "id": ws.id,
+            "key": ws.key,
+            "pinned": ws.pinned,
+            "created": ws.created,
+            "last_used": ws.last_used,
+            "last_selection": ws.last_selection,
+        }
+        header = {
+            "model_id": self.model_id,
+            "namespace": self.namespace,
+            "layout": dataclasses.asdict(self.layout),
+            "workspace": fields,
+        }
+        write_workspace(
+            Path(path), header, self.store.workspace_blocks(ws.id), lambda m: self.stored_kv(m.chain_hash), self.layout
+        )
         return self._summary(ws.id)
 
     def import_workspace(self, path: str) -> dict[str, Any]:
@@ -97,7 +111,9 @@ class WorkspaceOps:
             ws = self._imported(reader.header["workspace"])
             if self.store.workspaces.get(ws.id):
                 raise WorkspaceExistsError(f"workspace {ws.id} is already here; delete it to import again")
-            blocks = ((dataclasses.replace(m, summary=self._summarize(kv, m.start_pos)), kv) for m, kv in reader.blocks())
+            blocks = (
+                (dataclasses.replace(m, summary=self._summarize(kv, m.start_pos)), kv) for m, kv in reader.blocks()
+            )
             self.store.add_workspace(ws, blocks)
         return self._summary(ws.id)
 
@@ -115,12 +131,18 @@ class WorkspaceOps:
     def _imported(self, fields: dict[str, Any]) -> Workspace:
         ws_id, key, selection = fields.get("id"), fields.get("key"), fields.get("last_selection", {})
         created, last_used = fields.get("created"), fields.get("last_used")
-        if not (isinstance(ws_id, str) and WORKSPACE_ID.fullmatch(ws_id) and (key is None or isinstance(key, str))
-                and isinstance(selection, dict) and isinstance(created, (int, float))
-                and isinstance(last_used, (int, float))):
+        if not (
+            isinstance(ws_id, str)
+            and WORKSPACE_ID.fullmatch(ws_id)
+            and (key is None or isinstance(key, str))
+            and isinstance(selection, dict)
+            and isinstance(created, (int, float))
+            and isinstance(last_used, (int, float))
+        ):
             raise WorkspaceFileError("the workspace file's workspace fields are malformed")
-        return Workspace(ws_id, self.namespace, [], float(created), float(last_used), selection, key,
-                         fields.get("pinned") is True)
+        return Workspace(
+            ws_id, self.namespace, [], float(created), float(last_used), selection, key, fields.get("pinned") is True
+        )
 
     def _summary(self, workspace_id: str) -> dict[str, Any]:
         return next(w for w in self.store.list_workspaces() if w["id"] == workspace_id)

@@ -1,4 +1,5 @@
 """Float64 reference for one decode token's attention over scattered paged-cache rows."""
+
 from __future__ import annotations
 
 import torch
@@ -16,11 +17,12 @@ def decode_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, angl
     q, k, v = q.double(), k.double(), v.double()
     rd, hd = angles.shape[1], q.shape[1]
     kr, kp = k[..., :rd], k[..., rd:]
-    rotated = torch.cat([-kr[..., rd // 2:], kr[..., :rd // 2]], -1)
+    rotated = torch.cat([-kr[..., rd // 2 :], kr[..., : rd // 2]], -1)
     k = torch.cat([kr * angles.cos()[:, None] + rotated * angles.sin()[:, None], kp], -1)
     group = q.shape[0] // k.shape[1]
-    return torch.stack([torch.softmax(k[:, h // group] @ q[h] / hd ** 0.5, 0) @ v[:, h // group]
-                        for h in range(q.shape[0])])
+    return torch.stack(
+        [torch.softmax(k[:, h // group] @ q[h] / hd**0.5, 0) @ v[:, h // group] for h in range(q.shape[0])]
+    )
 
 
 def gated_heads_model(dtype: torch.dtype, device: str = "cpu"):

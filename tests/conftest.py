@@ -1,5 +1,6 @@
 """Shared test setup: one compute thread per process (threads of one process share a vCPU here), and in CI a
 skip for a missing model, browser or package is a failure (``skip_policy``)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """A small real filesystem for disk-fault tests: a tmpfs mounted by the test (root only, else skipped)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,9 @@ def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
     mount.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True, check=False
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     try:

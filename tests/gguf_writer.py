@@ -5,6 +5,7 @@ this engine and llama.cpp load: Llama Q/K rows permuted for interleaved RoPE (qw
 them: llama.cpp runs it with NeoX RoPE); qwen35 V
 heads tiled, ``ssm_a = -exp(A_log)``, ``+1`` on the norms that compute ``1 + w``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,26 +16,41 @@ import torch
 
 from kvmem_torch.spec import ModelSpec, spec_from_hf
 
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 _LAYER = {
-    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight", "linear_attn.in_proj_z.weight": "attn_gate.weight",
-    "linear_attn.in_proj_b.weight": "ssm_beta.weight", "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
-    "linear_attn.out_proj.weight": "ssm_out.weight", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
-    "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.A_log": "ssm_a", "linear_attn.norm.weight": "ssm_norm.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.norm.weight": "ssm_norm.weight",
 }
 
 
 def gguf_name(spec: ModelSpec, hf_name: str) -> str:
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
-    index, _, sub = hf_name[len("model.layers."):].partition(".")
+    index, _, sub = hf_name[len("model.layers.") :].partition(".")
     if spec.arch == "qwen35" and sub == "post_attention_layernorm.weight":
         return f"blk.{index}.post_attention_norm.weight"
     if sub == "post_attention_layernorm.weight":
@@ -79,7 +95,7 @@ def _tile(spec: ModelSpec, hf_name: str, t: torch.Tensor) -> torch.Tensor:
 
     def tile(x: torch.Tensor, dim: int, hd: int) -> torch.Tensor:
         shape = list(x.shape)
-        return x.reshape(*shape[:dim], nk, r, hd, *shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
+        return x.reshape(*shape[:dim], nk, r, hd, *shape[dim + 1 :]).transpose(dim, dim + 1).reshape(shape)
 
     if "in_proj_qkv" in hf_name or "conv1d" in hf_name:
         return torch.cat([t[:qk], tile(t[qk:], 0, dv)])
@@ -92,8 +108,13 @@ def _tile(spec: ModelSpec, hf_name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def write_gguf(path: str | Path, config: Mapping[str, Any], state: Mapping[str, torch.Tensor],
-               qtype: str = "F32", sentencepiece: Mapping[str, list] | None = None) -> ModelSpec:
+def write_gguf(
+    path: str | Path,
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    qtype: str = "F32",
+    sentencepiece: Mapping[str, list] | None = None,
+) -> ModelSpec:
     """Write a GGUF; matrices that split into 32-blocks use ``qtype``. The tokenizer is ``no_vocab`` or, with
     ``sentencepiece`` (``tokens``, ``scores``, ``types``; ids 0/1/2 = unk/BOS/EOS), a SentencePiece one."""
     import gguf

@@ -2,6 +2,7 @@
 
 Tests that start ``kvmem`` pass ``--model SMALL_MODEL``; tests that load a file take ``small_model()``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

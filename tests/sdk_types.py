@@ -1,5 +1,6 @@
 """What a server sends, checked against the openai SDK's own pydantic types (every required field, every
 literal), and sent raw over HTTP so that no client library smooths it over first."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ from pydantic import TypeAdapter
 
 _RESPONSE_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 _BODIES = {"/v1/chat/completions": ChatCompletion, "/v1/completions": Completion, "/v1/responses": Response}
-_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk.model_validate, "/v1/completions": Completion.model_validate,
-           "/v1/responses": _RESPONSE_EVENT.validate_python}
+_CHUNKS = {
+    "/v1/chat/completions": ChatCompletionChunk.model_validate,
+    "/v1/completions": Completion.model_validate,
+    "/v1/responses": _RESPONSE_EVENT.validate_python,
+}
 
 
 @dataclass
@@ -29,8 +33,9 @@ class Reply:
 
 
 def _request(base_url: str, path: str, body: dict[str, Any]) -> urllib.request.Request:
-    return urllib.request.Request(base_url + path, data=json.dumps(body).encode(), method="POST",
-                                  headers={"Content-Type": "application/json"})
+    return urllib.request.Request(
+        base_url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
 
 
 def post(base_url: str, path: str, body: dict[str, Any], timeout: float = 120) -> Reply:

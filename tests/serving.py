@@ -1,4 +1,5 @@
 """Test helpers for the server: the app in-process, and ``kvmem serve`` as a live subprocess."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,15 @@ class AppClient:
     """The app on a private event loop with a synchronous ``request``; the engine starts only if asked;
     ``state_fields`` go to ``ServerState``."""
 
-    def __init__(self, api_key: str | None = None, ui_dir: Path | None = None, start_engine: bool = False,
-                 config: KVMemConfig | None = None, max_body_bytes: int = 4096, **state_fields: Any) -> None:
+    def __init__(
+        self,
+        api_key: str | None = None,
+        ui_dir: Path | None = None,
+        start_engine: bool = False,
+        config: KVMemConfig | None = None,
+        max_body_bytes: int = 4096,
+        **state_fields: Any,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         config = config or KVMemConfig()
         spec = P.EngineSpec(backend="llama.cpp", model=SMALL_MODEL, config=P.config_to_wire(config))
@@ -55,6 +63,7 @@ class AppClient:
             async with aiohttp.ClientSession() as session:
                 async with session.request(method, self.server.make_url(path), **kwargs) as resp:
                     return resp.status, dict(resp.headers), await resp.read()
+
         return self.loop.run_until_complete(go())
 
     def close(self) -> None:
@@ -81,8 +90,9 @@ class LiveServer(ServeProcess):
 
     def command(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run another ``kvmem serve`` with this server's flags plus ``extra`` and wait for it."""
-        return subprocess.run([*self.argv, *extra], env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
-                              cwd=ROOT)
+        return subprocess.run(
+            [*self.argv, *extra], env=self.env, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT
+        )
 
 
 def exercise(base_url: str, api_key: str = "none") -> dict[str, Any]:
@@ -97,15 +107,24 @@ def exercise(base_url: str, api_key: str = "none") -> dict[str, Any]:
     messages = [{"role": "user", "content": "Name one planet."}]
     plain = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
     assert plain.choices[0].message.role == "assistant" and plain.choices[0].finish_reason in ("stop", "length")
-    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == plain.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
     assert chunks[0].kvmem["workspace_id"] == chunks[-1].kvmem["workspace_id"]  # known from the first chunk on
     first = client.responses.create(model=model, input="Name one ocean.", max_output_tokens=6, temperature=0)
-    second = client.responses.create(model=model, input="Another one?", previous_response_id=first.id,
-                                     max_output_tokens=6, temperature=0)
+    second = client.responses.create(
+        model=model, input="Another one?", previous_response_id=first.id, max_output_tokens=6, temperature=0
+    )
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert second.usage.input_tokens_details.cached_tokens > 0
     return {"model": model, "chat": plain, "responses": (first, second)}

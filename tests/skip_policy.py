@@ -5,6 +5,7 @@ Skips for what a CI machine legitimately lacks (a GPU, a second network interfac
 only the reasons below count as missing. ``pytest.importorskip`` says ``could not import``, a known
 model's ``ModelNotFoundError`` says ``is not installed``, and so does the Chromium check.
 """
+
 from __future__ import annotations
 
 import os

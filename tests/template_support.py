@@ -1,4 +1,5 @@
 """A real adapter under another chat template: its tokenizer and model, the template given."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -40,10 +41,20 @@ class Templated:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.adapter, name)
 
-    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        return self.template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                    add_generation_prompt=add_generation_prompt, **kwargs)
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        return self.template.render(
+            messages=list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            **kwargs,
+        )
 
 
 def _raise(message: str) -> None:

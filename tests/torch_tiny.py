@@ -2,6 +2,7 @@
 
 Random internal weights for a shape (benchmarks, 27B on a GPU) are ``kvmem_bench.torch_weights``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,20 +13,49 @@ from kvmem_torch.spec import ModelSpec
 
 TINY = {
     "llama": dict(
-        model_type="llama", vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-        max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
+        model_type="llama",
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
     ),
     "qwen2": dict(
-        model_type="qwen2", vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+        model_type="qwen2",
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
     ),
     "qwen35": dict(
-        model_type="qwen3_5_text", vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-        max_position_embeddings=4096, full_attention_interval=2, linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6,
+        model_type="qwen3_5_text",
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+        full_attention_interval=2,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=False,
     ),
@@ -36,8 +66,9 @@ def tiny_hf_config(arch: str) -> dict[str, Any]:
     return dict(TINY[arch])
 
 
-def tiny_hf_model(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32,
-                  config: dict[str, Any] | None = None) -> Any:
+def tiny_hf_model(
+    arch: str, seed: int = 0, dtype: torch.dtype = torch.float32, config: dict[str, Any] | None = None
+) -> Any:
     """A randomly initialised HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3_5ForCausalLM`` with
     non-trivial norms, biases, dt_bias and A_log, in eval mode; ``config`` replaces the tiny config of ``arch``."""
     import transformers
@@ -70,8 +101,9 @@ def _random_like(name: str, p: torch.Tensor, gen: torch.Generator) -> torch.Tens
     return 0.15 * torch.randn(p.shape, generator=gen)
 
 
-def tiny_spec_weights(model: Any, dtype: torch.dtype = torch.float32,
-                      device: torch.device | str = "cpu") -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def tiny_spec_weights(
+    model: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """The internal spec and weights of an HF model object (same conversion as the safetensors path)."""
     from kvmem_torch.hf_loader import weights_from_hf
     from kvmem_torch.spec import spec_from_hf

@@ -1,6 +1,7 @@
 """A recording proxy between a client library and a live server: it forwards every request unchanged and checks
 every reply of the OpenAI routes, whole or streamed, against the openai SDK's own types (``sdk_types``), so a test
 driving a framework sees protocol errors the framework itself would smooth over or swallow."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,9 @@ class WireTap:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        async with self.session.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as up:
+        async with self.session.request(
+            request.method, self.upstream + request.path_qs, data=body, headers=headers
+        ) as up:
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "")})
             await resp.prepare(request)
             captured = b""
@@ -76,6 +79,7 @@ class WireTap:
         async def stop() -> None:
             await self.session.close()
             await self.runner.cleanup()
+
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)

@@ -2,6 +2,7 @@
 
 ``create_adapter`` is the ``kvmem.adapters`` entry point named ``llama.cpp``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -20,8 +21,13 @@ def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> LlamaCp
 
     if config.kv_dtype not in ("auto", "f16", "q8_0"):
         raise ConfigError(f"--kv-dtype {config.kv_dtype} is not available on the llama.cpp engine: choose f16 or q8_0")
-    return LlamaCppAdapter(model_path, view_tokens=config.view_tokens, block_tokens=config.block_tokens,
-                           kv_q8_0=config.kv_dtype == "q8_0", **opts)
+    return LlamaCppAdapter(
+        model_path,
+        view_tokens=config.view_tokens,
+        block_tokens=config.block_tokens,
+        kv_q8_0=config.kv_dtype == "q8_0",
+        **opts,
+    )
 
 
 __all__ = ["create_adapter"]

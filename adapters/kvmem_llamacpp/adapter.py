@@ -4,6 +4,7 @@ The view is sequence 0 of a unified KV cache. A block travels as a sequence-stat
 copied to the scratch sequence 1 with ``seq_cp`` and saved (export), or synthesized for
 sequence 1, restored and copied into the view (import). Every buffer is reused.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,8 +30,10 @@ from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resol
 from kvmem_llamacpp.rope import rotate
 
 # ChatML, the common default of instruction-tuned GGUFs that carry no template
-CHATML_TEMPLATE = ("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
-                   "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}")
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}"
+)
 log = logging.getLogger("kvmem.llamacpp")
 _CACHE_TYPES = {"float32": GGML_TYPE_F32, "float16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}  # layout dtype -> ggml
 
@@ -38,10 +41,22 @@ _CACHE_TYPES = {"float32": GGML_TYPE_F32, "float16": GGML_TYPE_F16, "q8_0": GGML
 class LlamaCppAdapter:
     """One GGUF model and its view of ``view_tokens`` cells (see kvmem_core.adapter.EngineAdapter)."""
 
-    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_gpu_layers: int | None = None, n_batch: int = 512,
-                 flash_attn: bool = True, f32_cache: bool = False, chat_template: str | None = None,
-                 capture_context: bool | None = None, kv_q8_0: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        view_tokens: int,
+        block_tokens: int = 128,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_gpu_layers: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool = True,
+        f32_cache: bool = False,
+        chat_template: str | None = None,
+        capture_context: bool | None = None,
+        kv_q8_0: bool = False,
+    ) -> None:
         """Thread counts default as ``kvmem_core.threads.resolve_threads`` says, GPU layers as ``offload`` says;
         ``chat_template`` replaces the model's own. ``capture_context`` captures queries in a second context,
         so the view's own context runs without an eval callback (``_copy_view`` says what each costs); None: on
@@ -58,17 +73,30 @@ class LlamaCppAdapter:
         threads = resolve_threads(n_threads, n_threads_batch)
         self._governor = ThreadGovernor(threads.decode)
         self._governed = threads.auto
-        context = functools.partial(LlamaContext, m, view_tokens, threads, n_batch=n_batch, flash_attn=flash_attn,
-                                    cache_type=_CACHE_TYPES[kv_dtype])
-        self.ctx, self._capture_ctx = self._make_contexts(context, m.n_gpu_layers != 0 if capture_context is None
-                                                          else capture_context, capture_context is None)
+        context = functools.partial(
+            LlamaContext,
+            m,
+            view_tokens,
+            threads,
+            n_batch=n_batch,
+            flash_attn=flash_attn,
+            cache_type=_CACHE_TYPES[kv_dtype],
+        )
+        self.ctx, self._capture_ctx = self._make_contexts(
+            context, m.n_gpu_layers != 0 if capture_context is None else capture_context, capture_context is None
+        )
         self.placement = describe(m.n_gpu_layers, m.n_layer)
         self.model_path = str(path)
         self.model_id = path.stem
         self.fingerprint = file_fingerprint(self.model_path)
         self.layout = BlockLayout(m.n_layer, m.n_head_kv, m.head_dim, m.n_head, block_tokens, kv_dtype)
-        self.caps = Capabilities(backend="llama.cpp", max_view_tokens=self.ctx.n_ctx, trained_ctx=m.n_ctx_train,
-                                 devices=(offload_runtime(m.n_gpu_layers),), probe=True)
+        self.caps = Capabilities(
+            backend="llama.cpp",
+            max_view_tokens=self.ctx.n_ctx,
+            trained_ctx=m.n_ctx_train,
+            devices=(offload_runtime(m.n_gpu_layers),),
+            probe=True,
+        )
         self._n_embd_kv = m.n_head_kv * m.head_dim
         self._v_trans = 0 if flash_attn else 1
         self._import = np.empty(0, dtype=np.uint8)
@@ -76,8 +104,9 @@ class LlamaCppAdapter:
         self.chat_template = chat_template or self.model.meta("tokenizer.chat_template") or CHATML_TEMPLATE
         self._template = self._compile_template()
 
-    def _make_contexts(self, context: Callable[..., LlamaContext], separate: bool,
-                       optional: bool) -> tuple[LlamaContext, LlamaContext | None]:
+    def _make_contexts(
+        self, context: Callable[..., LlamaContext], separate: bool, optional: bool
+    ) -> tuple[LlamaContext, LlamaContext | None]:
         """(view context, capture context or None). An ``optional`` capture context that cannot be made (GPU
         memory for a second view) leaves capture on the view's own context."""
         if not separate:
@@ -120,11 +149,22 @@ class LlamaCppAdapter:
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.model.vocab, token))
 
-    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                     add_generation_prompt=add_generation_prompt, bos_token=self._special(L.llama_vocab_bos),
-                                     eos_token=self._special(L.llama_vocab_eos), **kwargs)
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        return self._template.render(
+            messages=list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._special(L.llama_vocab_bos),
+            eos_token=self._special(L.llama_vocab_eos),
+            **kwargs,
+        )
 
     def _special(self, getter: Any) -> str:
         token = getter(self.model.vocab)
@@ -137,8 +177,15 @@ class LlamaCppAdapter:
 
     # ---- forward ----------------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
-                capture_from: int | None = None, stop_after: int | None = None) -> ForwardOut:
+    def forward(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        *,
+        want_logits: bool = True,
+        capture_from: int | None = None,
+        stop_after: int | None = None,
+    ) -> ForwardOut:
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert stop_after is None or capture_from is not None, "a probe captures queries"
         want_logits = want_logits and stop_after is None
@@ -154,7 +201,7 @@ class LlamaCppAdapter:
             last = i + step >= len(tokens)
             if capture_from is not None:
                 self.capture.next_chunk(min(step, len(tokens) - i))
-            ctx.decode(tokens[i:i + step], positions[i:i + step], LlamaContext.VIEW, want_logits and last)
+            ctx.decode(tokens[i : i + step], positions[i : i + step], LlamaContext.VIEW, want_logits and last)
         if ctx is not self.ctx:
             _copy_view(ctx, self.ctx)
         self._view.update(int(p) for p in positions)

@@ -9,6 +9,7 @@ Cells come in cell-slot order; ``parse`` sorts them by position. A q8_0 cache's 
 bytes (uint8, ``q8_0``): 34 bytes per 32 values; its V is never transposed (llama.cpp quantizes V only
 under flash attention).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ class SeqKV:
 
 def _dtype(type_id: int) -> np.dtype:
     if type_id not in _DTYPES:
-        raise UnsupportedModelError(f"KV cache type {type_id} is not supported by this adapter yet (f16, f32 and q8_0 are)")
+        raise UnsupportedModelError(
+            f"KV cache type {type_id} is not supported by this adapter yet (f16, f32 and q8_0 are)"
+        )
     return _DTYPES[type_id]
 
 
@@ -122,7 +125,11 @@ def synthesize(out: np.ndarray, seq: int, kv: SeqKV, v_trans: int) -> int:
 def _write(out: np.ndarray, parts: list[bytes | np.ndarray]) -> int:
     off = 0
     for part in parts:
-        raw = np.frombuffer(part, dtype=np.uint8) if isinstance(part, bytes) else np.ascontiguousarray(part).view(np.uint8).reshape(-1)
-        out[off:off + raw.size] = raw
+        raw = (
+            np.frombuffer(part, dtype=np.uint8)
+            if isinstance(part, bytes)
+            else np.ascontiguousarray(part).view(np.uint8).reshape(-1)
+        )
+        out[off : off + raw.size] = raw
         off += raw.size
     return off

@@ -12,6 +12,7 @@ for the next layer's query and answers False when it is computed, which makes th
 stop computing that graph split (``ggml_backend_sched_compute_splits`` breaks out of it). The
 cells of the probed tokens then hold valid K and V up to ``stop_after`` and stale ones above.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +54,7 @@ class QueryCapture:
     def take(self) -> np.ndarray:
         """The queries armed for, float32 [layers, tokens, heads, head dim]; disarms."""
         self.gate.armed = False
-        assert (self._filled[:self._stop + 1] == self._out.shape[1]).all(), "a layer's queries were not captured"
+        assert (self._filled[: self._stop + 1] == self._out.shape[1]).all(), "a layer's queries were not captured"
         return self._out.reshape(self.n_layer, -1, self.n_head, self.head_dim)
 
     def _on_tensor(self, t_ptr: int, ask: bool, user_data: int) -> bool:
@@ -69,7 +70,7 @@ class QueryCapture:
         if ask:  # the first such node of each layer, in chunks that hold wanted tokens
             return layer not in self._done and self._hi > self._start
         first = max(self._start, self._lo)
-        read_rows(t, t_ptr, first - self._lo, self._out[layer, first - self._start:self._hi - self._start])
+        read_rows(t, t_ptr, first - self._lo, self._out[layer, first - self._start : self._hi - self._start])
         self._filled[layer] += self._hi - first
         self._done.add(layer)
         return True

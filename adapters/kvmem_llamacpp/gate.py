@@ -8,6 +8,7 @@ capture is armed and the node is a ``Qcur-*`` tensor. It is compiled once with t
 compiler (the one llama-cpp-python was built with) into the user cache; without a compiler
 the Python callback is installed directly: same results, slower decode.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -54,7 +55,11 @@ PyEval = Callable[[int, bool, int], bool]
 
 
 class _GateState(ctypes.Structure):
-    _fields_ = [("armed", ctypes.c_int), ("name_offset", ctypes.c_size_t), ("inner", L.ggml_backend_sched_eval_callback)]
+    _fields_ = [
+        ("armed", ctypes.c_int),
+        ("name_offset", ctypes.c_size_t),
+        ("inner", L.ggml_backend_sched_eval_callback),
+    ]
 
 
 class EvalGate:
@@ -104,8 +109,9 @@ def _compile(path: Path) -> bool:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         src, out = Path(tmp) / "gate.c", Path(tmp) / path.name
         src.write_text(SOURCE)
-        done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [compiler, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             log.warning("compiling the eval gate failed (%s): Python eval callback instead", done.stderr.strip()[:200])
             return False

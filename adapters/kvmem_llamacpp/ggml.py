@@ -4,6 +4,7 @@ Tensor data may live in device memory once layers are offloaded, so it is read t
 backend API (``ggml_backend_tensor_get``), never through ``tensor->data``. The device
 registry (``ggml_backend_dev_*``) says which devices this build can use.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,8 +72,11 @@ def _base() -> ctypes.CDLL:
     lib.ggml_op_name.restype, lib.ggml_op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
     lib.ggml_backend_tensor_get.restype = None
     lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    for fn, res in (("ggml_backend_dev_name", ctypes.c_char_p), ("ggml_backend_dev_description", ctypes.c_char_p),
-                    ("ggml_backend_dev_type", ctypes.c_int)):
+    for fn, res in (
+        ("ggml_backend_dev_name", ctypes.c_char_p),
+        ("ggml_backend_dev_description", ctypes.c_char_p),
+        ("ggml_backend_dev_type", ctypes.c_int),
+    ):
         getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, [ctypes.c_void_p]
     return lib
 
@@ -116,6 +120,11 @@ def backend_devices() -> list[BackendDevice]:
     for i in range(reg.ggml_backend_dev_count()):
         dev = reg.ggml_backend_dev_get(i)
         kind = base.ggml_backend_dev_type(dev)
-        out.append(BackendDevice(base.ggml_backend_dev_name(dev).decode(), base.ggml_backend_dev_description(dev).decode(),
-                                 DEVICE_KINDS[kind] if kind < len(DEVICE_KINDS) else "other"))
+        out.append(
+            BackendDevice(
+                base.ggml_backend_dev_name(dev).decode(),
+                base.ggml_backend_dev_description(dev).decode(),
+                DEVICE_KINDS[kind] if kind < len(DEVICE_KINDS) else "other",
+            )
+        )
     return out

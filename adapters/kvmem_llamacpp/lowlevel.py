@@ -7,6 +7,7 @@ with the other (V is transposed without it). With layers offloaded the KV cache 
 the device too (``offload_kqv``); state blobs still arrive in host buffers, since
 llama.cpp reads and writes them through ``ggml_backend_tensor_get/set``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,8 +27,10 @@ _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry ext
 _backend_ready = False
 
 # llama_decode's return codes (llama.h)
-_DECODE_ERRORS = {1: "no free cells in the view for the batch",
-                  -1: "invalid batch: its first position must follow the last one the view holds"}
+_DECODE_ERRORS = {
+    1: "no free cells in the view for the batch",
+    -1: "invalid batch: its first position must follow the last one the view holds",
+}
 
 
 def init_backend() -> None:
@@ -47,7 +50,9 @@ def _QUIET(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 def check_gguf(path: Path) -> None:
     """Raise ModelNotFoundError / UnsupportedModelError before llama.cpp sees a bad file."""
     if path.is_dir():
-        raise UnsupportedModelError(f"{path} is a model directory; llama.cpp needs a GGUF file (or use --backend torch)")
+        raise UnsupportedModelError(
+            f"{path} is a model directory; llama.cpp needs a GGUF file (or use --backend torch)"
+        )
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
     with path.open("rb") as f:
@@ -82,7 +87,9 @@ class LlamaModel:
         self.path, self.n_gpu_layers = path, n_gpu_layers
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
-            raise UnsupportedModelError(f"llama.cpp could not load {path.name} (unknown architecture or a damaged file)")
+            raise UnsupportedModelError(
+                f"llama.cpp could not load {path.name} (unknown architecture or a damaged file)"
+            )
         self._refuse(self._arch_problem())
         if vocab_only:
             return
@@ -143,8 +150,17 @@ class LlamaContext:
 
     VIEW, SCRATCH = 0, 1
 
-    def __init__(self, model: LlamaModel, n_ctx: int, threads: Threads, *, n_batch: int = 512, flash_attn: bool = True,
-                 cache_type: int = GGML_TYPE_F16, gate: EvalGate | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        n_ctx: int,
+        threads: Threads,
+        *,
+        n_batch: int = 512,
+        flash_attn: bool = True,
+        cache_type: int = GGML_TYPE_F16,
+        gate: EvalGate | None = None,
+    ) -> None:
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, 2
         p.n_threads, p.n_threads_batch = threads.decode, threads.batch
@@ -168,8 +184,9 @@ class LlamaContext:
         self._logits_type = ctypes.c_float * model.n_vocab
         self._state = np.empty(0, dtype=np.uint8)
 
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq: int, want_logits: bool,
-               every_logit: bool = False) -> None:
+    def decode(
+        self, tokens: Sequence[int], positions: Sequence[int], seq: int, want_logits: bool, every_logit: bool = False
+    ) -> None:
         """One ``llama_decode`` of at most ``n_batch`` tokens; logits for the last when asked, for every token with
         ``every_logit``."""
         n = len(tokens)

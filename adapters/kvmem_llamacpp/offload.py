@@ -10,6 +10,7 @@ CUDA and HIP are one code path: llama.cpp builds its CUDA backend for AMD with H
 devices are then named ``ROCm0``...), and KVMem reaches KV and activations only through
 ggml's backend API, whichever backend holds them.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,7 @@ GPU_OPTIONS = {"cuda": "GGML_CUDA", "hip": "GGML_HIP"}
 REBUILD = {
     "cuda": 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36',
     "hip": 'CMAKE_ARGS="{flags}" HIPCXX="$(hipconfig -l)/clang" HIP_PATH="$(hipconfig -R)" '
-           'pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36',
+    "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36",
 }
 _SET = re.compile(r'^set\((GGML_[A-Z0-9_]+) "([^"]*)"\)$', re.M)
 
@@ -68,10 +69,14 @@ def why_no_gpu(options: dict[str, str]) -> str:
     """Why no layer can go to a GPU, and what to do about it."""
     built = gpu_backends(options)
     if built:
-        return (f"this llama-cpp-python build has the {'/'.join(built)} backend but sees no GPU "
-                "(check the driver and CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
-    return ("this llama-cpp-python build is CPU-only; rebuild it for NVIDIA with "
-            f"`{rebuild_command('cuda')}` or for AMD with `{rebuild_command('hip')}` (GPU_TARGETS: your gfx target)")
+        return (
+            f"this llama-cpp-python build has the {'/'.join(built)} backend but sees no GPU "
+            "(check the driver and CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)"
+        )
+    return (
+        "this llama-cpp-python build is CPU-only; rebuild it for NVIDIA with "
+        f"`{rebuild_command('cuda')}` or for AMD with `{rebuild_command('hip')}` (GPU_TARGETS: your gfx target)"
+    )
 
 
 def offload_runtime(n_gpu_layers: int, devices: list[BackendDevice] | None = None) -> str:

@@ -4,6 +4,7 @@ The llama.cpp engine's 8-bit KV (``--kv-dtype q8_0``) keeps K and V rows in this
 state blobs and every KVMem tier, untouched. These helpers serve the few places that need values: the
 scorers' content keys, and re-rotating K when a block moves to another position (compact mode).
 """
+
 from __future__ import annotations
 
 import numpy as np

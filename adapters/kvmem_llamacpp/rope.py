@@ -6,6 +6,7 @@ permuted the Q/K weight rows so that this equals HF's rotate-half on the origina
 keys un-rotated here share the same (permuted) row order, so their dot products are the
 model's content-frame scores.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ import numpy as np
 NORM, NEOX = 0, 2
 
 
-def _angles(positions: np.ndarray, n_rot: int, base: float,
-            factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _angles(
+    positions: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
     if factors is not None:
         inv = inv / factors
@@ -22,8 +24,9 @@ def _angles(positions: np.ndarray, n_rot: int, base: float,
     return np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, n_rot/2]
 
 
-def rotate(x: np.ndarray, positions: np.ndarray, *, n_rot: int, base: float, style: int,
-           factors: np.ndarray | None = None) -> np.ndarray:
+def rotate(
+    x: np.ndarray, positions: np.ndarray, *, n_rot: int, base: float, style: int, factors: np.ndarray | None = None
+) -> np.ndarray:
     """Rotate ``x`` ``[..., T, heads, head_dim]`` by ``positions`` (negative values undo); float32 out.
     ``factors`` divide the frequencies (rope scaling), as llama.cpp's ``rope_freqs`` do."""
     cos, sin = _angles(positions, n_rot, base, factors)

@@ -4,6 +4,7 @@
 public API for code outside it (benchmarks measure the engine through them); each loads its module, and torch, on
 first use, so importing the package stays light.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,9 @@ from kvmem_core.errors import ConfigError
 _SIXTEEN_BIT = {"f16": "float16", "bf16": "bfloat16"}
 
 
-def create_adapter(model_path: str, config: KVMemConfig, *, chat_template: str | None = None,
-                   **opts: Any) -> "TorchAdapter":  # noqa: F821
+def create_adapter(
+    model_path: str, config: KVMemConfig, *, chat_template: str | None = None, **opts: Any
+) -> "TorchAdapter":  # noqa: F821
     """Load ``model_path`` (GGUF file or HF directory) with a view of ``config.view_tokens`` cells; ``chat_template``
     replaces the model's own. ``config.kv_dtype``: ``fp8`` stores K/V as 8-bit rows; ``f16``/``bf16`` name the run
     dtype (KV is kept in it), which must then agree with ``opts["dtype"]``."""
@@ -42,8 +44,9 @@ def kv_opts(kv_dtype: str, dtype: str | None) -> dict[str, Any]:
     raise ConfigError(f"--kv-dtype {kv_dtype} keeps KV in the run dtype, but --dtype is {dtype}")
 
 
-def plain_engine(model: Any, view_tokens: int, block_tokens: int = 128, cuda_graphs: bool | None = None,
-                 kv_fp8: bool = False) -> Any:
+def plain_engine(
+    model: Any, view_tokens: int, block_tokens: int = 128, cuda_graphs: bool | None = None, kv_fp8: bool = False
+) -> Any:
     """The engine without KVMem over ``model`` (a ``Model``): one sequence's paged view of ``view_tokens`` cells
     with ``prefill``, ``forward``, ``insert_block``, ``clear``, ``drop_graphs`` and ``use_graphs`` (the plain
     engine a benchmark sets KVMem against)."""
@@ -67,9 +70,17 @@ def quantize_fp8(x: Any) -> Any:
     return quantize(x)
 
 
-_PUBLIC = {"TorchAdapter": "adapter", "prefill_chunk_for": "adapter", "Model": "model", "ModelSpec": "spec",
-           "ATTENTION": "spec", "qwen35_kinds": "spec", "from_gguf_meta": "tokenizer", "BlockStager": "transfer",
-           "TorchRetrievalHeads": "scoring"}
+_PUBLIC = {
+    "TorchAdapter": "adapter",
+    "prefill_chunk_for": "adapter",
+    "Model": "model",
+    "ModelSpec": "spec",
+    "ATTENTION": "spec",
+    "qwen35_kinds": "spec",
+    "from_gguf_meta": "tokenizer",
+    "BlockStager": "transfer",
+    "TorchRetrievalHeads": "scoring",
+}
 
 
 def __getattr__(name: str) -> Any:

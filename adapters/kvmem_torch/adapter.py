@@ -5,6 +5,7 @@ block at another position (compact mode) only changes the positions stored with 
 Hybrid (qwen35) models also expose their recurrent state: ``save_state`` / ``restore_state``
 take and apply checkpoints (the query-replay point, turn boundaries).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,9 @@ from kvmem_torch.tokenizer import IdTokenizer, Tokenizer, from_gguf_meta, from_h
 from kvmem_torch.transfer import BlockStager
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-Loaded = tuple[ModelSpec, dict[str, torch.Tensor], Tokenizer | IdTokenizer, str]  # spec, weights, tokenizer, fingerprint
+Loaded = tuple[
+    ModelSpec, dict[str, torch.Tensor], Tokenizer | IdTokenizer, str
+]  # spec, weights, tokenizer, fingerprint
 
 
 @dataclass
@@ -44,10 +47,22 @@ class Verified:
 class TorchAdapter:
     """One model (GGUF file or HF directory) and its view of ``view_tokens`` cells."""
 
-    def __init__(self, model_path: str | Path, *, view_tokens: int, block_tokens: int = 128,
-                 device: str | None = None, dtype: torch.dtype | str | None = None, prefill_chunk: int | None = None,
-                 cuda_graphs: bool | None = None, progress: bool = True, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, loaded: Loaded | None = None, kv_fp8: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        view_tokens: int,
+        block_tokens: int = 128,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        prefill_chunk: int | None = None,
+        cuda_graphs: bool | None = None,
+        progress: bool = True,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        loaded: Loaded | None = None,
+        kv_fp8: bool = False,
+    ) -> None:
         """Thread counts (CPU only) default as ``kvmem_core.threads.resolve_threads`` says. ``dtype`` (a torch dtype
         or its name; None: bfloat16 on CUDA, float32 elsewhere) holds weights and KV. ``loaded``: spec,
         weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
@@ -71,12 +86,25 @@ class TorchAdapter:
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
         self._verified: Verified | None = None  # a hybrid model's last ``forward_every``, while it can be cut back
-        self.layout = BlockLayout(len(spec.attention_layers), spec.n_kv_heads, spec.head_dim, spec.n_heads,
-                                  block_tokens, "fp8_e4m3" if kv_fp8 else _DTYPE_NAMES[dtype])
+        self.layout = BlockLayout(
+            len(spec.attention_layers),
+            spec.n_kv_heads,
+            spec.head_dim,
+            spec.n_heads,
+            block_tokens,
+            "fp8_e4m3" if kv_fp8 else _DTYPE_NAMES[dtype],
+        )
         self.caps = Capabilities(
-            backend="torch", max_view_tokens=view_tokens, trained_ctx=spec.max_context, paged_slots=True,
-            recurrent_state=bool(spec.deltanet_layers), async_copies=device.startswith("cuda"), devices=(device,),
-            prefill_chunk=self.prefill_chunk, staged_reads=True)
+            backend="torch",
+            max_view_tokens=view_tokens,
+            trained_ctx=spec.max_context,
+            paged_slots=True,
+            recurrent_state=bool(spec.deltanet_layers),
+            async_copies=device.startswith("cuda"),
+            devices=(device,),
+            prefill_chunk=self.prefill_chunk,
+            staged_reads=True,
+        )
         self._staged: dict[tuple[int, int], Callable[[], BlockKV]] = {}  # (start, n) -> its read (``stage_reads``)
 
     # ---- text ---------------------------------------------------------------------------
@@ -93,14 +121,26 @@ class TorchAdapter:
     def is_eog(self, token: int) -> bool:
         return self.tokenizer.is_eog(token)
 
-    def render_chat(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         return self.tokenizer.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
 
     # ---- forward ------------------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int], *, want_logits: bool = True,
-                capture_from: int | None = None) -> ForwardOut:
+    def forward(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        *,
+        want_logits: bool = True,
+        capture_from: int | None = None,
+    ) -> ForwardOut:
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
@@ -112,7 +152,9 @@ class TorchAdapter:
             capture = capture_from is not None and b > capture_from
             logits, q = self.runner.forward(list(tokens[a:b]), list(positions[a:b]), capture=capture)
             if capture:
-                captured.append(torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a):])
+                captured.append(
+                    torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a) :]
+                )
         queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
         if not want_logits:
             return ForwardOut(queries=queries)

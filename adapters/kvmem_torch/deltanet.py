@@ -7,6 +7,7 @@ place so decode can be graph-captured. On CUDA, prefill runs flash-linear-attent
 kernels when the package (``fla-core``, the ``cuda`` extra) is installed: the torch form loops
 over 64-token chunks in Python, a few kernels per chunk and layer.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,9 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         state: torch.Tensor) -> torch.Tensor:
+def recurrent_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
     """Token by token. q,k [h, T, dk], v [h, T, dv], g/beta [h, T], state [h, dk, dv] (updated). -> [h, T, dv]"""
     out = torch.empty_like(v)
     for t in range(q.shape[1]):
@@ -41,8 +43,15 @@ def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     return out
 
 
-def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """Same contract as ``recurrent_delta_rule``, in chunks: intra-chunk work as matmuls (UT transform)."""
     h, T, dv = v.shape
     pad = (-T) % chunk
@@ -82,15 +91,24 @@ def fla_chunked_rule() -> Callable | None:
     return chunk_gated_delta_rule
 
 
-def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor) -> torch.Tensor:
+def fla_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
     """The chunked rule through flash-linear-attention, from the conv outputs as they are (no head repeat: its
     value heads share key heads as ``repeat_interleave`` does). q,k [T, nk, dk] (L2-normalized in the
     kernel, q scaled by dk^-1/2 there), v [T, nv, dv], g/beta [T, nv] fp32, state [nv, dk, dv] fp32
     (updated). -> [T, nv, dv] in v's dtype."""
-    out, final = fla_chunked_rule()(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
-                                    initial_state=state[None], output_final_state=True,
-                                    use_qk_l2norm_in_kernel=True)
+    out, final = fla_chunked_rule()(
+        q[None],
+        k[None],
+        v[None],
+        g[None],
+        beta[None],
+        scale=q.shape[-1] ** -0.5,
+        initial_state=state[None],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     state.copy_(final[0])
     return out[0]
 
@@ -100,7 +118,12 @@ class DeltaNet:
 
     def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor]) -> None:
         self.w, self.eps = w, spec.rms_eps
-        self.nk, self.nv, self.dk, self.dv = spec.linear_k_heads, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim
+        self.nk, self.nv, self.dk, self.dv = (
+            spec.linear_k_heads,
+            spec.linear_v_heads,
+            spec.linear_k_dim,
+            spec.linear_v_dim,
+        )
         self.conv_dim = spec.conv_dim
         self.sizes = fuse(w, ("qkv", "z", "b", "a"), "in_fused")
         self.can_fuse = self.fused = kernels.eligible(w["in_fused"].device, self.dk, self.dv)
@@ -118,17 +141,30 @@ class DeltaNet:
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"]), torch.sigmoid(b.float())
         if T > 1 and self.fla:
-            core = fla_delta_rule(q.view(T, self.nk, self.dk), k.view(T, self.nk, self.dk),
-                                  v.view(T, self.nv, self.dv), g, beta, rec_state)
+            core = fla_delta_rule(
+                q.view(T, self.nk, self.dk),
+                k.view(T, self.nk, self.dk),
+                v.view(T, self.nv, self.dv),
+                g,
+                beta,
+                rec_state,
+            )
         else:
             core = self.torch_rule(q, k, v, g, beta, rec_state).to(z.dtype)
         return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
 
-    def torch_rule(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   rec_state: torch.Tensor) -> torch.Tensor:
+    def torch_rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        rec_state: torch.Tensor,
+    ) -> torch.Tensor:
         """The delta rule in torch ops (fp32) from the conv outputs [T, ...]. -> [T, nv, dv] fp32"""
         T, rep = q.shape[0], self.nv // self.nk
-        q = l2norm(q.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk ** -0.5
+        q = l2norm(q.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk**-0.5
         k = l2norm(k.float().view(T, self.nk, self.dk)).repeat_interleave(rep, dim=1)
         v = v.float().view(T, self.nv, self.dv)
         rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
@@ -137,7 +173,7 @@ class DeltaNet:
     def conv(self, mixed: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail."""
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
-        conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1]:])
+        conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1] :])
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)
 

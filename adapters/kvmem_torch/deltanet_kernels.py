@@ -10,6 +10,7 @@ norm (every program of the key head reads them in the step).
 They launch as dependents of the kernel before them, as the other decode kernels do (``kernels``);
 ``TRITON_INTERPRET=1`` runs them on the CPU for the unit tests.
 """
+
 from __future__ import annotations
 
 import torch
@@ -57,10 +58,25 @@ if triton is not None:
         return (acc * tl.sigmoid(acc)).to(x.dtype).to(tl.float32)
 
     @triton.jit
-    def _deltanet_kernel(mixed_ptr, b_ptr, a_ptr, conv_ptr, conv_w_ptr, state_ptr, ssm_a_ptr,
-                         dt_bias_ptr, core_ptr, NK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                         BV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr,
-                         PDL: tl.constexpr):
+    def _deltanet_kernel(
+        mixed_ptr,
+        b_ptr,
+        a_ptr,
+        conv_ptr,
+        conv_w_ptr,
+        state_ptr,
+        ssm_a_ptr,
+        dt_bias_ptr,
+        core_ptr,
+        NK: tl.constexpr,
+        DK: tl.constexpr,
+        DV: tl.constexpr,
+        BV: tl.constexpr,
+        REP: tl.constexpr,
+        KC: tl.constexpr,
+        TP: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # one value head's columns [j*BV, (j+1)*BV) of its state: the delta rule is independent per value column.
         # Its v channels have no other reader, so their conv tails move on here; the q/k tails, read by every
         # program of the key head, move on in the gated-norm kernel that runs after this one
@@ -73,7 +89,7 @@ if triton is not None:
         q = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, kh * DK + dk, False, KC, TP)
         k = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, (NK + kh) * DK + dk, False, KC, TP)
         v = _conv_silu(mixed_ptr, conv_ptr, conv_w_ptr, 2 * NK * DK + h * DV + dv, True, KC, TP)
-        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK ** -0.5)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK**-0.5)
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         beta = tl.sigmoid(tl.load(b_ptr + h).to(tl.float32))
         a = tl.load(a_ptr + h).to(tl.float32) + tl.load(dt_bias_ptr + h)
@@ -85,9 +101,22 @@ if triton is not None:
         tl.store(core_ptr + h * DV + dv, tl.sum(q[:, None] * state, 0).to(core_ptr.dtype.element_ty))
 
     @triton.jit
-    def _gated_norm_kernel(core_ptr, z_ptr, norm_w_ptr, out_ptr, mixed_ptr, conv_ptr, eps, NK: tl.constexpr,
-                           DK: tl.constexpr, DV: tl.constexpr, REP: tl.constexpr, KC: tl.constexpr,
-                           TP: tl.constexpr, PDL: tl.constexpr):
+    def _gated_norm_kernel(
+        core_ptr,
+        z_ptr,
+        norm_w_ptr,
+        out_ptr,
+        mixed_ptr,
+        conv_ptr,
+        eps,
+        NK: tl.constexpr,
+        DK: tl.constexpr,
+        DV: tl.constexpr,
+        REP: tl.constexpr,
+        KC: tl.constexpr,
+        TP: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # one head: RMS norm of its output (plain weight), gated by silu(z), rounded where the torch path rounds;
         # a key head's first value head moves on that key head's q and k conv tails
         wait_previous(PDL)
@@ -105,8 +134,17 @@ if triton is not None:
         tl.store(out_ptr + h * DV + dv, (scaled * z * tl.sigmoid(z)).to(dt))
 
 
-def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
-                  rec_state: torch.Tensor, w: dict[str, torch.Tensor], n_k_heads: int, eps: float) -> torch.Tensor:
+def deltanet_step(
+    mixed: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_state: torch.Tensor,
+    rec_state: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    n_k_heads: int,
+    eps: float,
+) -> torch.Tensor:
     """One token through a Gated DeltaNet layer's mixer, from its input projections to the gated norm.
 
     mixed [conv_dim], z [hv*dv], b/a [hv] (one token's projections); conv_state [conv_dim, K-1] and
@@ -118,9 +156,43 @@ def deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torc
     tp = triton.next_power_of_2(kc - 1)
     core, out = torch.empty_like(z), torch.empty_like(z)
     pdl = dependent_launch(z.device)
-    _deltanet_kernel[(hv, dv // bv)](mixed, b, a, conv_state, w["conv"], rec_state, w["ssm_a"], w["dt_bias"],
-                                     core, NK=n_k_heads, DK=dk, DV=dv, BV=bv, REP=rep, KC=kc, TP=tp, PDL=pdl,
-                                     num_warps=DELTANET_WARPS, launch_pdl=pdl)
-    _gated_norm_kernel[(hv,)](core, z, w["ssm_norm"], out, mixed, conv_state, eps, NK=n_k_heads, DK=dk, DV=dv,
-                              REP=rep, KC=kc, TP=tp, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    _deltanet_kernel[(hv, dv // bv)](
+        mixed,
+        b,
+        a,
+        conv_state,
+        w["conv"],
+        rec_state,
+        w["ssm_a"],
+        w["dt_bias"],
+        core,
+        NK=n_k_heads,
+        DK=dk,
+        DV=dv,
+        BV=bv,
+        REP=rep,
+        KC=kc,
+        TP=tp,
+        PDL=pdl,
+        num_warps=DELTANET_WARPS,
+        launch_pdl=pdl,
+    )
+    _gated_norm_kernel[(hv,)](
+        core,
+        z,
+        w["ssm_norm"],
+        out,
+        mixed,
+        conv_state,
+        eps,
+        NK=n_k_heads,
+        DK=dk,
+        DV=dv,
+        REP=rep,
+        KC=kc,
+        TP=tp,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
     return out

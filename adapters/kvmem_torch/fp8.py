@@ -6,6 +6,7 @@ takes ``2 * hd``. Scale and codes travel together: a block is the same contiguou
 cache, the pinned staging buffers, host RAM and its NVMe file, and every reader dequantizes as it
 reads (``dequantize`` here, the decode kernel in ``kernels``).
 """
+
 from __future__ import annotations
 
 import torch

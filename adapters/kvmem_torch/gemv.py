@@ -18,6 +18,7 @@ sublayer's output, normed); ``project`` is ``F.linear`` for a tensor or for a ``
 Used for single-token forwards on CUDA (``kernels.eligible``); ``TRITON_INTERPRET=1`` runs it on
 the CPU for the unit tests.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,10 @@ if triton is not None:
         ``NORM`` rms_norm(x + h) * norm before its scale (x + h stored where ``write``), else x."""
         dt = x_ptr.dtype.element_ty
         if NORM:
-            s = (tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-                 + tl.load(h_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dt)
+            s = (
+                tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+                + tl.load(h_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            ).to(dt)
             tl.store(total_ptr + k, s, mask=k_mask & write)
             s = s.to(tl.float32)
             return (s * tl.load(norm_ptr + k, mask=k_mask, other=0.0)).to(dt).to(tl.float32), s * s
@@ -57,9 +60,24 @@ if triton is not None:
         return x, x
 
     @triton.jit
-    def _gemv_kernel(w_ptr, x_ptr, h_ptr, norm_ptr, bias_ptr, out_ptr, total_ptr, N, K, eps,
-                     NORM: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, ROWS: tl.constexpr,
-                     COLS: tl.constexpr, PDL: tl.constexpr):
+    def _gemv_kernel(
+        w_ptr,
+        x_ptr,
+        h_ptr,
+        norm_ptr,
+        bias_ptr,
+        out_ptr,
+        total_ptr,
+        N,
+        K,
+        eps,
+        NORM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        ROWS: tl.constexpr,
+        COLS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # rows [pid * ROWS, +ROWS) of out = W . input; program 0 also writes the residual sum (NORM). Each
         # iteration loads the next chunk of weight rows, so the first is in flight before the wait for the
         # previous kernel (weights have no producer)
@@ -68,8 +86,9 @@ if triton is not None:
         n_mask = n < N
         rows = w_ptr + n.to(tl.int64)[:, None] * K
         k = tl.arange(0, COLS)
-        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
+        w = tl.load(
+            rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0, eviction_policy="evict_first"
+        )
         wait_previous(PDL)
         acc = tl.zeros((ROWS, COLS), tl.float32)
         squares = tl.zeros((COLS,), tl.float32)
@@ -79,8 +98,12 @@ if triton is not None:
             x, sq = _input_chunk(x_ptr, h_ptr, norm_ptr, total_ptr, k, k < K, write, NORM)
             acc += w.to(tl.float32) * x[None, :]
             squares += sq
-            w = tl.load(rows + COLS + k[None, :], mask=n_mask[:, None] & (k + COLS < K)[None, :], other=0.0,
-                        eviction_policy="evict_first")
+            w = tl.load(
+                rows + COLS + k[None, :],
+                mask=n_mask[:, None] & (k + COLS < K)[None, :],
+                other=0.0,
+                eviction_policy="evict_first",
+            )
         let_next_start(PDL)
         out = tl.sum(acc, 1)
         if NORM:
@@ -96,21 +119,46 @@ if triton is not None:
             tl.store(out_ptr + n, out.to(dt), mask=n_mask)
 
 
-def _gemv(weight: torch.Tensor, x: torch.Tensor, h: torch.Tensor | None = None, norm: torch.Tensor | None = None,
-          eps: float = 0.0, bias: torch.Tensor | None = None, total: torch.Tensor | None = None,
-          swiglu: bool = False) -> torch.Tensor:
+def _gemv(
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    h: torch.Tensor | None = None,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    bias: torch.Tensor | None = None,
+    total: torch.Tensor | None = None,
+    swiglu: bool = False,
+) -> torch.Tensor:
     """out [1, N] = weight [N, K] . input: rms_norm(x + h) * norm with ``total`` = x + h written when ``norm`` is
     given, else x. ``swiglu``: the weight's rows are interleaved (gate, up) pairs and out [1, N/2] is
     silu(gate) * up."""
     n, k = weight.shape
-    rows, cols, warps, stages = INTERPRETED_SHAPE if weight.device.type == "cpu" else \
-        SWIGLU_SHAPE if swiglu else LAUNCH_SHAPE
+    rows, cols, warps, stages = (
+        INTERPRETED_SHAPE if weight.device.type == "cpu" else SWIGLU_SHAPE if swiglu else LAUNCH_SHAPE
+    )
     out = torch.empty(1, n // 2 if swiglu else n, dtype=weight.dtype, device=weight.device)
     pdl = dependent_launch(weight.device)
     _gemv_kernel[(triton.cdiv(n, rows),)](
-        weight, x, x if h is None else h, x if norm is None else norm, x if bias is None else bias, out,
-        x if total is None else total, n, k, eps, NORM=norm is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, ROWS=rows, COLS=cols, PDL=pdl, num_warps=warps, num_stages=stages, launch_pdl=pdl)
+        weight,
+        x,
+        x if h is None else h,
+        x if norm is None else norm,
+        x if bias is None else bias,
+        out,
+        x if total is None else total,
+        n,
+        k,
+        eps,
+        NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        SWIGLU=swiglu,
+        ROWS=rows,
+        COLS=cols,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
     return out
 
 
@@ -140,4 +188,3 @@ def output_projection(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     kernel before it, as cuBLAS cannot (measured on an H200: as fast as cuBLAS alone, 0.3 ms a token faster
     in the dependent chain)."""
     return _gemv(w, x.contiguous())
-

@@ -7,6 +7,7 @@ llama.cpp's converter quirks are undone here: Llama Q/K rows are un-permuted, qw
 DeltaNet V heads go from tiled back to grouped order. Its ``+1`` on norms and
 ``ssm_a = -exp(A_log)`` already match the internal layout. MTP layers are skipped.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,11 +22,27 @@ from kvmem_torch.spec import ModelSpec, spec_from_gguf
 
 _GLOBAL = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
 _LAYER = {
-    "attn_norm": "attn_norm", "ffn_norm": "mlp_norm", "post_attention_norm": "mlp_norm",
-    "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
-    "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down", "attn_qkv": "qkv", "attn_gate": "z",
-    "ssm_beta": "b", "ssm_alpha": "a", "ssm_out": "out", "ssm_conv1d": "conv", "ssm_dt": "dt_bias",
-    "ssm_a": "ssm_a", "ssm_norm": "ssm_norm",
+    "attn_norm": "attn_norm",
+    "ffn_norm": "mlp_norm",
+    "post_attention_norm": "mlp_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+    "attn_qkv": "qkv",
+    "attn_gate": "z",
+    "ssm_beta": "b",
+    "ssm_alpha": "a",
+    "ssm_out": "out",
+    "ssm_conv1d": "conv",
+    "ssm_dt": "dt_bias",
+    "ssm_a": "ssm_a",
+    "ssm_norm": "ssm_norm",
 }
 _BIAS = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # qwen2; ssm_dt.bias is dt_bias above
 
@@ -60,7 +77,7 @@ def unpermute_qk(t: torch.Tensor, n_heads: int) -> torch.Tensor:
 def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, head_dim: int) -> torch.Tensor:
     """V heads along ``dim`` from tiled [v0 of every k, v1 of every k, ...] to grouped-by-k order."""
     shape = list(t.shape)
-    t = t.reshape(*shape[:dim], per_k, n_k, head_dim, *shape[dim + 1:])
+    t = t.reshape(*shape[:dim], per_k, n_k, head_dim, *shape[dim + 1 :])
     return t.transpose(dim, dim + 1).reshape(shape)
 
 
@@ -78,8 +95,9 @@ def _untile_deltanet(spec: ModelSpec, leaf: str, t: torch.Tensor) -> torch.Tenso
     return t
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu",
-              progress: bool = True) -> tuple[ModelSpec, dict[str, torch.Tensor], dict[str, Any]]:
+def load_gguf(
+    path: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu", progress: bool = True
+) -> tuple[ModelSpec, dict[str, torch.Tensor], dict[str, Any]]:
     """Spec, internal weights (``dtype`` on ``device``; DeltaNet scalars fp32) and the file's metadata."""
     f = GGUFFile(path)
     if "token_embd.weight" not in f.tensors:
@@ -90,8 +108,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str =
     spec = spec_from_gguf(f.meta, vocab, has_output="output.weight" in f.tensors, rope_freqs=freqs)
     weights = {}
     names = [(n, internal_name(n, spec.n_layers)) for n in f.tensors]
-    for gguf_name, name in tqdm([x for x in names if x[1]], desc=f"loading {f.path.name}", disable=not progress,
-                                unit="tensor"):
+    for gguf_name, name in tqdm(
+        [x for x in names if x[1]], desc=f"loading {f.path.name}", disable=not progress, unit="tensor"
+    ):
         t = convert_tensor(spec, name, torch.from_numpy(f.tensor(gguf_name)))
         keep_fp32 = name.endswith(("ssm_a", "dt_bias"))
         weights[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype).contiguous()

@@ -1,4 +1,5 @@
 """HF checkpoints (``llama``, ``qwen2``, ``qwen3_5_text``, the ``qwen3_5`` wrapper's language part) to the internal layout."""
+
 from __future__ import annotations
 
 import json
@@ -47,11 +48,11 @@ def internal_name(hf_name: str) -> str | None:
         return "lm_head"
     for prefix in _PREFIXES:
         if hf_name.startswith(prefix):
-            rest = hf_name[len(prefix):]
+            rest = hf_name[len(prefix) :]
             if rest in _GLOBAL_NAMES:
                 return _GLOBAL_NAMES[rest]
             if rest.startswith("layers."):
-                index, _, sub = rest[len("layers."):].partition(".")
+                index, _, sub = rest[len("layers.") :].partition(".")
                 return f"layers.{index}.{_LAYER_NAMES[sub]}" if sub in _LAYER_NAMES else None
     return None
 
@@ -68,8 +69,9 @@ def convert_tensor(spec: ModelSpec, name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def weights_from_hf(spec: ModelSpec, tensors: Mapping[str, torch.Tensor],
-                    dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def weights_from_hf(
+    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Convert an HF state dict (name -> tensor) to internal weights in ``dtype`` on ``device``."""
     out = {}
     for hf_name in tensors:
@@ -88,8 +90,9 @@ def _place(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device 
     return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype).contiguous()
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu",
-                progress: bool = True) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def load_hf_dir(
+    path: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu", progress: bool = True
+) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Load ``config.json`` + ``*.safetensors`` of an HF model directory."""
     from safetensors import safe_open
 

@@ -23,6 +23,7 @@ a DeltaNet layer's state, which only its own step kernel writes) it loads before
 Used on CUDA when Triton is importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is
 how the unit tests check it against the eager path).
 """
+
 from __future__ import annotations
 
 import functools
@@ -122,11 +123,34 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(q_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, n_keys_ptr,
-                      out_ptr, m_ptr, l_ptr, k_off, v_off, block_rows, scale, S,
-                      SPLIT: tl.constexpr, IEEE: tl.constexpr, KV: tl.constexpr, G: tl.constexpr,
-                      G_PAD: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, B: tl.constexpr,
-                      BLOCK: tl.constexpr, ROW: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+    def _split_kernel(
+        q_ptr,
+        rows_ptr,
+        slots_ptr,
+        cos_ptr,
+        sin_ptr,
+        n_keys_ptr,
+        out_ptr,
+        m_ptr,
+        l_ptr,
+        k_off,
+        v_off,
+        block_rows,
+        scale,
+        S,
+        SPLIT: tl.constexpr,
+        IEEE: tl.constexpr,
+        KV: tl.constexpr,
+        G: tl.constexpr,
+        G_PAD: tl.constexpr,
+        HD: tl.constexpr,
+        RD: tl.constexpr,
+        B: tl.constexpr,
+        BLOCK: tl.constexpr,
+        ROW: tl.constexpr,
+        FP8: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # FP8: rows of ROW = HD + 4 bytes, e4m3 codes then a float32 scale (``fp8``), dequantized as they are read
         # scores = q_pass·k (dims >= RD, straight from the cache) + q_rot·rope(k[:RD]) (a narrow fp32 tile),
         # so only the rotary dims are widened and rotated
@@ -203,8 +227,14 @@ def _splits(S: int, n_kv: int) -> tuple[int, int]:
     return -(-S // split), split
 
 
-def decode_attention(q: torch.Tensor, cache: PagedKV, layer: int, key_slots: torch.Tensor, n_keys: torch.Tensor,
-                     gate: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    cache: PagedKV,
+    layer: int,
+    key_slots: torch.Tensor,
+    n_keys: torch.Tensor,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q·R(pos)k/√d) v for one token over the first ``n_keys`` of the view's slots.
 
     q [heads, hd] already rotated; ``cache`` holds the keys pre-RoPE and each slot's cos/sin row; key_slots
@@ -222,27 +252,79 @@ def decode_attention(q: torch.Tensor, cache: PagedKV, layer: int, key_slots: tor
     acc = torch.empty(n_kv, n_splits, G_PAD, hd, dtype=torch.float32, device=q.device)
     m = torch.empty(n_kv, n_splits, G_PAD, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    _split_kernel[(n_kv, n_splits)](q.contiguous(), cache.rows, key_slots, cache.cos, cache.sin, n_keys,
-                                    acc, m, l, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
-                                    hd ** -0.5, S, SPLIT=split, IEEE=q.dtype == torch.float32, KV=n_kv, G=G,
-                                    G_PAD=G_PAD, HD=hd, RD=rd, B=cache.block_tokens, BLOCK=BLOCK_N,
-                                    ROW=cache.rows.shape[2], FP8=cache.fp8, PDL=pdl,
-                                    num_warps=ATTENTION_WARPS,
-                                    num_stages=ATTENTION_STAGES, launch_pdl=pdl)
+    _split_kernel[(n_kv, n_splits)](
+        q.contiguous(),
+        cache.rows,
+        key_slots,
+        cache.cos,
+        cache.sin,
+        n_keys,
+        acc,
+        m,
+        l,
+        cache.k_offset(layer),
+        cache.v_offset(layer),
+        cache.block_rows,
+        hd**-0.5,
+        S,
+        SPLIT=split,
+        IEEE=q.dtype == torch.float32,
+        KV=n_kv,
+        G=G,
+        G_PAD=G_PAD,
+        HD=hd,
+        RD=rd,
+        B=cache.block_tokens,
+        BLOCK=BLOCK_N,
+        ROW=cache.rows.shape[2],
+        FP8=cache.fp8,
+        PDL=pdl,
+        num_warps=ATTENTION_WARPS,
+        num_stages=ATTENTION_STAGES,
+        launch_pdl=pdl,
+    )
     out = torch.empty(n_heads, hd, dtype=q.dtype, device=q.device)
     dims = min(MERGE_DIMS, hd)
-    _merge_kernel[(n_heads, hd // dims)](acc, m, l, q if gate is None else gate, out, n_splits, G=G, G_PAD=G_PAD,
-                                         HD=hd, DB=dims, GATE_STRIDE=2 * hd, GATED=gate is not None, SB=16,
-                                         PDL=pdl, num_warps=4, launch_pdl=pdl)
+    _merge_kernel[(n_heads, hd // dims)](
+        acc,
+        m,
+        l,
+        q if gate is None else gate,
+        out,
+        n_splits,
+        G=G,
+        G_PAD=G_PAD,
+        HD=hd,
+        DB=dims,
+        GATE_STRIDE=2 * hd,
+        GATED=gate is not None,
+        SB=16,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
     return out
 
 
 if triton is not None:
 
     @triton.jit
-    def _merge_kernel(acc_ptr, m_ptr, l_ptr, gate_ptr, out_ptr, n_splits, G: tl.constexpr, G_PAD: tl.constexpr,
-                      HD: tl.constexpr, DB: tl.constexpr, GATE_STRIDE: tl.constexpr, GATED: tl.constexpr,
-                      SB: tl.constexpr, PDL: tl.constexpr):
+    def _merge_kernel(
+        acc_ptr,
+        m_ptr,
+        l_ptr,
+        gate_ptr,
+        out_ptr,
+        n_splits,
+        G: tl.constexpr,
+        G_PAD: tl.constexpr,
+        HD: tl.constexpr,
+        DB: tl.constexpr,
+        GATE_STRIDE: tl.constexpr,
+        GATED: tl.constexpr,
+        SB: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # one query head's dims [c*DB, (c+1)*DB): its splits' partials weighed by exp(m - max m) (a split that saw
         # no key has m = -inf and weighs nothing), then the sigmoid output gate, rounded where the torch path rounds
         wait_previous(PDL)
@@ -261,8 +343,9 @@ if triton is not None:
             at = (kv * n_splits + s0 + s) * G_PAD + g
             w = tl.exp(tl.load(m_ptr + at, mask=valid, other=float("-inf")) - m_ref)
             den += tl.load(l_ptr + at, mask=valid, other=0.0) * w
-            num += tl.sum(tl.load(acc_ptr + at[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
-                          * w[:, None], 0)
+            num += tl.sum(
+                tl.load(acc_ptr + at[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0) * w[:, None], 0
+            )
         out = num / tl.sum(den, 0)
         if GATED:
             dt = out_ptr.dtype.element_ty
@@ -271,10 +354,30 @@ if triton is not None:
         tl.store(out_ptr + hq * HD + d, out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
-    def _prologue_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, rows_ptr, new_slot_ptr, q_out_ptr,
-                         k_off, v_off, block_rows, eps, NH: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr,
-                         RD: tl.constexpr, Q_STRIDE: tl.constexpr, NORM: tl.constexpr, B: tl.constexpr,
-                         ROW: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+    def _prologue_kernel(
+        qkv_ptr,
+        q_norm_ptr,
+        k_norm_ptr,
+        cos_ptr,
+        sin_ptr,
+        rows_ptr,
+        new_slot_ptr,
+        q_out_ptr,
+        k_off,
+        v_off,
+        block_rows,
+        eps,
+        NH: tl.constexpr,
+        KV: tl.constexpr,
+        HD: tl.constexpr,
+        RD: tl.constexpr,
+        Q_STRIDE: tl.constexpr,
+        NORM: tl.constexpr,
+        B: tl.constexpr,
+        ROW: tl.constexpr,
+        FP8: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         # programs [0, NH): one query head, RMS-normed (qwen35) and rotated into q_out, rounded where the torch
         # path rounds; [NH, NH + KV): one kv head, K normed and K/V written to the new token's cache rows
         # (K pre-RoPE, as the cache holds it)
@@ -343,9 +446,19 @@ if triton is not None:
         tl.store(out_ptr + i, swiglu(gate, up, dt), mask=mask)
 
 
-def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                       cos: torch.Tensor, sin: torch.Tensor, cache: PagedKV, layer: int, new_slot: torch.Tensor,
-                       eps: float, n_heads: int, gated: bool) -> torch.Tensor:
+def attention_prologue(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: PagedKV,
+    layer: int,
+    new_slot: torch.Tensor,
+    eps: float,
+    n_heads: int,
+    gated: bool,
+) -> torch.Tensor:
     """One token's attention inputs from its fused projection row ``qkv`` (q heads, each followed by its gate
     when ``gated``; then k, v): q/k RMS norms when given (both or neither), RoPE of q (cos/sin [rd] at its
     position), K (pre-RoPE) and V written to attention layer ``layer``'s rows of cache slot ``new_slot``
@@ -353,12 +466,32 @@ def attention_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: t
     n_kv, hd = cache.rows.shape[1], cache.head_dim
     q = torch.empty(n_heads, hd, dtype=qkv.dtype, device=qkv.device)
     norm, pdl = q_norm is not None, dependent_launch(qkv.device)
-    _prologue_kernel[(n_heads + n_kv,)](qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, cache.rows,
-                                        new_slot, q, cache.k_offset(layer), cache.v_offset(layer), cache.block_rows,
-                                        eps, NH=n_heads, KV=n_kv, HD=hd, RD=cos.shape[-1],
-                                        Q_STRIDE=(2 if gated else 1) * hd, NORM=norm, B=cache.block_tokens,
-                                        ROW=cache.rows.shape[2], FP8=cache.fp8, PDL=pdl,
-                                        num_warps=4, launch_pdl=pdl)
+    _prologue_kernel[(n_heads + n_kv,)](
+        qkv,
+        q_norm if norm else qkv,
+        k_norm if norm else qkv,
+        cos,
+        sin,
+        cache.rows,
+        new_slot,
+        q,
+        cache.k_offset(layer),
+        cache.v_offset(layer),
+        cache.block_rows,
+        eps,
+        NH=n_heads,
+        KV=n_kv,
+        HD=hd,
+        RD=cos.shape[-1],
+        Q_STRIDE=(2 if gated else 1) * hd,
+        NORM=norm,
+        B=cache.block_tokens,
+        ROW=cache.rows.shape[2],
+        FP8=cache.fp8,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
     return q
 
 
@@ -386,11 +519,14 @@ if triton is not None:
         tl.store(out_ptr + i, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, rms_norm(x + h) * weight) for hidden rows [T, H]: the residual add and the next norm in one
     kernel, a program per row. The sum is rounded to the run dtype, the norm computed in fp32, as the torch path."""
     x, h = x.contiguous(), h.contiguous()
     total, normed = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm_kernel[(x.shape[0],)](x, h, weight, total, normed, x.shape[-1], eps,
-                               BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=8)
+    _add_rms_norm_kernel[(x.shape[0],)](
+        x, h, weight, total, normed, x.shape[-1], eps, BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=8
+    )
     return total, normed

@@ -4,6 +4,7 @@ Shapes carry no batch dimension: one sequence per forward, ``T`` new tokens, ``S
 slots (the view's blocks, flattened). Every layer works in the run dtype; norms and the
 softmax accumulate in fp32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -164,9 +165,20 @@ class Attention:
 
     def decode_fused(self, qkv: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """One token from its projection row to the gated attention output [heads * hd], in three kernels."""
-        q = kernels.attention_prologue(qkv, self.w.get("q_norm"), self.w.get("k_norm"), ctx.q_cos[0], ctx.q_sin[0],
-                                       cache, self.cache_layer, ctx.new_slots, self.eps, self.n_heads, self.gated)
-        gate = qkv[self.hd:] if self.gated else None
+        q = kernels.attention_prologue(
+            qkv,
+            self.w.get("q_norm"),
+            self.w.get("k_norm"),
+            ctx.q_cos[0],
+            ctx.q_sin[0],
+            cache,
+            self.cache_layer,
+            ctx.new_slots,
+            self.eps,
+            self.n_heads,
+            self.gated,
+        )
+        gate = qkv[self.hd :] if self.gated else None
         return kernels.decode_attention(q, cache, self.cache_layer, ctx.key_slots, ctx.n_keys, gate).reshape(-1)
 
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:

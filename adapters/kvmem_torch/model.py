@@ -5,6 +5,7 @@ to write, key slots to read, mask), writes their K/V into the paged cache, updat
 recurrent state in place and returns logits. ``Model.context`` builds that context from the
 view's slots in view order; decode graphs build the same context from static buffers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,16 @@ import torch.nn.functional as F
 from kvmem_torch import kernels
 from kvmem_torch.deltanet import DeltaNet
 from kvmem_torch.gemv import NormedSum, output_projection, project
-from kvmem_torch.layers import (SMALL_QUERY, Attention, StepContext, TorchOpsKeys, interleave_rows, mlp, rms_norm,
-                                rope_inv_freq)
+from kvmem_torch.layers import (
+    SMALL_QUERY,
+    Attention,
+    StepContext,
+    TorchOpsKeys,
+    interleave_rows,
+    mlp,
+    rms_norm,
+    rope_inv_freq,
+)
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
 
@@ -33,7 +42,9 @@ class RecurrentState:
     def zeros(cls, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> RecurrentState:
         n = len(spec.deltanet_layers)
         conv = torch.zeros(n, spec.conv_dim, spec.conv_kernel - 1, dtype=dtype, device=device)
-        rec = torch.zeros(n, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim, dtype=torch.float32, device=device)
+        rec = torch.zeros(
+            n, spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim, dtype=torch.float32, device=device
+        )
         return cls(conv, rec)
 
     def snapshot(self) -> RecurrentState:
@@ -64,7 +75,7 @@ class Model:
         self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
         attn_i = 0
         for i, kind in enumerate(spec.layer_kinds):
-            w = {name[len(f"layers.{i}."):]: t for name, t in weights.items() if name.startswith(f"layers.{i}.")}
+            w = {name[len(f"layers.{i}.") :]: t for name, t in weights.items() if name.startswith(f"layers.{i}.")}
             for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
                 if name in w:
                     w[name] = w[name].float()
@@ -85,43 +96,68 @@ class Model:
 
     def new_cache(self, num_blocks: int, block_tokens: int, kv_fp8: bool = False) -> PagedKV:
         s = self.spec
-        return PagedKV(len(s.attention_layers), num_blocks, block_tokens, s.n_kv_heads, s.head_dim, self.dtype, self.device,
-                       self.inv_freq, kv_fp8)
+        return PagedKV(
+            len(s.attention_layers),
+            num_blocks,
+            block_tokens,
+            s.n_kv_heads,
+            s.head_dim,
+            self.dtype,
+            self.device,
+            self.inv_freq,
+            kv_fp8,
+        )
 
     def new_state(self) -> RecurrentState:
         return RecurrentState.zeros(self.spec, self.dtype, self.device)
 
-    def context(self, cache: PagedKV, key_slots: Sequence[int], n_new: int, positions: torch.Tensor,
-                capture: bool = False) -> StepContext:
+    def context(
+        self, cache: PagedKV, key_slots: Sequence[int], n_new: int, positions: torch.Tensor, capture: bool = False
+    ) -> StepContext:
         """Context for a forward whose view is ``key_slots`` (view order); its last ``n_new`` are the new tokens."""
         dev, start = self.device, len(key_slots) - n_new
         key_slots_t = torch.tensor(key_slots, dtype=torch.long, device=dev)
         q_index = torch.arange(start, start + n_new, device=dev)
         return self.static_context(cache, key_slots_t[start:], key_slots_t, q_index, positions.to(dev), capture)
 
-    def static_context(self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor,
-                       positions: torch.Tensor, capture: bool = False) -> StepContext:
+    def static_context(
+        self,
+        cache: PagedKV,
+        slots: torch.Tensor,
+        key_slots: torch.Tensor,
+        q_index: torch.Tensor,
+        positions: torch.Tensor,
+        capture: bool = False,
+    ) -> StepContext:
         """Device-side part of the context (no host sync): the new slots placed (positions, RoPE rows); for
         layers on torch ops the rows, RoPE tables and mask in view order."""
         q_cos, q_sin = cache.place(slots, positions)
-        kernels_only = all(mixer.decodes_in_kernels(positions.shape[0], capture)
-                           for kind, mixer, _ in self.layers if kind == ATTENTION)
+        kernels_only = all(
+            mixer.decodes_in_kernels(positions.shape[0], capture) for kind, mixer, _ in self.layers if kind == ATTENTION
+        )
         torch_ops = None if kernels_only else self.torch_ops_keys(cache, slots, key_slots, q_index)
         n_keys = q_index + 1 if positions.shape[0] == 1 else None
         return StepContext(slots, key_slots, q_cos, q_sin, torch_ops, {} if capture else None, n_keys)
 
-    def torch_ops_keys(self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor,
-                       q_index: torch.Tensor) -> TorchOpsKeys:
+    def torch_ops_keys(
+        self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor
+    ) -> TorchOpsKeys:
         """Rows and RoPE tables of the view in view order, and the mask for a few new tokens (``StepContext``)."""
         mask = None
         if q_index.shape[0] <= SMALL_QUERY:
             mask = torch.arange(key_slots.shape[0], device=self.device)[None, :] <= q_index[:, None]
             mask = mask.repeat(self.spec.n_heads // self.spec.n_kv_heads, 1)
-        return TorchOpsKeys(cache.base_rows(slots), cache.base_rows(key_slots), cache.cos.index_select(0, key_slots),
-                            cache.sin.index_select(0, key_slots), mask)
+        return TorchOpsKeys(
+            cache.base_rows(slots),
+            cache.base_rows(key_slots),
+            cache.cos.index_select(0, key_slots),
+            cache.sin.index_select(0, key_slots),
+            mask,
+        )
 
-    def forward(self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState,
-                last_only: bool = True) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState, last_only: bool = True
+    ) -> torch.Tensor:
         """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``).
         One token with the kernels on folds each residual add + norm into the next projection and the MLP
         activation into the gate/up projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
@@ -141,8 +177,9 @@ class Model:
             x, h = self.mlp_block(x, out, w, next_norm, fold)
         return project(h if fold or not last_only else h[-1:], self.lm_head)
 
-    def mlp_block(self, x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], next_norm: torch.Tensor,
-                  fold: bool) -> tuple[torch.Tensor, torch.Tensor | NormedSum]:
+    def mlp_block(
+        self, x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], next_norm: torch.Tensor, fold: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | NormedSum]:
         """After a mixer's output: residual add, the MLP, residual add. -> (residual stream, the next sublayer's
         input, normed by ``next_norm``; with ``fold`` a ``NormedSum`` whose residual is the stream after the
         MLP, the returned one being the stream before it)."""
@@ -162,8 +199,15 @@ class Model:
         return x, rms_norm(x, weight, self.spec.rms_eps)
 
     @torch.inference_mode()
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: PagedKV, view: View, state: RecurrentState,
-            last_only: bool = True) -> torch.Tensor:
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKV,
+        view: View,
+        state: RecurrentState,
+        last_only: bool = True,
+    ) -> torch.Tensor:
         """Append tokens to ``view`` (reserving blocks), run them, advance the view. -> logits"""
         assert cache.reserve(view, len(tokens)), "paged cache is full"
         ctx = self.context(cache, view.slots(0, view.length + len(tokens), cache.block_tokens), len(tokens), positions)

@@ -14,6 +14,7 @@ With ``fp8`` the rows hold 8-bit codes and their scales (``fp8``): ``write_rows`
 Slot ``s`` is token ``s % B`` of block ``s // B``. A ``View`` is a sequence's logical token
 order: the concatenation of its blocks in table order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ class View:
         return [self.table[i // block_tokens] * block_tokens + i % block_tokens for i in range(start, stop)]
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [N, rotary_dim] for NeoX-style (rotate-half) RoPE at the given positions."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -47,8 +50,18 @@ class PagedKV:
     the rotary frequencies (``rotary_dim / 2``) of the slots' RoPE tables. ``dtype`` is the compute dtype;
     ``kv_fp8`` stores K/V as 8-bit rows (``fp8``) instead of in it."""
 
-    def __init__(self, n_layers: int, num_blocks: int, block_tokens: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, inv_freq: torch.Tensor, kv_fp8: bool = False) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        num_blocks: int,
+        block_tokens: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        inv_freq: torch.Tensor,
+        kv_fp8: bool = False,
+    ) -> None:
         self.fp8, self.dtype, self.head_dim = kv_fp8, dtype, head_dim
         row, store = (fp8.row_bytes(head_dim), torch.uint8) if kv_fp8 else (head_dim, dtype)
         self.kv = torch.zeros(num_blocks, 2, n_layers, block_tokens, n_kv_heads, row, dtype=store, device=device)

@@ -6,6 +6,7 @@ be inserted anywhere by position and cells dropped by position range, so any chr
 subset of history can be attended. A device mirror of the slot list feeds attention; on
 CUDA, decode replays a graph captured per view-size bucket.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,8 +23,9 @@ GRAPH_ARGS = ("tok", "pos", "slot", "q")
 class Runner:
     """The model plus one view (paged KV cells), its recurrent state and decode graphs."""
 
-    def __init__(self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None,
-                 kv_fp8: bool = False) -> None:
+    def __init__(
+        self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None, kv_fp8: bool = False
+    ) -> None:
         self.model = model
         self.cache = model.new_cache(num_blocks, block_tokens, kv_fp8)
         self.state = model.new_state()
@@ -39,7 +41,7 @@ class Runner:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # a decode graph's inputs (token, position, slot, view index) in one device tensor, sent in one copy
         self.args = torch.zeros(len(GRAPH_ARGS), dtype=torch.long, device=model.device)
-        self.static = {name: self.args[i:i + 1] for i, name in enumerate(GRAPH_ARGS)}
+        self.static = {name: self.args[i : i + 1] for i, name in enumerate(GRAPH_ARGS)}
         self._args_host = torch.zeros_like(self.args, device="cpu", pin_memory=self.use_graphs)
         self._args_sent = torch.cuda.Event() if self.use_graphs else None  # the last copy has read _args_host
         self._pool = None
@@ -64,7 +66,7 @@ class Runner:
             if not self.tail:
                 block = self.cache.allocate(1)[0]
                 self.tail = list(range(block * self.B, (block + 1) * self.B))
-            take, self.tail = self.tail[:n - len(out)], self.tail[n - len(out):]
+            take, self.tail = self.tail[: n - len(out)], self.tail[n - len(out) :]
             out.extend(take)
         for s in out:
             self.live[s // self.B] = self.live.get(s // self.B, 0) + 1
@@ -72,12 +74,13 @@ class Runner:
 
     def _sync(self) -> None:
         if self.synced < len(self.cells):
-            new = torch.tensor(self.cells[self.synced:], dtype=torch.long)
-            self.slots_dev[self.synced:len(self.cells)].copy_(new, non_blocking=True)
+            new = torch.tensor(self.cells[self.synced :], dtype=torch.long)
+            self.slots_dev[self.synced : len(self.cells)].copy_(new, non_blocking=True)
             self.synced = len(self.cells)
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int], last_only: bool = True,
-                capture: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+    def forward(
+        self, tokens: Sequence[int], positions: Sequence[int], last_only: bool = True, capture: bool = False
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """Append tokens at ``positions`` (all beyond the view's last) and run them. -> (logits, pre-RoPE q)"""
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
         if len(tokens) == 1 and self.use_graphs and not capture:
@@ -89,13 +92,19 @@ class Runner:
         self._sync()
         with torch.inference_mode():
             ctx = self.model.static_context(
-                self.cache, self.slots_dev[start:start + len(tokens)], self.slots_dev[:len(self.cells)],
-                torch.arange(start, len(self.cells), device=dev), _to_device(positions, dev), capture)
+                self.cache,
+                self.slots_dev[start : start + len(tokens)],
+                self.slots_dev[: len(self.cells)],
+                torch.arange(start, len(self.cells), device=dev),
+                _to_device(positions, dev),
+                capture,
+            )
             logits = self.model.forward(_to_device(tokens, dev), ctx, self.cache, self.state, last_only)
         return logits, ctx.capture
 
-    def prefill(self, tokens: Sequence[int], positions: Sequence[int], chunk: int = 512,
-                snapshot_at: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, RecurrentState]]:
+    def prefill(
+        self, tokens: Sequence[int], positions: Sequence[int], chunk: int = 512, snapshot_at: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, dict[int, RecurrentState]]:
         """Chunked prefill; snapshots of the recurrent state after ``i`` tokens for each ``i`` in ``snapshot_at``."""
         cuts = chunk_cuts(0, len(tokens), chunk, snapshot_at)
         snaps, logits = {}, None
@@ -163,7 +172,9 @@ class Runner:
         n, block = len(positions), self.cache.allocate(1)[0]
         if k.shape[1] < self.B:
             k, v = _pad_tokens(k, self.B), _pad_tokens(v, self.B)
-        pos_t = torch.tensor(list(positions) + [0] * (self.B - n), dtype=torch.long).to(self.model.device, non_blocking=True)
+        pos_t = torch.tensor(list(positions) + [0] * (self.B - n), dtype=torch.long).to(
+            self.model.device, non_blocking=True
+        )
         self.cache.write_block(block, k, v, pos_t)
         self.live[block] = n
         self.holes.update(range(block * self.B + n, (block + 1) * self.B))

@@ -10,6 +10,7 @@ gives it, summed over heads; its peak the token offset of its largest normalised
 memory, copied per chunk); it appends the blocks stored since the last score and rebuilds
 when the workspace diverged.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -42,9 +43,9 @@ class DeviceIndex:
             self._resize(keys.shape, max(64, index.n_blocks))
         elif index.n_blocks > self.keys.shape[1]:
             self._resize(keys.shape, 2 * index.n_blocks)
-        self.keys[:, n:index.n_blocks].copy_(torch.from_numpy(keys[:, n:]))
-        self.scales[:, n:index.n_blocks].copy_(torch.from_numpy(index.get("head_scale")[:, n:]))
-        self.n_tokens[n:index.n_blocks].copy_(torch.from_numpy(index.n_tokens[n:].astype(np.int64)))
+        self.keys[:, n : index.n_blocks].copy_(torch.from_numpy(keys[:, n:]))
+        self.scales[:, n : index.n_blocks].copy_(torch.from_numpy(index.get("head_scale")[:, n:]))
+        self.n_tokens[n : index.n_blocks].copy_(torch.from_numpy(index.n_tokens[n:].astype(np.int64)))
         self.hashes = list(index.hashes)
 
     def _resize(self, shape: tuple[int, ...], capacity: int) -> None:

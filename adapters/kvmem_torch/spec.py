@@ -5,6 +5,7 @@ One internal weight layout serves ``llama``, ``qwen2`` and ``qwen35``: tensors a
 effective multiplier (Qwen's ``1 + w`` already applied), DeltaNet V heads are grouped by
 key head (HF order) and ``ssm_a`` holds ``-exp(A_log)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,7 +89,8 @@ def spec_from_hf(config: Mapping[str, Any]) -> ModelSpec:
     if model_type == "qwen3_5_text":
         return _qwen35_from_hf(config)
     raise UnsupportedModelError(
-        f"HF model_type {model_type!r} is not supported (have: llama, qwen2, qwen3_5_text, qwen3_5)")
+        f"HF model_type {model_type!r} is not supported (have: llama, qwen2, qwen3_5_text, qwen3_5)"
+    )
 
 
 def _rope(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -128,12 +130,20 @@ def _llama_from_hf(c: Mapping[str, Any], arch: str) -> ModelSpec:
     rope = _rope(c)
     theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
     return ModelSpec(
-        arch=arch, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-        intermediate_size=c["intermediate_size"], n_heads=c["num_attention_heads"],
-        n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"], head_dim=head_dim,
-        rotary_dim=head_dim, rope_theta=theta, rope_factors=hf_rope_factors(rope, head_dim, theta),
-        rms_eps=c.get("rms_norm_eps", 1e-5), layer_kinds=(ATTENTION,) * c["num_hidden_layers"],
-        max_context=c.get("max_position_embeddings", 8192), tie_embeddings=c.get("tie_word_embeddings", False),
+        arch=arch,
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        n_heads=c["num_attention_heads"],
+        n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+        head_dim=head_dim,
+        rotary_dim=head_dim,
+        rope_theta=theta,
+        rope_factors=hf_rope_factors(rope, head_dim, theta),
+        rms_eps=c.get("rms_norm_eps", 1e-5),
+        layer_kinds=(ATTENTION,) * c["num_hidden_layers"],
+        max_context=c.get("max_position_embeddings", 8192),
+        tie_embeddings=c.get("tie_word_embeddings", False),
     )
 
 
@@ -148,20 +158,31 @@ def _qwen35_from_hf(c: Mapping[str, Any]) -> ModelSpec:
     else:
         kinds = qwen35_kinds(c["num_hidden_layers"], c.get("full_attention_interval", 4))
     return ModelSpec(
-        arch="qwen35", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-        intermediate_size=c["intermediate_size"], n_heads=c["num_attention_heads"],
-        n_kv_heads=c["num_key_value_heads"], head_dim=head_dim,
-        rotary_dim=rotary_dim, rope_theta=theta, rope_factors=hf_rope_factors(rope, rotary_dim, theta),
+        arch="qwen35",
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        n_heads=c["num_attention_heads"],
+        n_kv_heads=c["num_key_value_heads"],
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=theta,
+        rope_factors=hf_rope_factors(rope, rotary_dim, theta),
         rms_eps=c.get("rms_norm_eps", 1e-6),
-        layer_kinds=kinds, max_context=c.get("max_position_embeddings", 32768),
-        tie_embeddings=c.get("tie_word_embeddings", False), linear_k_heads=c["linear_num_key_heads"],
-        linear_v_heads=c["linear_num_value_heads"], linear_k_dim=c["linear_key_head_dim"],
-        linear_v_dim=c["linear_value_head_dim"], conv_kernel=c.get("linear_conv_kernel_dim", 4),
+        layer_kinds=kinds,
+        max_context=c.get("max_position_embeddings", 32768),
+        tie_embeddings=c.get("tie_word_embeddings", False),
+        linear_k_heads=c["linear_num_key_heads"],
+        linear_v_heads=c["linear_num_value_heads"],
+        linear_k_dim=c["linear_key_head_dim"],
+        linear_v_dim=c["linear_value_head_dim"],
+        conv_kernel=c.get("linear_conv_kernel_dim", 4),
     )
 
 
-def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool,
-                   rope_freqs: list[float] | None = None) -> ModelSpec:
+def spec_from_gguf(
+    meta: Mapping[str, Any], vocab_size: int, has_output: bool, rope_freqs: list[float] | None = None
+) -> ModelSpec:
     """Build a spec from GGUF key/values (``{arch}.*`` keys) and the ``rope_freqs`` tensor if the file has
     one; MTP layers are not counted."""
     arch = meta["general.architecture"]
@@ -173,12 +194,18 @@ def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool,
     head_dim = key("attention.key_length") or key("embedding_length") // n_heads
     rotary_dim = key("rope.dimension_count") or head_dim
     common = dict(
-        arch=arch, vocab_size=vocab_size, hidden_size=key("embedding_length"),
-        intermediate_size=key("feed_forward_length"), n_heads=n_heads,
-        n_kv_heads=key("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rotary_dim=rotary_dim, rope_theta=float(key("rope.freq_base", 10000.0)),
+        arch=arch,
+        vocab_size=vocab_size,
+        hidden_size=key("embedding_length"),
+        intermediate_size=key("feed_forward_length"),
+        n_heads=n_heads,
+        n_kv_heads=key("attention.head_count_kv") or n_heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=float(key("rope.freq_base", 10000.0)),
         rope_factors=gguf_rope_factors(meta, arch, rotary_dim, rope_freqs),
-        rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), max_context=key("context_length", 8192),
+        rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_context=key("context_length", 8192),
         tie_embeddings=not has_output,
     )
     if arch in ("llama", "qwen2"):
@@ -186,7 +213,10 @@ def spec_from_gguf(meta: Mapping[str, Any], vocab_size: int, has_output: bool,
     n_v_heads = key("ssm.time_step_rank")
     return ModelSpec(
         layer_kinds=qwen35_kinds(n_layers, key("full_attention_interval", 4)),
-        linear_k_heads=key("ssm.group_count"), linear_v_heads=n_v_heads,
-        linear_k_dim=key("ssm.state_size"), linear_v_dim=key("ssm.inner_size") // n_v_heads,
-        conv_kernel=key("ssm.conv_kernel"), **common,
+        linear_k_heads=key("ssm.group_count"),
+        linear_v_heads=n_v_heads,
+        linear_k_dim=key("ssm.state_size"),
+        linear_v_dim=key("ssm.inner_size") // n_v_heads,
+        conv_kernel=key("ssm.conv_kernel"),
+        **common,
     )

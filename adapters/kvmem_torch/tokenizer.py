@@ -7,6 +7,7 @@ merges rank by the score of the merged piece, with byte fallback and the ``▁``
 prefix: the merge order of llama.cpp's SPM tokenizer. Chat templates render with jinja2 in
 a sandbox, as HF and llama.cpp do.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,18 @@ from typing import Any, Mapping, Sequence
 
 from kvmem_core.errors import UnsupportedModelError
 
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLIT_REGEX = {"qwen2": _QWEN2, "qwen35": _QWEN35, "llama3": _LLAMA3, "llama-bpe": _LLAMA3}
 _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 2, 3, 4, 6
 _SPACE = "\u2581"  # SentencePiece's visible space
@@ -32,8 +39,15 @@ _EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<
 class Tokenizer:
     """Encode/decode, per-token bytes, end-of-generation ids and the chat template."""
 
-    def __init__(self, tok: Any, bos_id: int | None, eos_ids: Sequence[int], add_bos: bool,
-                 chat_template: str | None, sentencepiece: bool = False) -> None:
+    def __init__(
+        self,
+        tok: Any,
+        bos_id: int | None,
+        eos_ids: Sequence[int],
+        add_bos: bool,
+        chat_template: str | None,
+        sentencepiece: bool = False,
+    ) -> None:
         self.tok, self.sentencepiece = tok, sentencepiece
         self.bos_id, self.add_bos = bos_id, add_bos
         vocab = tok.get_vocab()
@@ -73,16 +87,26 @@ class Tokenizer:
     def is_eog(self, token: int) -> bool:
         return token in self.eog_ids
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """Apply the model's chat template (jinja2 sandbox)."""
         if not self.chat_template:
             raise UnsupportedModelError("the model has no chat template; send a raw prompt instead")
         bos = self.id_to_token.get(self.bos_id, "") if self.bos_id is not None else ""
         eos = self.id_to_token.get(min(self.eog_ids), "") if self.eog_ids else ""
         return _compile(self.chat_template).render(
-            messages=list(messages), tools=list(tools) if tools else None, add_generation_prompt=add_generation_prompt,
-            bos_token=bos, eos_token=eos, **kwargs)
+            messages=list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos,
+            eos_token=eos,
+            **kwargs,
+        )
 
 
 class IdTokenizer:
@@ -109,8 +133,13 @@ class IdTokenizer:
     def is_eog(self, token: int) -> bool:
         return False
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         raise UnsupportedModelError("the model has no chat template; send a raw prompt instead")
 
 
@@ -122,7 +151,9 @@ def _compile(template: str) -> Any:
         raise UnsupportedModelError(f"chat template: {message}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii
+    )
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
     return env.from_string(template)
 
@@ -150,16 +181,28 @@ def from_gguf_meta(meta: Mapping[str, Any]) -> Tokenizer:
     elif kind == "llama":
         tok = _sentencepiece_bpe(meta)
     else:
-        raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported "
-                                    "(have: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
+        raise UnsupportedModelError(
+            f"GGUF tokenizer model {kind!r} is not supported (have: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+        )
     tokens, types = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type", [])
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                            for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)])
+    tok.add_special_tokens(
+        [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(types)
+            if t in (_CONTROL, _USER_DEFINED)
+        ]
+    )
     eos = meta.get("tokenizer.ggml.eos_token_id")
     eot = meta.get("tokenizer.ggml.eot_token_id")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
-    return Tokenizer(tok, meta.get("tokenizer.ggml.bos_token_id"), [i for i in (eos, eot) if i is not None],
-                     add_bos, meta.get("tokenizer.chat_template"), sentencepiece=kind == "llama")
+    return Tokenizer(
+        tok,
+        meta.get("tokenizer.ggml.bos_token_id"),
+        [i for i in (eos, eot) if i is not None],
+        add_bos,
+        meta.get("tokenizer.chat_template"),
+        sentencepiece=kind == "llama",
+    )
 
 
 def _byte_level_bpe(meta: Mapping[str, Any]) -> Any:
@@ -183,12 +226,20 @@ def _sentencepiece_bpe(meta: Mapping[str, Any]) -> Any:
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     vocab = {t: i for i, t in enumerate(tokens)}
     unk = tokens[meta.get("tokenizer.ggml.unknown_token_id", 0)]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=sentencepiece_merges(tokens, scores, types), unk_token=unk,
-                                 fuse_unk=True, byte_fallback=True))
+    tok = HFTokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=sentencepiece_merges(tokens, scores, types),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPACE)] * prefix + [normalizers.Replace(" ", _SPACE)])
-    tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-                                    + [decoders.Strip(" ", 1, 0)] * prefix)
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()] + [decoders.Strip(" ", 1, 0)] * prefix
+    )
     return tok
 
 
@@ -210,7 +261,9 @@ def sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float], types: 
 def _pre_tokenizer(pre: str, pre_tokenizers: Any, Regex: Any) -> Any:  # noqa: N803 - tokenizers' class name
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre not in _SPLIT_REGEX)
     if pre in _SPLIT_REGEX:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated"), byte_level])
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated"), byte_level]
+        )
     if pre == "smollm":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     return byte_level
@@ -229,5 +282,10 @@ def from_hf_dir(path: str | Path) -> Tokenizer:
     vocab = tok.get_vocab()
     name = lambda v: v.get("content") if isinstance(v, dict) else v  # noqa: E731
     bos, eos = name(cfg.get("bos_token")), name(cfg.get("eos_token"))
-    return Tokenizer(tok, vocab.get(bos) if bos else None, [vocab[eos]] if eos in vocab else [],
-                     bool(cfg.get("add_bos_token", False)), template)
+    return Tokenizer(
+        tok,
+        vocab.get(bos) if bos else None,
+        [vocab[eos]] if eos in vocab else [],
+        bool(cfg.get("add_bos_token", False)),
+        template,
+    )

@@ -5,6 +5,7 @@ block is a single host->device copy from a pinned buffer of the same shape. ``wa
 later compute after the pending copies without blocking the host. On CPU, writes are plain
 copies.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -4,18 +4,14 @@ A step builds ``QueryFeatures`` from the query span, keeps a ``BlockIndex`` of i
 workspace's summaries in sync, scores it with ``make_scorer(config.scorer, ...)`` and turns
 the scores into a chronological ``Selection`` with ``Selector.select``.
 """
+
 from __future__ import annotations
 
 from kvmem_core.retrieval.base import BlockScores, KeySource, QueryFeatures, Scorer
 from kvmem_core.retrieval.calibration import CalibrationDoc, block_scores, calibrate
 from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
 from kvmem_core.retrieval.profile import RetrievalProfile
-from kvmem_core.retrieval.scorers import (
-    KeyDirectionScorer,
-    MeanKScorer,
-    SubBlockMeanKScorer,
-    make_scorer,
-)
+from kvmem_core.retrieval.scorers import KeyDirectionScorer, MeanKScorer, SubBlockMeanKScorer, make_scorer
 from kvmem_core.retrieval.selector import ATOMIC_PREFIX, MANDATORY_TAG, BlockSpans, Selection, Selector
 from kvmem_core.retrieval.summaries import SummaryOptions, index_pairs, summarize_block
 from kvmem_core.retrieval.token_mass import PerTokenScorer, RetrievalHeadsScorer

@@ -1,4 +1,5 @@
 """Values and protocols shared by the scorers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,4 +91,3 @@ class KeySource(Protocol):
     def content_keys(self, chain_hash: str) -> np.ndarray:
         """Pre-RoPE K of the block, float32 [layers, tokens, kv heads, head dim]."""
         ...
-

@@ -14,6 +14,7 @@ the best other block). Documents are split into a fitting part and a held-out pa
 held-out hit rate of the chosen set is recorded in the profile, so a profile states how
 well it transfers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ def block_scores(doc: CalibrationDoc, block_tokens: int) -> DocScores | None:
     n_layers, n_q, n_heads, dim = doc.q.shape
     n_kv, nb = doc.k.shape[2], doc.history // block_tokens
     gold = np.zeros(nb, dtype=bool)
-    gold[doc.fact[0] // block_tokens:(doc.fact[1] - 1) // block_tokens + 1] = True
+    gold[doc.fact[0] // block_tokens : (doc.fact[1] - 1) // block_tokens + 1] = True
     if nb < 3 or not gold[1:].any() or doc.fact[1] > nb * block_tokens:
         return None
     group = n_heads // n_kv
@@ -118,8 +119,9 @@ def set_hit_rate(docs: Sequence[DocScores], heads: Sequence[tuple[int, int]]) ->
     return float(_set_quality(docs, summed)[0][0] / len(docs))
 
 
-def calibrate(docs: Sequence[CalibrationDoc], fingerprint: str, n_heads: int = 4, block_tokens: int = 64,
-              holdout: float = 0.25) -> RetrievalProfile:
+def calibrate(
+    docs: Sequence[CalibrationDoc], fingerprint: str, n_heads: int = 4, block_tokens: int = 64, holdout: float = 0.25
+) -> RetrievalProfile:
     """Choose ``n_heads`` heads on the first ``1 - holdout`` of the usable documents and record every
     head's own hit rate and mean margin there, and the chosen set's hit rate on the rest."""
     scored = [s for s in (block_scores(d, block_tokens) for d in docs) if s is not None]

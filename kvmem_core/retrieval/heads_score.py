@@ -12,6 +12,7 @@ their chunk's row maxima, rescaled once at the end), so memory stays at one chun
 whatever the workspace size. The backend follows the keys' type: numpy arrays, or torch tensors
 on any device (torch is imported only then). Results come back as numpy arrays.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -117,8 +118,9 @@ def _torch_ops() -> type:
             return torch.from_numpy(rows).to(keys.keys.device if keys.device is None else keys.device)
 
         @staticmethod
-        def logits(rows: torch.Tensor, keys: torch.Tensor, n_tokens: torch.Tensor,
-                   scales: torch.Tensor | None) -> torch.Tensor:
+        def logits(
+            rows: torch.Tensor, keys: torch.Tensor, n_tokens: torch.Tensor, scales: torch.Tensor | None
+        ) -> torch.Tensor:
             keys = keys.to(rows.device, non_blocking=True).float()
             logits = torch.einsum("rd,btd->rbt", rows, keys)
             if scales is not None:
@@ -248,8 +250,13 @@ def head_rows(q: np.ndarray, heads: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(rows * np.float32(q.shape[-1] ** -0.5), dtype=np.float32)
 
 
-def score_heads(heads: Sequence[tuple[int, int]], query: QueryFeatures, pairs: Sequence[tuple[int, int]],
-                keys_of: Callable[[int, int], HeadKeys], n_blocks: int) -> BlockScores:
+def score_heads(
+    heads: Sequence[tuple[int, int]],
+    query: QueryFeatures,
+    pairs: Sequence[tuple[int, int]],
+    keys_of: Callable[[int, int], HeadKeys],
+    n_blocks: int,
+) -> BlockScores:
     """Block scores summed over the (layer, query head) ``heads``, reading each (layer, kv head) of
     ``pairs`` through ``keys_of``; a block's peak is its strongest token over every head."""
     merge = PeakMerge(n_blocks)

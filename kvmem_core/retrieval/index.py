@@ -18,6 +18,7 @@ like the tests', come through exactly).
 The index is append-only: ``sync`` extends it when the workspace grew and rebuilds it when
 the workspace's block list no longer starts with the indexed blocks.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -28,7 +29,13 @@ from kvmem_core.errors import KVMemError
 from kvmem_core.layout import BlockMeta
 
 _BLOCK_AXIS = {"mean_k": 2, "sub_mean_k": 2, "protos": 2, "head_keys": 1, "head_scale": 1}
-_DTYPE = {"mean_k": np.float32, "sub_mean_k": np.float32, "protos": np.float32, "head_keys": np.int8, "head_scale": np.float32}
+_DTYPE = {
+    "mean_k": np.float32,
+    "sub_mean_k": np.float32,
+    "protos": np.float32,
+    "head_keys": np.int8,
+    "head_scale": np.float32,
+}
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

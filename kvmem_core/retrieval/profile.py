@@ -1,4 +1,5 @@
 """A model's retrieval profile: which (layer, query head) pairs find facts, cached as JSON."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Each works per attention layer and kv head on one contiguous summary matrix, wit
 query head scored against its own GQA kv head; scores are averaged over layers and query
 heads and summed over query tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -102,10 +103,7 @@ class KeyDirectionScorer:
 
 
 def make_scorer(
-    name: str,
-    heads: Sequence[tuple[int, int]] = (),
-    key_source: KeySource | None = None,
-    sub_reduce: str = "max",
+    name: str, heads: Sequence[tuple[int, int]] = (), key_source: KeySource | None = None, sub_reduce: str = "max"
 ) -> Scorer:
     """The scorer called ``name`` (config.SCORERS); ``heads`` are the retrieval heads as
     (layer, query head), ``key_source`` gives ``per-token`` its full keys."""

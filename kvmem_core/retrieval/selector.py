@@ -20,6 +20,7 @@ under the best are same-form look-alikes of the asked fact (other names, other v
 small model shown them answers with their values as it does over the whole workspace; the
 newest blocks are what it would read anyway (docs/retrieval.md has the numbers).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -112,7 +113,9 @@ class Selector:
     def from_config(cls, config: KVMemConfig, budget: int | None = None) -> Selector:
         return cls(budget or config.budget, config.sink_tokens, config.recent_tokens, relevance=config.relevance)
 
-    def select(self, spans: BlockSpans, scores: BlockScores | None, tail_tokens: int = 0, method: str = "retrieval") -> Selection:
+    def select(
+        self, spans: BlockSpans, scores: BlockScores | None, tail_tokens: int = 0, method: str = "retrieval"
+    ) -> Selection:
         """Mandatory spans, then blocks by descending score (ties: the later block first) down to
         ``relevance`` times the best candidate's score, then the newest blocks.
 
@@ -176,7 +179,9 @@ class Selector:
     def _full(self, spans: BlockSpans, tail_tokens: int) -> Selection:
         need = int(spans.n_tokens.sum()) + tail_tokens
         if need > self.budget:
-            raise BudgetError(f"method full needs {need} tokens but --kvmem-budget is {self.budget}; raise it or use retrieval")
+            raise BudgetError(
+                f"method full needs {need} tokens but --kvmem-budget is {self.budget}; raise it or use retrieval"
+            )
         return Selection(tuple(range(len(spans))), need - tail_tokens, tail_tokens, method="full")
 
 

@@ -11,6 +11,7 @@ Output is ``BlockMeta.summary``: small float16 arrays the scorers read, so scori
                                                        heads' (layer, kv head) pairs
 - ``head_pairs``  [pairs, 2] int16                     which (layer, kv head) pairs those are
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ agent transcripts: what tells the asked fact from its same-form look-alikes is u
 one token of the question (a name), while the question's other words match every
 look-alike alike; summed over tokens they outvote it (docs/retrieval.md has the numbers).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,14 +32,17 @@ from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
 from kvmem_core.retrieval.summaries import index_pairs
 
 
-def indexed_pairs(heads: tuple[tuple[int, int], ...], query: QueryFeatures,
-                  index: BlockIndex) -> tuple[tuple[int, int], ...]:
+def indexed_pairs(
+    heads: tuple[tuple[int, int], ...], query: QueryFeatures, index: BlockIndex
+) -> tuple[tuple[int, int], ...]:
     """The (layer, kv head) pairs ``heads`` read; MissingSummaryError unless ``index`` holds their keys."""
     pairs = index_pairs(heads, query.group_size)
     missing = sorted(set(pairs) - set(index.head_pairs))
     if missing:
-        raise MissingSummaryError(f"the index holds keys of (layer, kv head) {list(index.head_pairs)}, not {missing}; "
-                                  "re-store the workspace with this profile")
+        raise MissingSummaryError(
+            f"the index holds keys of (layer, kv head) {list(index.head_pairs)}, not {missing}; "
+            "re-store the workspace with this profile"
+        )
     return pairs
 
 
@@ -81,8 +85,10 @@ class PerTokenScorer:
         n_layers, n_kv, group = query.n_layers, query.n_kv_heads, query.group_size
         scale = np.float32(query.head_dim**-0.5)
         rows = [query.grouped(layer) * scale for layer in range(n_layers)]
-        accs = [[StreamingMass(NumpyOps, rows[0], group * query.n_query_tokens, index.n_blocks) for _ in range(n_kv)]
-                for _ in range(n_layers)]
+        accs = [
+            [StreamingMass(NumpyOps, rows[0], group * query.n_query_tokens, index.n_blocks) for _ in range(n_kv)]
+            for _ in range(n_layers)
+        ]
         for b0, b1 in chunks(index.n_blocks, index.block_tokens, CHUNK_TOKENS["numpy"]):
             keys = self._load(index, b0, b1)  # [nb, L, B, Hkv, D]
             for layer in range(n_layers):

@@ -4,6 +4,7 @@ Each subcommand module exposes ``register(subparsers)``, which adds its parser a
 ``func`` to a callable taking the parsed args and returning an exit code. User errors
 print one line and exit non-zero; they never show a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,15 @@ import sys
 
 from kvmem_core.errors import KVMemError
 
-SUBCOMMANDS = ("kvmem.cmd_run", "kvmem.cmd_chat", "kvmem.cmd_calibrate", "kvmem.cmd_bench", "kvmem.cmd_test", "kvmem.cmd_serve",
-               "kvmem.cmd_models")
+SUBCOMMANDS = (
+    "kvmem.cmd_run",
+    "kvmem.cmd_chat",
+    "kvmem.cmd_calibrate",
+    "kvmem.cmd_bench",
+    "kvmem.cmd_test",
+    "kvmem.cmd_serve",
+    "kvmem.cmd_models",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

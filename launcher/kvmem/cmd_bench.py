@@ -1,4 +1,5 @@
 """``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem_bench.speed``); ``quality``: answer accuracy."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,26 +15,48 @@ from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.models import MODEL_HELP
 from kvmem_core.errors import ConfigError
 
-QUALITY_HELP = ("answer accuracy of retrieval, recent, the oracle and full on agent sessions, each view bounded from "
-                "the first prefill")
+QUALITY_HELP = (
+    "answer accuracy of retrieval, recent, the oracle and full on agent sessions, each view bounded from "
+    "the first prefill"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks (speed, quality)")
     suites = parser.add_subparsers(dest="suite", required=True)
-    speed = suites.add_parser("speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers")
+    speed = suites.add_parser(
+        "speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers"
+    )
     speed.add_argument("--backend", default="llama.cpp", choices=BACKENDS, help="engine backend (default: llama.cpp)")
-    speed.add_argument("--model", default=None, help=f"{MODEL_HELP}: the llama.cpp session, either backend's thread "
-                       "sweep, and the tokenizer and chat template of torch's random weights")
+    speed.add_argument(
+        "--model",
+        default=None,
+        help=f"{MODEL_HELP}: the llama.cpp session, either backend's thread "
+        "sweep, and the tokenizer and chat template of torch's random weights",
+    )
     speed.add_argument("--shape", default=None, help="torch: random-weight qwen35 shape (27b on CUDA, tiny on CPU)")
-    speed.add_argument("--sizes", default=None, help="torch: workspace sizes to measure, comma-separated tokens "
-                       "(default: the plan's; e.g. 16384,65536,262144)")
-    speed.add_argument("--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)")
-    speed.add_argument("--out", type=Path, default=Path("bench-out/speed"),
-                       help="folder for speed.json and the PNG plots (default: bench-out/speed)")
+    speed.add_argument(
+        "--sizes",
+        default=None,
+        help="torch: workspace sizes to measure, comma-separated tokens (default: the plan's; e.g. 16384,65536,262144)",
+    )
+    speed.add_argument(
+        "--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)"
+    )
+    speed.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out/speed"),
+        help="folder for speed.json and the PNG plots (default: bench-out/speed)",
+    )
     speed.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    speed.add_argument("--replicas", type=int, default=None, metavar="N",
-                       help="instead: throughput of concurrent agent sessions on N engine replicas against one")
+    speed.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead: throughput of concurrent agent sessions on N engine replicas against one",
+    )
     speed.add_argument("--sessions", type=int, default=8, help="--replicas: concurrent agent sessions (default 8)")
     speed.add_argument("--turns", type=int, default=4, help="--replicas: turns per session (default 4)")
     speed.add_argument("--gpus", default="", help="--replicas: GPU indexes, one per replica (default: the CPU, shared)")
@@ -66,9 +89,18 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
         return run_replicas_cmd(args)
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    opts = {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes)} if args.backend == "torch" else {}
-    result = run_speed(args.backend, args.model, quick=args.quick, out_dir=args.out, log=log,
-                       compute=compute_opts(args, args.backend), **opts)
+    opts = (
+        {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes)} if args.backend == "torch" else {}
+    )
+    result = run_speed(
+        args.backend,
+        args.model,
+        quick=args.quick,
+        out_dir=args.out,
+        log=log,
+        compute=compute_opts(args, args.backend),
+        **opts,
+    )
     if args.json:
         print(json.dumps(result))
         return 0
@@ -103,8 +135,9 @@ def run_replicas_cmd(args: argparse.Namespace) -> int:
         raise ConfigError("--replicas compares N replicas against one: give N of 2 or more")
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
-    result = speed_replicas.run(args.model, args.replicas, sessions=args.sessions, turns=args.turns, gpus=gpus,
-                                 threads=args.threads, log=log)
+    result = speed_replicas.run(
+        args.model, args.replicas, sessions=args.sessions, turns=args.turns, gpus=gpus, threads=args.threads, log=log
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replicas.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result) if args.json else speed_replicas.table(result))
@@ -115,11 +148,15 @@ def thread_table(threads: dict[str, Any]) -> str:
     """Prefill and decode tok/s against the thread count, one row per count (or why the sweep did not run)."""
     if "skipped" in threads:
         return f"threads  not measured: {threads['skipped']}"
-    lines = [f"threads on {threads['device']} ({threads['model']}, {threads['usable_cores']} usable cores)",
-             "threads  prefill tok/s  decode tok/s"]
+    lines = [
+        f"threads on {threads['device']} ({threads['model']}, {threads['usable_cores']} usable cores)",
+        "threads  prefill tok/s  decode tok/s",
+    ]
     lines += [f"{r['threads']:7d}  {r['prefill_tok_s']:13.1f}  {r['decode_tok_s']:12.1f}" for r in threads["rows"]]
     if threads.get("busy"):
         lines.append("machine        threads  decode tok/s (each repeat)")
-        lines += [f"{r['condition']:13s}  {r['threads']:>7s}  {' '.join(f'{v:.1f}' for v in r['decode_tok_s'])}"
-                  for r in threads["busy"]]
+        lines += [
+            f"{r['condition']:13s}  {r['threads']:>7s}  {' '.join(f'{v:.1f}' for v in r['decode_tok_s'])}"
+            for r in threads["busy"]
+        ]
     return "\n".join(lines)

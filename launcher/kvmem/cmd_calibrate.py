@@ -1,4 +1,5 @@
 """``kvmem calibrate``: rank a model's retrieval heads on synthetic documents and cache the profile."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         adapter.close()
     out = save_profile(profile, args.out or cache_dir())
     heads = ",".join(f"{layer}:{head}" for layer, head in profile.heads)
-    print(f"retrieval heads {heads} (found the fact in {profile.fit_hit_rate:.0%} of {profile.n_docs} documents, "
-          f"{profile.holdout_hit_rate:.0%} of {profile.n_holdout} held out) -> {out}")
+    print(
+        f"retrieval heads {heads} (found the fact in {profile.fit_hit_rate:.0%} of {profile.n_docs} documents, "
+        f"{profile.holdout_hit_rate:.0%} of {profile.n_holdout} held out) -> {out}"
+    )
     return 0

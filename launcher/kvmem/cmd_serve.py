@@ -6,6 +6,7 @@ on the same port is reused ("already up"), a different one needs ``--restart``. 
 stops only a server this command started, found through its pidfile and checked against
 the running process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem import devices
 from kvmem.compute import add_compute_flags, compute_opts, describe_compute
-from kvmem.flags import (add_chat_template_flag, add_kvmem_flags, add_list_flag, chat_template_opts, resolve_config,
-                         show_value)
+from kvmem.flags import (
+    add_chat_template_flag,
+    add_kvmem_flags,
+    add_list_flag,
+    chat_template_opts,
+    resolve_config,
+    show_value,
+)
 from kvmem.models import DEFAULT, MODEL_HELP
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
@@ -41,28 +48,76 @@ DEFAULT_MODEL = f"{DEFAULT.name}, {DEFAULT.title}"
 def register(subparsers: argparse._SubParsersAction) -> None:
     env = os.environ.get
     p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API and the web UI")
-    p.add_argument("--host", default=env("KVMEM_HOST", "127.0.0.1"), help="bind address (default: 127.0.0.1; env KVMEM_HOST)")
-    p.add_argument("--port", type=int, default=int(env("KVMEM_PORT", "8080")), help="port (default: 8080; env KVMEM_PORT)")
-    p.add_argument("--api-key", default=env("KVMEM_API_KEY"), help="require this bearer key on API routes (default: none; env KVMEM_API_KEY)")
-    add_list_flag(p, "--allowed-hosts", "KVMEM_ALLOWED_HOSTS", "also accept these Host names (a proxy's, a LAN name; * for any)")
-    add_list_flag(p, "--cors-origins", "KVMEM_CORS_ORIGINS", "let web pages of these origins (http://host:port; * for any) call the API")
-    add_list_flag(p, "--served-model-name", "KVMEM_SERVED_MODEL_NAME", "names clients may send as `model`, listed by /v1/models")
-    p.add_argument("--backend", default=env("KVMEM_BACKEND", "auto"), choices=devices.BACKENDS, help="engine: torch on a GPU for models it supports, else llama.cpp (default: auto; env KVMEM_BACKEND)")
-    p.add_argument("--device", default=env("KVMEM_DEVICE", "auto"), choices=devices.DEVICES, help="device (default: auto; env KVMEM_DEVICE)")
-    p.add_argument("--gpu", type=int, default=_int_or_none(env("KVMEM_GPU")), help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)")
+    p.add_argument(
+        "--host", default=env("KVMEM_HOST", "127.0.0.1"), help="bind address (default: 127.0.0.1; env KVMEM_HOST)"
+    )
+    p.add_argument(
+        "--port", type=int, default=int(env("KVMEM_PORT", "8080")), help="port (default: 8080; env KVMEM_PORT)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=env("KVMEM_API_KEY"),
+        help="require this bearer key on API routes (default: none; env KVMEM_API_KEY)",
+    )
+    add_list_flag(
+        p, "--allowed-hosts", "KVMEM_ALLOWED_HOSTS", "also accept these Host names (a proxy's, a LAN name; * for any)"
+    )
+    add_list_flag(
+        p,
+        "--cors-origins",
+        "KVMEM_CORS_ORIGINS",
+        "let web pages of these origins (http://host:port; * for any) call the API",
+    )
+    add_list_flag(
+        p, "--served-model-name", "KVMEM_SERVED_MODEL_NAME", "names clients may send as `model`, listed by /v1/models"
+    )
+    p.add_argument(
+        "--backend",
+        default=env("KVMEM_BACKEND", "auto"),
+        choices=devices.BACKENDS,
+        help="engine: torch on a GPU for models it supports, else llama.cpp (default: auto; env KVMEM_BACKEND)",
+    )
+    p.add_argument(
+        "--device",
+        default=env("KVMEM_DEVICE", "auto"),
+        choices=devices.DEVICES,
+        help="device (default: auto; env KVMEM_DEVICE)",
+    )
+    p.add_argument(
+        "--gpu",
+        type=int,
+        default=_int_or_none(env("KVMEM_GPU")),
+        help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)",
+    )
     p.add_argument("--model", default=env("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     add_chat_template_flag(p)
-    p.add_argument("--replicas", type=int, default=_int_or_none(env("KVMEM_REPLICAS")), help="engine processes, each with its own queue; conversations stay on theirs (default: one per --gpus, else 1; env KVMEM_REPLICAS)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=_int_or_none(env("KVMEM_REPLICAS")),
+        help="engine processes, each with its own queue; conversations stay on theirs (default: one per --gpus, else 1; env KVMEM_REPLICAS)",
+    )
     add_list_flag(p, "--gpus", "KVMEM_GPUS", "GPU indexes, one engine replica on each")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for each engine before 429 (default 16)")
-    p.add_argument("--max-tokens-default", type=_positive, default=env("KVMEM_MAX_TOKENS_DEFAULT"),
-                   help="longest answer to a request that sets no max_tokens (default: the room left in the workspace, "
-                        "--ctx less the prompt, as OpenAI does; env KVMEM_MAX_TOKENS_DEFAULT)")
+    p.add_argument(
+        "--max-tokens-default",
+        type=_positive,
+        default=env("KVMEM_MAX_TOKENS_DEFAULT"),
+        help="longest answer to a request that sets no max_tokens (default: the room left in the workspace, "
+        "--ctx less the prompt, as OpenAI does; env KVMEM_MAX_TOKENS_DEFAULT)",
+    )
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
-    p.add_argument("--ui-dir", type=Path, default=None, help="serve the web UI from this folder (default: the installed package kvmem_webui)")
+    p.add_argument(
+        "--ui-dir",
+        type=Path,
+        default=None,
+        help="serve the web UI from this folder (default: the installed package kvmem_webui)",
+    )
     p.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
     p.add_argument("--dry-run", action="store_true", help="print the resolved configuration and exit")
-    p.add_argument("--restart", action="store_true", help="replace a server this command started with another configuration")
+    p.add_argument(
+        "--restart", action="store_true", help="replace a server this command started with another configuration"
+    )
     p.add_argument("--stop", action="store_true", help="stop the server this command started on --port")
     add_compute_flags(p)
     add_kvmem_flags(p)
@@ -103,8 +158,10 @@ def run(args: argparse.Namespace) -> int:
             print_urls(args)
             return 0
         if not args.restart:
-            raise ConfigError(f"a server with another configuration is running on port {args.port}; "
-                              "add --restart to replace it, or pick another --port")
+            raise ConfigError(
+                f"a server with another configuration is running on port {args.port}; "
+                "add --restart to replace it, or pick another --port"
+            )
         if not stop_server(args.port):
             return 1
     return start(args, config, placement, fingerprint, security)
@@ -114,12 +171,30 @@ def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement:
     """A short hash of everything that makes two servers behave differently."""
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
     gpu = placement.gpu.index if placement.gpu else None
-    blob = json.dumps([placement.backend, placement.device, gpu, replica_count(args), args.gpus, args.model,
-                       config.describe(), key, args.max_queue, args.max_tokens_default,
-                       _ui_dir(args) and str(_ui_dir(args)), args.allowed_hosts, args.cors_origins,
-                       args.served_model_name, args.threads, args.threads_batch, args.n_gpu_layers, args.chat_template],
-                      sort_keys=True,
-                      default=str)
+    blob = json.dumps(
+        [
+            placement.backend,
+            placement.device,
+            gpu,
+            replica_count(args),
+            args.gpus,
+            args.model,
+            config.describe(),
+            key,
+            args.max_queue,
+            args.max_tokens_default,
+            _ui_dir(args) and str(_ui_dir(args)),
+            args.allowed_hosts,
+            args.cors_origins,
+            args.served_model_name,
+            args.threads,
+            args.threads_batch,
+            args.n_gpu_layers,
+            args.chat_template,
+        ],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -158,7 +233,9 @@ def engine_envs(args: argparse.Namespace, placement: devices.Placement) -> list[
     return replica_envs(replica_count(args), [int(g) for g in args.gpus], placement.env, devices.VISIBLE_ENV[vendor])
 
 
-def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, str], placement: devices.Placement) -> str:
+def describe(
+    args: argparse.Namespace, config: KVMemConfig, sources: dict[str, str], placement: devices.Placement
+) -> str:
     """The ``--dry-run`` text: placement, model, every knob with its source."""
     gpu = placement.gpu
     lines = [
@@ -186,10 +263,14 @@ def describe(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, s
 def persistence(config: KVMemConfig) -> str:
     """Whether conversations (their KV, workspaces and stored responses) survive a restart, and why."""
     if config.nvme_dir:
-        return (f"conversations survive a restart: their KV and workspaces are kept in {config.nvme_dir} "
-                f"(up to {config.nvme_gb:g} GiB, --kvmem-nvme-gb)")
-    return (f"conversations are kept in host RAM only (up to {config.cpu_gb:g} GiB) and a restart loses them; "
-            "--kvmem-nvme-dir DIR keeps them on disk")
+        return (
+            f"conversations survive a restart: their KV and workspaces are kept in {config.nvme_dir} "
+            f"(up to {config.nvme_gb:g} GiB, --kvmem-nvme-gb)"
+        )
+    return (
+        f"conversations are kept in host RAM only (up to {config.cpu_gb:g} GiB) and a restart loses them; "
+        "--kvmem-nvme-dir DIR keeps them on disk"
+    )
 
 
 def _ui_dir(args: argparse.Namespace) -> Path | None:
@@ -268,15 +349,19 @@ def print_urls(args: argparse.Namespace) -> None:
 def engine_opts(args: argparse.Namespace, placement: devices.Placement, progress: bool) -> dict[str, object]:
     """Adapter options for the placement: the torch engine runs on the chosen device (ROCm torch calls it cuda);
     llama.cpp offloads to it, as a requirement when ``--device`` named it."""
-    opts: dict[str, object] = {"progress": progress, **compute_opts(args, placement.backend, args.device),
-                               **chat_template_opts(args)}
+    opts: dict[str, object] = {
+        "progress": progress,
+        **compute_opts(args, placement.backend, args.device),
+        **chat_template_opts(args),
+    }
     if placement.backend == "torch":
         opts["device"] = "cpu" if placement.device == "cpu" else "cuda"
     return opts
 
 
-def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str,
-          security: Security) -> int:
+def start(
+    args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement, fingerprint: str, security: Security
+) -> int:
     """Run the server in the foreground until SIGINT/SIGTERM."""
     from kvmem import protocol as P
     from kvmem.server.app import serve
@@ -285,13 +370,25 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kvmem.server").info("config: %s", json.dumps(config.describe(), default=str))
-    spec = P.EngineSpec(backend=placement.backend, model=args.model, config=P.config_to_wire(config),
-                        opts=replica_opts(args, placement, sys.stderr.isatty()))
+    spec = P.EngineSpec(
+        backend=placement.backend,
+        model=args.model,
+        config=P.config_to_wire(config),
+        opts=replica_opts(args, placement, sys.stderr.isatty()),
+    )
     engine = make_engine(spec, args.max_queue, engine_envs(args, placement))
     stored = Path(config.nvme_dir) / "responses.sqlite3" if config.nvme_dir else None  # outlives restarts with the KV
-    state = ServerState(engine=engine, config=config, api_key=args.api_key or None, ui_dir=_ui_dir(args),
-                        fingerprint=fingerprint, responses=ResponseStore(stored), security=security,
-                        model_names=tuple(args.served_model_name), max_tokens_default=args.max_tokens_default)
+    state = ServerState(
+        engine=engine,
+        config=config,
+        api_key=args.api_key or None,
+        ui_dir=_ui_dir(args),
+        fingerprint=fingerprint,
+        responses=ResponseStore(stored),
+        security=security,
+        model_names=tuple(args.served_model_name),
+        max_tokens_default=args.max_tokens_default,
+    )
     path = pidfile(args.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "port": args.port, "host": args.host, "fingerprint": fingerprint}))
@@ -301,8 +398,11 @@ def start(args: argparse.Namespace, config: KVMemConfig, placement: devices.Plac
         print_urls(args)
 
     print(f"kvmem: {persistence(config)}", flush=True)
-    print(f"kvmem: loading {args.model or DEFAULT_MODEL} on {placement.backend} ({placement.device}); "
-          "a model's first start without a shipped profile calibrates its retrieval heads (a few minutes on a CPU)", flush=True)
+    print(
+        f"kvmem: loading {args.model or DEFAULT_MODEL} on {placement.backend} ({placement.device}); "
+        "a model's first start without a shipped profile calibrates its retrieval heads (a few minutes on a CPU)",
+        flush=True,
+    )
     try:
         asyncio.run(serve(state, args.host, args.port, ready, int(args.max_body_mb * (1 << 20))))
     except RuntimeError as exc:

@@ -2,6 +2,7 @@
 
 Each test has pytest-timeout's limit from pyproject.toml (5 minutes); ``--slow`` raises it to 30 for the long checks.
 """
+
 from __future__ import annotations
 
 import argparse

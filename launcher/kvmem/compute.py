@@ -8,6 +8,7 @@ has a GPU backend and sees a device (``kvmem_llamacpp.offload``). An explicit ``
 cuda`` or ``hip`` makes the GPU a requirement: a CPU-only build then fails with the line
 that rebuilds it, instead of running quietly on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,22 +29,45 @@ ALL_LAYERS = -1
 def add_compute_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``--threads``, ``--threads-batch`` and ``--n-gpu-layers`` (defaults resolved later, env included)."""
     group = parser.add_argument_group("compute")
-    group.add_argument("--threads", type=_count("--threads"), default=None, metavar="N",
-                       help=f"CPU threads for decode steps (default: the {usable_cores()} cores this process may use; "
-                            f"env {THREADS_ENV})")
-    group.add_argument("--threads-batch", type=_count("--threads-batch"), default=None, metavar="N",
-                       help=f"CPU threads for prefill batches (default: --threads; env {THREADS_BATCH_ENV})")
-    group.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
-                       help="llama.cpp: layers offloaded to the GPU with their KV cache, -1 all, 0 none (default: all "
-                            f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})")
-    group.add_argument("--capture-context", type=parse_switch, default=None, metavar="{on,off}",
-                       help="llama.cpp: capture retrieval queries in a second context, so the view's own decodes "
-                            "without an eval callback (which costs a small model ~6-10%% of its GPU decode); a "
-                            "retrieval step then copies the view there and back, and the view's KV is held twice "
-                            f"(default: on when layers are offloaded to a GPU, off on the CPU; env {CAPTURE_CONTEXT_ENV})")
-    group.add_argument("--dtype", choices=DTYPES, default=None,
-                       help=f"torch: weights and KV precision (default auto: bfloat16 on a GPU, float32 on the CPU; "
-                            f"env {DTYPE_ENV})")
+    group.add_argument(
+        "--threads",
+        type=_count("--threads"),
+        default=None,
+        metavar="N",
+        help=f"CPU threads for decode steps (default: the {usable_cores()} cores this process may use; "
+        f"env {THREADS_ENV})",
+    )
+    group.add_argument(
+        "--threads-batch",
+        type=_count("--threads-batch"),
+        default=None,
+        metavar="N",
+        help=f"CPU threads for prefill batches (default: --threads; env {THREADS_BATCH_ENV})",
+    )
+    group.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="llama.cpp: layers offloaded to the GPU with their KV cache, -1 all, 0 none (default: all "
+        f"when llama-cpp-python was built for a GPU and one is present; env {GPU_LAYERS_ENV})",
+    )
+    group.add_argument(
+        "--capture-context",
+        type=parse_switch,
+        default=None,
+        metavar="{on,off}",
+        help="llama.cpp: capture retrieval queries in a second context, so the view's own decodes "
+        "without an eval callback (which costs a small model ~6-10%% of its GPU decode); a "
+        "retrieval step then copies the view there and back, and the view's KV is held twice "
+        f"(default: on when layers are offloaded to a GPU, off on the CPU; env {CAPTURE_CONTEXT_ENV})",
+    )
+    group.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help=f"torch: weights and KV precision (default auto: bfloat16 on a GPU, float32 on the CPU; env {DTYPE_ENV})",
+    )
 
 
 def compute_opts(args: argparse.Namespace, backend: str, device: str = "auto") -> dict[str, Any]:
@@ -83,7 +107,9 @@ def gpu_layers(flag: int | None, device: str) -> int | None:
 
 def describe_compute(opts: dict[str, Any]) -> str:
     """One line for ``--dry-run`` and logs: ``threads 16 (batch 16), gpu layers all``."""
-    line = f"threads {opts['n_threads']} (batch {opts['n_threads_batch']})" + (f", {opts['dtype']}" if "dtype" in opts else "")
+    line = f"threads {opts['n_threads']} (batch {opts['n_threads_batch']})" + (
+        f", {opts['dtype']}" if "dtype" in opts else ""
+    )
     if "n_gpu_layers" not in opts:
         return line
     layers = opts["n_gpu_layers"]
@@ -110,4 +136,5 @@ def _count(flag: str) -> Any:
             return parse_count(text, flag)
         except ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     return parse

@@ -13,6 +13,7 @@ have not met AMD hardware. The choice:
   (``torch.version.cuda`` / ``torch.version.hip``) and the engine is installed; llama.cpp
   otherwise.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -86,7 +87,9 @@ def parse_amd_smi(text: str) -> list[Gpu]:
     gpus = []
     for row in rows:
         mem = row["mem_usage"]
-        gpus.append(Gpu(int(row["gpu"]), f"AMD GPU {row['gpu']}", _mib(mem["total_vram"]), _mib(mem["free_vram"]), "amd"))
+        gpus.append(
+            Gpu(int(row["gpu"]), f"AMD GPU {row['gpu']}", _mib(mem["total_vram"]), _mib(mem["free_vram"]), "amd")
+        )
     return sorted(gpus, key=lambda g: g.index)
 
 
@@ -103,7 +106,11 @@ Runner = Callable[[list[str]], str | None]
 
 def probe_gpus(run: Runner = run_tool) -> list[Gpu]:
     """Every GPU the vendor tools report (NVIDIA first, then AMD through amd-smi or rocm-smi)."""
-    for cmd, parse in ((NVIDIA_QUERY, parse_nvidia_smi), (AMD_SMI_QUERY, parse_amd_smi), (ROCM_SMI_QUERY, parse_rocm_smi)):
+    for cmd, parse in (
+        (NVIDIA_QUERY, parse_nvidia_smi),
+        (AMD_SMI_QUERY, parse_amd_smi),
+        (ROCM_SMI_QUERY, parse_rocm_smi),
+    ):
         out = run(cmd)
         if out:
             try:
@@ -131,7 +138,9 @@ def pick_gpu(gpus: list[Gpu], requested: int | None, env: dict[str, str]) -> tup
     ranked = sorted(gpus, key=lambda g: g.free_mib, reverse=True)
     best, second = ranked[0], ranked[1]
     if best.free_mib - second.free_mib <= EQUAL_FREE_FRACTION * max(best.total_mib, 1):
-        raise ConfigError(f"{len(gpus)} GPUs with about equal free memory ({best.free_mib} MiB); choose one with --gpu N")
+        raise ConfigError(
+            f"{len(gpus)} GPUs with about equal free memory ({best.free_mib} MiB); choose one with --gpu N"
+        )
     return best, f"most free memory ({best.free_mib} MiB of {best.total_mib})"
 
 
@@ -153,9 +162,15 @@ def torch_gpu_runtime() -> str | None:
     return "hip" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def resolve(backend: str, device: str, gpu: int | None, env: dict[str, str] | None = None,
-            probe: Callable[[], list[Gpu]] = probe_gpus, torch_runtime: Callable[[], str | None] = torch_gpu_runtime,
-            has_torch_engine: bool | None = None) -> Placement:
+def resolve(
+    backend: str,
+    device: str,
+    gpu: int | None,
+    env: dict[str, str] | None = None,
+    probe: Callable[[], list[Gpu]] = probe_gpus,
+    torch_runtime: Callable[[], str | None] = torch_gpu_runtime,
+    has_torch_engine: bool | None = None,
+) -> Placement:
     """Resolve ``--backend``, ``--device`` and ``--gpu`` into one placement; ConfigError on a bad combination."""
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}")
@@ -164,7 +179,9 @@ def resolve(backend: str, device: str, gpu: int | None, env: dict[str, str] | No
     env = dict(os.environ if env is None else env)
     gpus = [] if device == "cpu" else probe()
     chosen, why = pick_gpu(gpus, gpu, env) if device != "cpu" else (None, "--device cpu")
-    dev = device if device != "auto" else ("cpu" if chosen is None else ("cuda" if chosen.vendor == "nvidia" else "hip"))
+    dev = (
+        device if device != "auto" else ("cpu" if chosen is None else ("cuda" if chosen.vendor == "nvidia" else "hip"))
+    )
     if dev != "cpu" and chosen is None:
         raise ConfigError(f"--device {dev}: no GPU found (nvidia-smi, amd-smi and rocm-smi report none)")
     if chosen is not None and dev != ("cuda" if chosen.vendor == "nvidia" else "hip"):

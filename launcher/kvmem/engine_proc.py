@@ -12,6 +12,7 @@ anything else a 500) and the engine serves on. Only errors that leave the proces
 are fatal (``is_fatal``): the process sends ``Dead`` and exits non-zero, and the server
 restarts it.
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,8 +34,16 @@ log = logging.getLogger("kvmem.engine")
 FATAL_TYPES = (MemoryError, OSError, AssertionError, SystemError, zmq.ZMQError)
 # a disk full, read-only or failing under a file the engine writes: that request fails, the process is sound
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-DEVICE_FAULTS = ("out of memory", "CUDA error", "HIP error", "device-side assert", "illegal memory access",
-                 "CUBLAS_STATUS", "cuDNN error", "NCCL error")
+DEVICE_FAULTS = (
+    "out of memory",
+    "CUDA error",
+    "HIP error",
+    "device-side assert",
+    "illegal memory access",
+    "CUBLAS_STATUS",
+    "cuDNN error",
+    "NCCL error",
+)
 
 
 class StepAborted(Exception):
@@ -69,7 +78,9 @@ def request_error(req_id: str, exc: BaseException) -> P.Failed | None:
     if isinstance(exc, OSError):
         return P.Failed(id=req_id, status=503, code="storage_error", message=f"storage error: {exc}")
     log.error("request %s failed", req_id, exc_info=exc)
-    return P.Failed(id=req_id, status=500, code="internal_error", message=f"internal error: {type(exc).__name__}: {exc}")
+    return P.Failed(
+        id=req_id, status=500, code="internal_error", message=f"internal error: {type(exc).__name__}: {exc}"
+    )
 
 
 class EngineLoop:
@@ -141,8 +152,11 @@ class EngineLoop:
 
         self.running = msg.id
         try:
-            result = self.engine.step(P.from_wire_request(msg.request), on_text,
-                                      lambda ws_id: self.send(P.Started(id=msg.id, workspace_id=ws_id)))
+            result = self.engine.step(
+                P.from_wire_request(msg.request),
+                on_text,
+                lambda ws_id: self.send(P.Started(id=msg.id, workspace_id=ws_id)),
+            )
         except StepAborted as exc:
             self.send(client_gone(msg.id, str(exc)))
             return
@@ -165,12 +179,17 @@ class EngineLoop:
         op, arg, engine = msg.op, msg.arg or "", self.engine
         if op == "count_tokens" and msg.request is not None:
             return engine.count_tokens(P.from_wire_request(msg.request))
-        calls = {"tokenize": lambda: engine.tokenize(arg), "list_workspaces": engine.list_workspaces,
-                 "workspace_info": lambda: engine.workspace_info(arg), "delete_workspace": lambda: engine.delete_workspace(arg),
-                 "pin_workspace": lambda: engine.pin_workspace(arg, True),
-                 "unpin_workspace": lambda: engine.pin_workspace(arg, False),
-                 "export_workspace": lambda: engine.export_workspace(arg, msg.path or ""),
-                 "import_workspace": lambda: engine.import_workspace(msg.path or ""), "metrics": engine.metrics}
+        calls = {
+            "tokenize": lambda: engine.tokenize(arg),
+            "list_workspaces": engine.list_workspaces,
+            "workspace_info": lambda: engine.workspace_info(arg),
+            "delete_workspace": lambda: engine.delete_workspace(arg),
+            "pin_workspace": lambda: engine.pin_workspace(arg, True),
+            "unpin_workspace": lambda: engine.pin_workspace(arg, False),
+            "export_workspace": lambda: engine.export_workspace(arg, msg.path or ""),
+            "import_workspace": lambda: engine.import_workspace(msg.path or ""),
+            "metrics": engine.metrics,
+        }
         if op not in calls:
             raise KVMemError(f"unknown engine call {op!r}")
         return calls[op]()
@@ -200,8 +219,9 @@ def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:
         outbox.send(P.encode(P.Dead(message=f"engine failed to load: {type(exc).__name__}: {exc}")))
         return 1
     chat_format = P.to_wire_format(ChatFormat.detect(engine.chat_template))
-    outbox.send(P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), chat_format=chat_format,
-                                 metrics=engine.metrics())))
+    outbox.send(
+        P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), chat_format=chat_format, metrics=engine.metrics()))
+    )
     try:
         EngineLoop(engine, inbox, outbox).run()
     except Exception as exc:

@@ -1,4 +1,5 @@
 """``load_engine``: a backend's adapter (found through the ``kvmem.adapters`` entry points) plus KVMem memory."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -25,8 +26,7 @@ def adapter_factory(backend: str) -> Callable[..., Any]:
         raise UnsupportedModelError(f"backend {backend!r} is not usable here: {exc}") from None
 
 
-def load_engine(backend: str, model: str | None, config: KVMemConfig, *, progress: bool = False,
-                **opts: Any) -> Engine:
+def load_engine(backend: str, model: str | None, config: KVMemConfig, *, progress: bool = False, **opts: Any) -> Engine:
     """Load ``model`` (a known model's name, a path; None: the default) on ``backend`` and wrap it in a ``KVMemEngine``.
 
     The retrieval heads come from ``config.retrieval_heads``, else the model's cached or

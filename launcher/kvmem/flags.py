@@ -3,6 +3,7 @@
 ``--kvmem-budget`` reads ``KVMEM_BUDGET``, ``--ctx`` reads ``KVMEM_CTX``. The resolved
 config remembers where each value came from (flag, env or default) for ``--dry-run``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kvmem_core.config import (FIELD_HELP, KV_DTYPES, METHOD_ALIASES, METHODS, POSITION_MODES, RECURRENT_MODES, RETENTIONS, SCORER_ALIASES,
-                               SCORERS, SPECULATIVE_MODES, KVMemConfig, parse_retrieval_heads)
+from kvmem_core.config import (
+    FIELD_HELP,
+    KV_DTYPES,
+    METHOD_ALIASES,
+    METHODS,
+    POSITION_MODES,
+    RECURRENT_MODES,
+    RETENTIONS,
+    SCORER_ALIASES,
+    SCORERS,
+    SPECULATIVE_MODES,
+    KVMemConfig,
+    parse_retrieval_heads,
+)
 from kvmem_core.errors import ConfigError
 
 _DEFAULTS = KVMemConfig()
@@ -40,6 +53,7 @@ def _choice(choices: tuple[str, ...], aliases: tuple[str, ...] = ()) -> Callable
         if text not in choices + aliases:
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}")
         return text
+
     return parse
 
 
@@ -79,7 +93,11 @@ def add_kvmem_flags(parser: argparse.ArgumentParser) -> None:
     for knob in KNOBS:
         default = getattr(_DEFAULTS, knob.field)
         group.add_argument(
-            knob.flag, dest=knob.dest, type=knob.parse, default=None, metavar=knob.field.upper(),
+            knob.flag,
+            dest=knob.dest,
+            type=knob.parse,
+            default=None,
+            metavar=knob.field.upper(),
             help=f"{FIELD_HELP[knob.field]} (default: {show_value(default)}; env {knob.env})",
         )
 
@@ -109,8 +127,13 @@ def _parse_env(knob: Knob) -> Any:
 class _ListFlag(argparse.Action):
     """A comma-separated list that may repeat; the first use on the command line replaces the env's list."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         current = getattr(namespace, self.dest)
         items = [] if current is self.default else list(current)
         setattr(namespace, self.dest, items + split_list(values))
@@ -123,15 +146,23 @@ def split_list(text: str) -> list[str]:
 
 def add_list_flag(parser: argparse.ArgumentParser, flag: str, env: str, help_text: str) -> None:
     """A flag taking names, comma-separated or repeated, whose default is ``env``'s comma-separated list."""
-    parser.add_argument(flag, action=_ListFlag, default=split_list(os.environ.get(env, "")), metavar="NAMES",
-                        help=f"{help_text} (comma-separated or repeated; default: none; env {env})")
+    parser.add_argument(
+        flag,
+        action=_ListFlag,
+        default=split_list(os.environ.get(env, "")),
+        metavar="NAMES",
+        help=f"{help_text} (comma-separated or repeated; default: none; env {env})",
+    )
 
 
 def add_chat_template_flag(parser: argparse.ArgumentParser) -> None:
     """``--chat-template FILE``: a jinja2 chat template to use instead of the model's own."""
-    parser.add_argument("--chat-template", default=os.environ.get("KVMEM_CHAT_TEMPLATE"), metavar="FILE",
-                        help="a jinja2 chat template used instead of the model's own (default: the model's; "
-                             "env KVMEM_CHAT_TEMPLATE)")
+    parser.add_argument(
+        "--chat-template",
+        default=os.environ.get("KVMEM_CHAT_TEMPLATE"),
+        metavar="FILE",
+        help="a jinja2 chat template used instead of the model's own (default: the model's; env KVMEM_CHAT_TEMPLATE)",
+    )
 
 
 def chat_template_opts(args: argparse.Namespace) -> dict[str, str]:
@@ -152,4 +183,3 @@ def show_value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
-

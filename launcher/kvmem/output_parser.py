@@ -10,6 +10,7 @@ so a stream's items concatenate to what parsing the whole text gives (``parse_ou
 Blanks around tags are not content: reasoning and content drop the blanks that open them
 after a tag, reasoning the blanks before its closing tag, content those before a call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -76,12 +77,12 @@ class ThinkSplit:
             if at < 0:
                 break
             self._say(self.buf[:at].rstrip() if self.inside else self.buf[:at], out)
-            self.buf, self.inside, self.fresh = self.buf[at + len(tag):], not self.inside, True
+            self.buf, self.inside, self.fresh = self.buf[at + len(tag) :], not self.inside, True
         keep = 0 if final else held_back(self.buf, (tag,))
         if self.inside and not final:
-            keep += _trailing(self.buf[:len(self.buf) - keep], " \t\r\n")
-        self._say(self.buf[:len(self.buf) - keep], out)
-        self.buf = self.buf[len(self.buf) - keep:]
+            keep += _trailing(self.buf[: len(self.buf) - keep], " \t\r\n")
+        self._say(self.buf[: len(self.buf) - keep], out)
+        self.buf = self.buf[len(self.buf) - keep :]
         return out
 
     def _say(self, text: str, out: list[Item]) -> None:
@@ -123,8 +124,8 @@ class ToolStream:
             start = self._region_start()
             if start is None:
                 keep = 0 if final else self._held()
-                self._say(self.buf[:len(self.buf) - keep], out)
-                self.buf = self.buf[len(self.buf) - keep:]
+                self._say(self.buf[: len(self.buf) - keep], out)
+                self.buf = self.buf[len(self.buf) - keep :]
                 break
             cut = start - _trailing(self.buf[:start], self.syntax.blanks)
             self._say(self.buf[:cut], out)
@@ -160,7 +161,7 @@ class ToolStream:
         if not self.spoken and any(m.startswith(rest) for m in self.syntax.leading):
             return len(self.buf)
         keep = held_back(self.buf, self.syntax.markers)
-        return keep + _trailing(self.buf[:len(self.buf) - keep], self.syntax.blanks)
+        return keep + _trailing(self.buf[: len(self.buf) - keep], self.syntax.blanks)
 
     def _say(self, text: str, out: list[Item]) -> None:
         if self.after_call:
@@ -202,4 +203,3 @@ def parse_output(text: str, parser: OutputParser) -> Parsed:
     for item in parser.feed(text, final=True):
         parsed.add(item)
     return parsed
-

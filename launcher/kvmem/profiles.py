@@ -11,6 +11,7 @@ the weights, so it serves every backend that loads the same file: both engines n
 attention layers and heads alike, and a permutation inside a head (llama.cpp's rotary row
 order) changes no q·k product.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -70,8 +71,12 @@ def fits_block_size(profile: RetrievalProfile, block_tokens: int, path: Path) ->
     """Whether ``profile`` was calibrated at ``block_tokens`` per block (0: not recorded, taken as fitting)."""
     if profile.block_tokens in (0, block_tokens):
         return True
-    log.warning("retrieval profile %s was calibrated at %d-token blocks, this run uses %d: not used",
-                path, profile.block_tokens, block_tokens)
+    log.warning(
+        "retrieval profile %s was calibrated at %d-token blocks, this run uses %d: not used",
+        path,
+        profile.block_tokens,
+        block_tokens,
+    )
     return False
 
 
@@ -95,8 +100,10 @@ def run_calibration(adapter: EngineAdapter, *, n_docs: int = N_DOCS, progress: b
     """Capture per-head queries and keys on synthetic documents and choose the heads (view is cleared)."""
     target = min(DOC_TOKENS, adapter.caps.max_view_tokens - 64)
     if target < MIN_DOC_TOKENS:
-        raise ConfigError(f"calibrating retrieval heads needs a view of at least {MIN_DOC_TOKENS + 64} tokens; "
-                          "raise --kvmem-budget for the first run or pass --kvmem-retrieval-heads")
+        raise ConfigError(
+            f"calibrating retrieval heads needs a view of at least {MIN_DOC_TOKENS + 64} tokens; "
+            "raise --kvmem-budget for the first run or pass --kvmem-retrieval-heads"
+        )
     docs = [sized_doc(adapter, seed, target) for seed in range(n_docs)]
     bar = _bar(n_docs, progress)
     captured = []
@@ -123,7 +130,9 @@ def sized_doc(adapter: EngineAdapter, seed: int, target: int) -> SyntheticDoc:
 
 
 def _doc(seed: int, lines: int) -> SyntheticDoc:
-    return make_doc(seed, filler_lines=lines, n_distractors=min(len(ENTITIES) - 1, max(3, lines // LINES_PER_DISTRACTOR)))
+    return make_doc(
+        seed, filler_lines=lines, n_distractors=min(len(ENTITIES) - 1, max(3, lines // LINES_PER_DISTRACTOR))
+    )
 
 
 def doc_tokens(adapter: EngineAdapter, doc: SyntheticDoc) -> int:
@@ -137,10 +146,12 @@ def capture_doc(adapter: EngineAdapter, doc: SyntheticDoc) -> CalibrationDoc:
     fact = (body + doc.fact_span[0], body + doc.fact_span[1])
     ids = adapter.tokenize(text)
     f0, f1 = (len(adapter.tokenize(text[:c])) for c in fact)
-    q0 = len(adapter.tokenize(text[:text.rindex(doc.question)]))
+    q0 = len(adapter.tokenize(text[: text.rindex(doc.question)]))
     if len(ids) > adapter.caps.max_view_tokens:
-        raise ConfigError(f"a calibration document of {len(ids)} tokens does not fit the view of "
-                          f"{adapter.caps.max_view_tokens}; raise --kvmem-budget or pass --kvmem-retrieval-heads")
+        raise ConfigError(
+            f"a calibration document of {len(ids)} tokens does not fit the view of "
+            f"{adapter.caps.max_view_tokens}; raise --kvmem-budget or pass --kvmem-retrieval-heads"
+        )
     adapter.clear_view()
     out = adapter.forward(ids, list(range(len(ids))), want_logits=False, capture_from=q0)
     k = adapter.content_keys(adapter.read_block(0, len(ids)).k, 0)
@@ -151,5 +162,11 @@ def capture_doc(adapter: EngineAdapter, doc: SyntheticDoc) -> CalibrationDoc:
 def _bar(total: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="kvmem: calibrating retrieval heads", unit="doc", disable=not enabled,
-                file=sys.stderr, leave=False)
+    return tqdm(
+        total=total,
+        desc="kvmem: calibrating retrieval heads",
+        unit="doc",
+        disable=not enabled,
+        file=sys.stderr,
+        leave=False,
+    )

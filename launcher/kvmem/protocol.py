@@ -7,6 +7,7 @@ name and stamped with ``PROTOCOL_VERSION``; a frame of another version or shape 
 Server -> engine: ``Step``, ``Call``, ``Abort``, ``Shutdown``.
 Engine -> server: ``Ready``, ``Text``, ``Done``, ``Reply``, ``Failed``, ``Dead``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Union
@@ -19,8 +20,18 @@ from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.reasoning import ThinkTags
 
 PROTOCOL_VERSION = 2
-CALL_OPS = ("tokenize", "count_tokens", "list_workspaces", "workspace_info", "delete_workspace", "pin_workspace",
-            "unpin_workspace", "export_workspace", "import_workspace", "metrics")
+CALL_OPS = (
+    "tokenize",
+    "count_tokens",
+    "list_workspaces",
+    "workspace_info",
+    "delete_workspace",
+    "pin_workspace",
+    "unpin_workspace",
+    "export_workspace",
+    "import_workspace",
+    "metrics",
+)
 
 
 class ProtocolError(Exception):
@@ -189,8 +200,9 @@ def to_wire_request(req: StepRequest) -> WireStepRequest:
         prompt=req.prompt,
         tools=list(req.tools) if req.tools is not None else None,
         template_kwargs=dict(req.template_kwargs),
-        sampling=WireSampling(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop), s.grammar,
-                              s.grammar_trigger),
+        sampling=WireSampling(
+            s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, list(s.stop), s.grammar, s.grammar_trigger
+        ),
         overrides=dict(req.overrides),
         reasoning_budget=req.reasoning_budget,
         cache_key=req.cache_key,
@@ -205,8 +217,9 @@ def from_wire_request(w: WireStepRequest) -> StepRequest:
         prompt=w.prompt,
         tools=tuple(w.tools) if w.tools is not None else None,
         template_kwargs=w.template_kwargs,
-        sampling=SamplingParams(s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop), s.grammar,
-                                s.grammar_trigger),
+        sampling=SamplingParams(
+            s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens, tuple(s.stop), s.grammar, s.grammar_trigger
+        ),
         overrides=w.overrides,
         reasoning_budget=w.reasoning_budget,
         cache_key=w.cache_key,
@@ -216,15 +229,27 @@ def from_wire_request(w: WireStepRequest) -> StepRequest:
 
 def to_wire_result(r: StepResult) -> WireStepResult:
     return WireStepResult(
-        r.text, list(r.token_ids), r.finish_reason, r.prompt_tokens, r.cached_tokens,
-        r.workspace_id, dict(r.selection), {k: float(v) for k, v in r.timings.items()},
+        r.text,
+        list(r.token_ids),
+        r.finish_reason,
+        r.prompt_tokens,
+        r.cached_tokens,
+        r.workspace_id,
+        dict(r.selection),
+        {k: float(v) for k, v in r.timings.items()},
     )
 
 
 def from_wire_result(w: WireStepResult) -> StepResult:
     return StepResult(
-        w.text, tuple(w.token_ids), w.finish_reason, w.prompt_tokens, w.cached_tokens,
-        w.workspace_id, w.selection, w.timings,
+        w.text,
+        tuple(w.token_ids),
+        w.finish_reason,
+        w.prompt_tokens,
+        w.cached_tokens,
+        w.workspace_id,
+        w.selection,
+        w.timings,
     )
 
 

@@ -4,6 +4,7 @@ The child gets its own ``KVMEM_RUN_DIR`` (pidfile and log there, away from the u
 counts as ready when ``/health`` answers with the child's own pid, so a server already on
 the port is never mistaken for it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ def free_port() -> int:
 def sigterm_as_interrupt() -> Iterator[None]:
     """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so the ``with ServeProcess`` blocks it unwinds
     stop their servers (Python's default SIGTERM would leave them running). Main thread only."""
+
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -51,8 +53,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
 class ServeProcess:
     """``python -m kvmem serve --port PORT ARGS``, logging to ``run_dir/serve-PORT.log``."""
 
-    def __init__(self, run_dir: Path, args: Sequence[str], port: int | None = None,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        args: Sequence[str],
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.run_dir, self.cwd = run_dir, cwd
         self.args = ["--port", str(self.port), *args]

@@ -16,6 +16,7 @@ at the very start of an answer: small models often drop the tags their template 
 A call region starts at one of a syntax's ``markers`` (anywhere) or ``leading`` markers
 (only before any other text); ``scan`` reads calls from the start of a region.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,7 +50,7 @@ def mistral_safe_id(call_id: str) -> str:
     if _MISTRAL_ID.fullmatch(call_id):
         return call_id
     n = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
-    return "".join(_ALNUM[(n // 62 ** i) % 62] for i in range(9))
+    return "".join(_ALNUM[(n // 62**i) % 62] for i in range(9))
 
 
 def make_call(name: str, args: Any, new_id: Callable[[], str], call_id: str | None = None) -> Call:
@@ -102,7 +103,7 @@ def _bare(region: str, final: bool, new_id: Callable[[], str]) -> tuple[list[Ite
     if decoded is None:
         return ([("content", region)], len(region)) if final else ([], 0)
     call = json_call(decoded[0], new_id)
-    return [("call", call) if call else ("content", region[:decoded[1]])], decoded[1]
+    return [("call", call) if call else ("content", region[: decoded[1]])], decoded[1]
 
 
 def _scan_hermes(region: str, final: bool, new_id: Callable[[], str]) -> tuple[list[Item], int]:
@@ -110,10 +111,10 @@ def _scan_hermes(region: str, final: bool, new_id: Callable[[], str]) -> tuple[l
     end = region.find(close)
     if end < 0 and not final:
         return [], 0
-    body = region[len(open_):end if end >= 0 else len(region)]
+    body = region[len(open_) : end if end >= 0 else len(region)]
     used = end + len(close) if end >= 0 else len(region)
     decoded = decode_json(body)
-    call = json_call(decoded[0], new_id) if decoded and not body[decoded[1]:].strip() else None
+    call = json_call(decoded[0], new_id) if decoded and not body[decoded[1] :].strip() else None
     return [("call", call) if call else ("content", region[:used])], used
 
 
@@ -124,7 +125,7 @@ def _scan_llama3(region: str, final: bool, new_id: Callable[[], str]) -> tuple[l
     if decoded is None:
         return ([("content", region)], len(region)) if final else ([], 0)
     call = json_call(decoded[0], new_id)
-    return [("call", call) if call else ("content", region[:decoded[1]])], decoded[1]
+    return [("call", call) if call else ("content", region[: decoded[1]])], decoded[1]
 
 
 def _scan_mistral(region: str, final: bool, new_id: Callable[[], str]) -> tuple[list[Item], int]:
@@ -141,7 +142,7 @@ def _scan_mistral(region: str, final: bool, new_id: Callable[[], str]) -> tuple[
             calls = [json_call(v, new_id) for v in values]
             if calls and all(calls):
                 return [("call", c) for c in calls], decoded[1]
-            return [("content", region[:decoded[1]])], decoded[1]
+            return [("content", region[: decoded[1]])], decoded[1]
     return ([("content", region)], len(region)) if final else ([], 0)
 
 

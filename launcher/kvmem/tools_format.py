@@ -16,6 +16,7 @@ Templates that render tools themselves get the transcript as it is, in the shape
 Hugging Face templates expect (``native_messages``). Generated calls are read back by
 ``kvmem.output_parser`` in the syntax the template taught (``kvmem.tool_syntax``).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,11 @@ def render_plain(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
 def _plain_turn(msg: dict[str, Any]) -> dict[str, Any]:
     content = msg.get("content") or ""
     if msg["role"] == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>",
-                "tool_call_id": msg.get("tool_call_id", "")}
+        return {
+            "role": "user",
+            "content": f"<tool_response>\n{content}\n</tool_response>",
+            "tool_call_id": msg.get("tool_call_id", ""),
+        }
     if msg["role"] == "assistant" and msg.get("tool_calls"):
         calls = [call_text(c["function"]["name"], c["function"].get("arguments", "{}")) for c in msg["tool_calls"]]
         return {"role": "assistant", "content": "\n".join(filter(None, [content, *calls]))}
@@ -93,4 +97,3 @@ def _native_call(call: dict[str, Any], syntax: str | None) -> dict[str, Any]:
         args = fn["arguments"]
     call_id = mistral_safe_id(call["id"]) if syntax == "mistral" else call["id"]
     return {**call, "id": call_id, "function": {**fn, "arguments": args}}
-

@@ -1,5 +1,6 @@
 """The EngineAdapter contract, run against every installed backend on the small test model, and KVMem's
 step on top of it with each storage tier (host only, host + NVMe)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,9 @@ def test_blocks_out_and_back_in_continue_the_same(adapter):
     adapter.clear_view()
     adapter.forward(ids[:64], list(range(64)), want_logits=False)
     kv = [adapter.read_block(s, 32) for s in (0, 32)]
-    want = adapter.forward(ids[64:], list(range(64, 96))).logits.copy()  # same chunks as below: kernels are shape-dependent
+    want = adapter.forward(
+        ids[64:], list(range(64, 96))
+    ).logits.copy()  # same chunks as below: kernels are shape-dependent
     assert kv[0].k.shape == adapter.layout.kv_shape and kv[0].k.dtype == adapter.layout.storage_dtype
     adapter.clear_view()
     free = adapter.view_free()

@@ -4,6 +4,7 @@ langchain-openai, pydantic-ai and litellm, through chat, streaming, tools, the R
 reply and stream event against the openai SDK's own types: a protocol error fails the test. What the small model
 answers is not judged, and a library's own stop when a repeating model never finishes its tool loop (a max-turns
 error) is not a protocol error. One quick pattern per library runs by default; the rest are ``slow``."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,18 @@ def get_weather(city: str) -> str:
 @pytest.fixture(scope="module", params=[SMALL_MODEL, pytest.param(DEFAULT.name, marks=pytest.mark.slow)])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The test model by default; the default model (which writes calls in its template's own syntax) with --slow."""
-    live = LiveServer(tmp_path_factory.mktemp("clients"), "--no-ui", "--ctx", "4096", "--max-tokens-default", "256",
-                      "--served-model-name", MODEL, "--model", request.param).start()
+    live = LiveServer(
+        tmp_path_factory.mktemp("clients"),
+        "--no-ui",
+        "--ctx",
+        "4096",
+        "--max-tokens-default",
+        "256",
+        "--served-model-name",
+        MODEL,
+        "--model",
+        request.param,
+    ).start()
     yield live
     live.stop()
 
@@ -89,6 +100,7 @@ def run_agent(agent: Any, *asks: tuple[str, bool]) -> list[Any]:
 
     async def all_of() -> list[Any]:
         return [await one(ask, streamed) for ask, streamed in asks]
+
     return asyncio.run(all_of())
 
 
@@ -96,7 +108,9 @@ def run_agent(agent: Any, *asks: tuple[str, bool]) -> list[Any]:
 def test_openai_agents_output_type(tap: WireTap, responses: bool) -> None:
     import agents
 
-    agent = agents.Agent(name="geo", instructions="Describe the city.", model=agents_model(tap, responses), output_type=City)
+    agent = agents.Agent(
+        name="geo", instructions="Describe the city.", model=agents_model(tap, responses), output_type=City
+    )
     assert all(isinstance(out, City) for out in run_agent(agent, ("Oslo", False), ("Lima", True)))
     checked(tap, "/v1/responses" if responses else "/v1/chat/completions")
 
@@ -106,8 +120,12 @@ def test_openai_agents_output_type(tap: WireTap, responses: bool) -> None:
 def test_openai_agents_tools_and_streaming(tap: WireTap, responses: bool) -> None:
     import agents
 
-    agent = agents.Agent(name="helper", instructions="Answer briefly; use tools when they help.",
-                         model=agents_model(tap, responses), tools=[agents.function_tool(get_weather)])
+    agent = agents.Agent(
+        name="helper",
+        instructions="Answer briefly; use tools when they help.",
+        model=agents_model(tap, responses),
+        tools=[agents.function_tool(get_weather)],
+    )
     run_agent(agent, ("What is the weather in Oslo?", False), ("What is the weather in Lima?", True), (ASK, True))
     checked(tap, "/v1/responses" if responses else "/v1/chat/completions")
 
@@ -191,8 +209,10 @@ def test_litellm_completion_and_stream(tap: WireTap) -> None:
 
     messages = [{"role": "user", "content": ASK}]
     assert litellm.completion(messages=messages, **litellm_args(tap)).choices[0].message.content
-    assert "".join(c.choices[0].delta.content or "" for c in litellm.completion(messages=messages, stream=True,
-                                                                               **litellm_args(tap)))
+    assert "".join(
+        c.choices[0].delta.content or ""
+        for c in litellm.completion(messages=messages, stream=True, **litellm_args(tap))
+    )
     checked(tap, "/v1/chat/completions")
 
 
@@ -200,14 +220,23 @@ def test_litellm_completion_and_stream(tap: WireTap) -> None:
 def test_litellm_tools_responses_and_json_schema(tap: WireTap) -> None:
     import litellm
 
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                              "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
     litellm.completion(messages=ask, tools=tools, **litellm_args(tap))
     done = litellm.completion(messages=ask, tools=tools, tool_choice="required", **litellm_args(tap))
     assert done.choices[0].message.tool_calls[0].function.name == "get_weather"
-    parsed = litellm.completion(messages=[{"role": "user", "content": "Describe Lima."}], response_format=City, **litellm_args(tap))
+    parsed = litellm.completion(
+        messages=[{"role": "user", "content": "Describe Lima."}], response_format=City, **litellm_args(tap)
+    )
     City.model_validate_json(parsed.choices[0].message.content)
     assert litellm.responses(input=ASK, **litellm_args(tap)).output
     checked(tap, "/v1/chat/completions", "/v1/responses")

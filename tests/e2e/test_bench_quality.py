@@ -1,5 +1,6 @@
 """``kvmem bench quality`` against live ``kvmem serve`` processes on the small model: a bounded view from the first
 prefill, every method on one stored workspace, the command's contract, and a run that stops and resumes."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,16 @@ CONTRACT = {"view", "budget", "method", "workspace_tokens", "kind", "n", "accura
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tmp_path_factory.mktemp("serve"), "--no-ui", "--ctx", "8192", "--kvmem-budget", "1024",
-                      "--kvmem-block-tokens", "128").start()  # the assertions below count 128-token blocks
+    live = LiveServer(
+        tmp_path_factory.mktemp("serve"),
+        "--no-ui",
+        "--ctx",
+        "8192",
+        "--kvmem-budget",
+        "1024",
+        "--kvmem-block-tokens",
+        "128",
+    ).start()  # the assertions below count 128-token blocks
     yield live
     live.stop()
 
@@ -62,15 +71,21 @@ def test_gold_blocks_match_the_exactly_tokenized_prompt(server: LiveServer) -> N
     text = chatml(list(session.messages))
     exact = set()
     for line in session.fact.statements:
-        start = api.count_tokens(text[:text.index(line)])
-        end = api.count_tokens(text[:text.index(line) + len(line)])
+        start = api.count_tokens(text[: text.index(line)])
+        end = api.count_tokens(text[: text.index(line) + len(line)])
         exact.update(range(start // 128, (end - 1) // 128 + 1))
     assert gold_blocks(api, session, api.count_tokens(text), 128) == tuple(sorted(exact))
 
 
 def quality(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvmem", "bench", "quality", *args], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "kvmem", "bench", "quality", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -83,7 +98,10 @@ def test_the_command_prints_the_contract_and_resumes_what_it_did_not_finish(serv
     assert first.returncode == 0, first.stderr[-2000:]
     result = json.loads(first.stdout.strip().splitlines()[-1])
     assert [(r["view"], r["method"], r["n"]) for r in result["results"]] == [
-        ("default", "oracle", 1), ("default", "recent", 1), ("default", "retrieval", 1)]
+        ("default", "oracle", 1),
+        ("default", "recent", 1),
+        ("default", "retrieval", 1),
+    ]
     assert all(set(r) >= CONTRACT and r["workspace_tokens"] == 8192 for r in result["results"])
     meta = result["meta"]
     assert meta["plan"] == "quick" and meta["split"] == "tuning" and meta["commit"] and meta["machine"]

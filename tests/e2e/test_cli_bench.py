@@ -1,4 +1,5 @@
 """``kvmem bench speed --json``: the last printed line is the contract's JSON object, files land in --out."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Retrieval-head profiles: the small test model's ships with the repository; ``kvmem calibrate`` writes one."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,11 @@ def test_calibrate_writes_a_profile_keyed_by_the_model_file(tmp_path):
     model = small_model()
     out = kvmem("calibrate", "--model", SMALL_MODEL, "--docs", "4", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    m = re.fullmatch(r"retrieval heads ((?:\d+:\d+,?)+) \(found the fact in \d+% of \d+ documents, "
-                     r"\d+% of (\d+) held out\) -> (\S+)\n", out.stdout)
+    m = re.fullmatch(
+        r"retrieval heads ((?:\d+:\d+,?)+) \(found the fact in \d+% of \d+ documents, "
+        r"\d+% of (\d+) held out\) -> (\S+)\n",
+        out.stdout,
+    )
     assert m and Path(m.group(3)) == tmp_path / f"{file_fingerprint(str(model))}.json"
     data = json.loads(Path(m.group(3)).read_text())
     assert ",".join(f"{a}:{b}" for a, b in data["heads"]) == m.group(1)

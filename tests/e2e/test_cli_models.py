@@ -1,4 +1,5 @@
 """``kvmem models``: every known model, whether it is here, the default first; it installs and assembles nothing."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def test_json_lists_every_known_model_default_first(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_table_marks_the_default_and_shows_where_each_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_marks_the_default_and_shows_where_each_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("KVMEM_CACHE_DIR", str(tmp_path))
     assert main(["models"]) == 0
     header, *lines = capsys.readouterr().out.splitlines()

@@ -1,4 +1,5 @@
 """``kvmem run`` on bad input: one line on stderr, a non-zero exit, nothing stored lost."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def kvmem(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kvmem", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=full_env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvmem", *args], capture_output=True, text=True, cwd=ROOT, env=full_env, timeout=300
+    )
 
 
 def one_line_error(out: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -34,7 +36,11 @@ def test_no_subcommand_prints_usage():
 def test_run_help_lists_every_flag_with_default_and_env():
     out = kvmem("run", "--help")
     assert out.returncode == 0
-    for flag, env in (("--ctx", "KVMEM_CTX"), ("--kvmem-budget", "KVMEM_BUDGET"), ("--kvmem-positions", "KVMEM_POSITIONS")):
+    for flag, env in (
+        ("--ctx", "KVMEM_CTX"),
+        ("--kvmem-budget", "KVMEM_BUDGET"),
+        ("--kvmem-positions", "KVMEM_POSITIONS"),
+    ):
         assert flag in out.stdout and env in out.stdout
     assert "--json" in out.stdout and "--model" in out.stdout and "(default: 2048" in out.stdout
 
@@ -66,7 +72,9 @@ def test_recurrent_architecture_is_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    one_line_error(kvmem("run", "-p", "hi", "--model", str(path)), "recurrent/hybrid models are not supported by this adapter yet")
+    one_line_error(
+        kvmem("run", "-p", "hi", "--model", str(path)), "recurrent/hybrid models are not supported by this adapter yet"
+    )
 
 
 @pytest.mark.llamacpp
@@ -83,16 +91,36 @@ def test_prompt_beyond_ctx_and_mandatory_over_budget_keep_stored_blocks(tmp_path
     assert stored
     one_line_error(kvmem("run", "-p", "word " * 200, "--ctx", "64", env=env), "--ctx is 64")
     system = "Always follow these rules. " * 120
-    one_line_error(kvmem("run", "-p", "hi", "--system", system, "--kvmem-budget", "512", "--kvmem-sink-tokens", "32",
-                         "--kvmem-recent-tokens", "64", env=env), "--kvmem-budget is 512")
+    one_line_error(
+        kvmem(
+            "run",
+            "-p",
+            "hi",
+            "--system",
+            system,
+            "--kvmem-budget",
+            "512",
+            "--kvmem-sink-tokens",
+            "32",
+            "--kvmem-recent-tokens",
+            "64",
+            env=env,
+        ),
+        "--kvmem-budget is 512",
+    )
     assert sorted(p.name for p in (tmp_path / "nvme").rglob("*") if p.is_file()) == stored
 
 
-@pytest.mark.parametrize(("backend", "kv_dtype", "needle"), [
-    ("llama.cpp", "fp8", "--kv-dtype fp8 is not available on the llama.cpp engine: choose f16 or q8_0"),
-    ("torch", "q8_0", "--kv-dtype q8_0 is the llama.cpp engine's; the torch engine's 8-bit KV is fp8"),
-])
+@pytest.mark.parametrize(
+    ("backend", "kv_dtype", "needle"),
+    [
+        ("llama.cpp", "fp8", "--kv-dtype fp8 is not available on the llama.cpp engine: choose f16 or q8_0"),
+        ("torch", "q8_0", "--kv-dtype q8_0 is the llama.cpp engine's; the torch engine's 8-bit KV is fp8"),
+    ],
+)
 def test_a_kv_dtype_the_engine_lacks_is_a_one_line_error(backend, kv_dtype, needle):
     pytest.importorskip("llama_cpp" if backend == "llama.cpp" else "torch")
-    one_line_error(kvmem("run", "-p", "hi", "--model", str(small_model()), "--backend", backend,
-                         env={"KVMEM_KV_DTYPE": kv_dtype}), needle)
+    one_line_error(
+        kvmem("run", "-p", "hi", "--model", str(small_model()), "--backend", backend, env={"KVMEM_KV_DTYPE": kv_dtype}),
+        needle,
+    )

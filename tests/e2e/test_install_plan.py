@@ -1,5 +1,6 @@
 """``./kvmem``'s install plan: llama.cpp built for the GPU the vendor tools report, a wheel-cache key per build and
 target, and torch only for a torch path, as the build for that GPU. GPUs are faked by scripts on PATH."""
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,14 @@ def run_plan(tmp_path: Path, tools: dict[str, str], *argv: str, **env: str) -> d
     """The script's assignments, run as ``./kvmem`` runs it, with only the fake tools on PATH."""
     fake_tools(tmp_path / "bin", tools)
     base = {k: v for k, v in os.environ.items() if k not in ("CMAKE_ARGS", "KVMEM_BACKEND", "KVMEM_TORCH_INDEX")}
-    done = subprocess.run([sys.executable, str(SCRIPT), *argv], env=base | {"PATH": str(tmp_path / "bin")} | env,
-                          capture_output=True, text=True, check=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv],
+        env=base | {"PATH": str(tmp_path / "bin")} | env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return dict(line.split("=", 1) for line in shlex.split(done.stdout.replace("\n", " ")))
 
 
@@ -65,22 +72,43 @@ def test_an_amd_gpu_builds_hip_for_its_gfx_target_with_rocm_torch(tmp_path: Path
     assert found["TORCH_WHY"] == "--backend torch"
 
 
-@pytest.mark.parametrize("argv, why", [(("run", "-p", "hi"), ""), (("run", "--backend", "torch"), "--backend torch"),
-                                       (("test",), "the tests run the torch engine"), (("models",), "")])
-def test_torch_on_the_cpu_only_for_a_torch_path_and_as_the_cpu_build(tmp_path: Path, argv: tuple[str, ...],
-                                                                     why: str) -> None:
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (("run", "-p", "hi"), ""),
+        (("run", "--backend", "torch"), "--backend torch"),
+        (("test",), "the tests run the torch engine"),
+        (("models",), ""),
+    ],
+)
+def test_torch_on_the_cpu_only_for_a_torch_path_and_as_the_cpu_build(
+    tmp_path: Path, argv: tuple[str, ...], why: str
+) -> None:
     found = run_plan(tmp_path, {}, *argv)
     assert found["TORCH_WHY"] == why
-    assert (found["TORCH_BUILD"], found["TORCH_INDEX"]) == (("CPU", "https://download.pytorch.org/whl/cpu") if why
-                                                            else ("", ""))
+    assert (found["TORCH_BUILD"], found["TORCH_INDEX"]) == (
+        ("CPU", "https://download.pytorch.org/whl/cpu") if why else ("", "")
+    )
 
 
 def test_the_cache_key_follows_flags_cpu_and_gpu() -> None:
     def key(cpuinfo: str = X86, env: dict[str, str] | None = None, nvidia: str | None = None) -> str:
         tools = {"nvidia-smi": nvidia} if nvidia else {}
-        return plan(["run"], env or {}, run=lambda cmd: tools.get(cmd[0]), machine="x86_64", cpuinfo=cpuinfo)["LLAMA_KEY"]
+        return plan(["run"], env or {}, run=lambda cmd: tools.get(cmd[0]), machine="x86_64", cpuinfo=cpuinfo)[
+            "LLAMA_KEY"
+        ]
 
     assert key() == key(X86.replace("avx2 avx512f", "avx512f avx2"))  # the flags' order does not matter
-    assert len({key(), key(X86.replace(" avx512f", "")), key(nvidia="8.6"), key(nvidia="9.0"),
-                key(env={"CMAKE_ARGS": "-DGGML_BLAS=on"})}) == 5
+    assert (
+        len(
+            {
+                key(),
+                key(X86.replace(" avx512f", "")),
+                key(nvidia="8.6"),
+                key(nvidia="9.0"),
+                key(env={"CMAKE_ARGS": "-DGGML_BLAS=on"}),
+            }
+        )
+        == 5
+    )
     assert cpu_target("aarch64", "Features\t: fp asimd sve\n").startswith("aarch64-")

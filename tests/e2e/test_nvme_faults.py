@@ -1,4 +1,5 @@
 """NVMe tier faults on real files: each gives the documented miss or error, nothing else is lost."""
+
 from __future__ import annotations
 
 import os
@@ -55,9 +56,15 @@ def flip_byte(path: Path, offset_from_end: int) -> None:
 
 def test_summary_arrays_round_trip_bit_exact(tmp_path):
     meta, kv = synthetic_chain(LAYOUT, np.arange(16), "ns")[0]
-    summary = {"f16": np.array([1.5, -0.0, np.inf], np.float16), "bf16_bits": np.arange(6, dtype=np.uint16).reshape(2, 3),
-               "f64": np.array([np.pi]), "i64": np.array([-(2**62)]), "scalar": np.array(7, np.int8),
-               "empty": np.zeros((0, 4), np.float32), "nan": np.array([np.nan], np.float32)}
+    summary = {
+        "f16": np.array([1.5, -0.0, np.inf], np.float16),
+        "bf16_bits": np.arange(6, dtype=np.uint16).reshape(2, 3),
+        "f64": np.array([np.pi]),
+        "i64": np.array([-(2**62)]),
+        "scalar": np.array(7, np.int8),
+        "empty": np.zeros((0, 4), np.float32),
+        "nan": np.array([np.nan], np.float32),
+    }
     meta = BlockMeta(meta.chain_hash, meta.parent_hash, meta.token_ids, 0, meta.checksum, summary, frozenset({"sink"}))
     with open(tmp_path / f"{meta.chain_hash}.kvb", "wb") as f:
         write_block(f, encode_header(meta, LAYOUT), kv)
@@ -81,7 +88,6 @@ def test_corrupt_payload_byte_is_a_counted_miss_and_cuts_its_workspace_back(tmp_
     assert store.tier(blocks[2][0].chain_hash) is None  # no workspace holds it any more
     ws, match = store.open_workspace("ns", np.arange(48))
     assert match.matched_blocks == 1 and ws.id == ws_id  # the same workspace continues from its first block
-
 
 
 def test_corrupt_header_byte_is_dropped_at_start_and_workspace_truncated(tmp_path):
@@ -110,7 +116,9 @@ def test_truncated_file_is_missing_at_load_and_at_start(tmp_path):
     os.truncate(path, 20)
     again = make_store(tmp_path / "start")
     assert again.metrics()["corrupt"] == 1
-    assert again.tier(blocks[1][0].chain_hash) is None and again.tier(blocks[2][0].chain_hash) is None  # orphaned after the gap
+    assert (
+        again.tier(blocks[1][0].chain_hash) is None and again.tier(blocks[2][0].chain_hash) is None
+    )  # orphaned after the gap
     short = tmp_path / "short.kvb"
     short.write_bytes(b"KVMEMBLK")
     with pytest.raises(CorruptBlockError, match="truncated prefix"):

@@ -1,4 +1,5 @@
 """kvmem_core stays backend-neutral: importing every module pulls in no server or engine library."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +15,8 @@ def test_core_imports_no_engine_or_server_library():
     root = Path(kvmem_core.__file__).parent
     modules = sorted(
         "kvmem_core." + ".".join(p.relative_to(root).with_suffix("").parts)
-        for p in root.rglob("*.py") if p.name != "__init__.py"
+        for p in root.rglob("*.py")
+        if p.name != "__init__.py"
     )
     code = (
         "import importlib, sys\n"

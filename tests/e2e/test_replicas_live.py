@@ -2,6 +2,7 @@
 their replica (their workspace and cache hits), a killed replica's conversation continues on the other from
 disk with no lost turn, 64 concurrent clients are all answered, with 429 past the replicas' queues, and a
 Responses chain and the workspace routes find the replica holding the workspace."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,20 @@ MAX_QUEUE = 2
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("replicas")
-    server = LiveServer(root, "--no-ui", "--ctx", "2048", "--kvmem-retrieval-heads", "17:3,17:4,21:8",
-                        "--replicas", "2", "--max-queue", str(MAX_QUEUE), "--kvmem-nvme-dir", str(root / "nvme"))
+    server = LiveServer(
+        root,
+        "--no-ui",
+        "--ctx",
+        "2048",
+        "--kvmem-retrieval-heads",
+        "17:3,17:4,21:8",
+        "--replicas",
+        "2",
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--kvmem-nvme-dir",
+        str(root / "nvme"),
+    )
     server.start()
     all_ready(server)
     try:
@@ -32,8 +45,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         server.stop()
 
 
-def chat(live: LiveServer, messages: list[dict[str, str]], key: str | None = None,
-         max_tokens: int = 4) -> dict[str, Any]:
+def chat(
+    live: LiveServer, messages: list[dict[str, str]], key: str | None = None, max_tokens: int = 4
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "", "messages": messages, "temperature": 0, "max_tokens": max_tokens}
     if key is not None:
         body["prompt_cache_key"] = key
@@ -42,6 +56,7 @@ def chat(live: LiveServer, messages: list[dict[str, str]], key: str | None = Non
         async with aiohttp.ClientSession() as session:
             async with session.post(live.url + "/v1/chat/completions", json=body) as resp:
                 return resp.status, await resp.json()
+
     status, reply = asyncio.run(go())
     assert status == 200, reply
     return reply
@@ -52,8 +67,11 @@ def conversation(name: str) -> list[dict[str, str]]:
 
 
 def next_turn(messages: list[dict[str, str]], reply: dict[str, Any], question: str) -> list[dict[str, str]]:
-    return [*messages, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
-            {"role": "user", "content": question}]
+    return [
+        *messages,
+        {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+        {"role": "user", "content": question},
+    ]
 
 
 def replicas(live: LiveServer) -> list[dict[str, Any]]:
@@ -74,7 +92,9 @@ def cached(reply: dict[str, Any]) -> int:
 
 def test_conversations_keep_their_replica_and_their_cache(live: LiveServer):
     talks = {name: conversation(name) for name in ("ada", "bo", "cy", "di")}
-    first = {name: chat(live, messages, key=name if name in ("ada", "bo") else None) for name, messages in talks.items()}
+    first = {
+        name: chat(live, messages, key=name if name in ("ada", "bo") else None) for name, messages in talks.items()
+    }
     assert [r["workspaces"] for r in replicas(live)] == [2, 2]  # new conversations spread over idle replicas
     for name, messages in talks.items():
         again = chat(live, next_turn(messages, first[name], "And then?"), key=name if name in ("ada", "bo") else None)
@@ -125,10 +145,24 @@ def test_a_response_chain_and_the_workspace_routes_reach_the_replica_holding_it(
                 assert resp.status == 200, await resp.text()
                 return await resp.json()
 
-    first = asyncio.run(post("/v1/responses", {"model": "", "input": STORY + "Who counted ships?",
-                                               "max_output_tokens": 4, "temperature": 0}))
-    second = asyncio.run(post("/v1/responses", {"model": "", "input": "Where?", "previous_response_id": first["id"],
-                                                "max_output_tokens": 4, "temperature": 0}))
+    first = asyncio.run(
+        post(
+            "/v1/responses",
+            {"model": "", "input": STORY + "Who counted ships?", "max_output_tokens": 4, "temperature": 0},
+        )
+    )
+    second = asyncio.run(
+        post(
+            "/v1/responses",
+            {
+                "model": "",
+                "input": "Where?",
+                "previous_response_id": first["id"],
+                "max_output_tokens": 4,
+                "temperature": 0,
+            },
+        )
+    )
     ws_id = first["kvmem"]["workspace_id"]
     assert second["kvmem"]["workspace_id"] == ws_id and second["usage"]["input_tokens_details"]["cached_tokens"] > 0
     status, info = get_json(f"{live.url}/v1/kvmem/workspaces/{ws_id}")

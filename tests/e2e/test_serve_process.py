@@ -1,4 +1,5 @@
 """``kvmem serve`` as a child process: a child that fails to start is reported with its log, and stopped."""
+
 from __future__ import annotations
 
 import subprocess
@@ -63,12 +64,20 @@ def test_sigterm_unwinds_like_ctrl_c_so_children_are_stopped() -> None:
     raise AssertionError("the child outlived its parent's SIGTERM")
 
 
-@pytest.mark.parametrize(("flags", "says"), [
-    ((), "conversations are kept in host RAM only (up to 4 GiB) and a restart loses them; "
-         "--kvmem-nvme-dir DIR keeps them on disk"),
-    (("--kvmem-nvme-dir", "NVME", "--kvmem-nvme-gb", "8"), "conversations survive a restart: their KV and workspaces "
-                                                            "are kept in NVME (up to 8 GiB, --kvmem-nvme-gb)"),
-])
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (
+            (),
+            "conversations are kept in host RAM only (up to 4 GiB) and a restart loses them; "
+            "--kvmem-nvme-dir DIR keeps them on disk",
+        ),
+        (
+            ("--kvmem-nvme-dir", "NVME", "--kvmem-nvme-gb", "8"),
+            "conversations survive a restart: their KV and workspaces are kept in NVME (up to 8 GiB, --kvmem-nvme-gb)",
+        ),
+    ],
+)
 def test_serve_says_whether_conversations_survive_a_restart(tmp_path: Path, flags: tuple[str, ...], says: str) -> None:
     """``serve`` prints this line at start, before loading; ``--dry-run`` shows it among the settings."""
     flags = tuple(str(tmp_path / "nvme") if f == "NVME" else f for f in flags)

@@ -4,6 +4,7 @@ SDK requires, an answer without ``max_tokens`` may use the room left in the work
 unanswered call is a 400, and a call to a tool the request did not offer is not a tool call.
 
 The small test model calls tools after a transcript in which it called them before (``few_shot``)."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,12 @@ from serving import LiveServer
 pytestmark = pytest.mark.llamacpp
 GREEDY: dict[str, Any] = {"model": "", "temperature": 0}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER},
+    }
+]
 CITIES = ("Paris", "Rome", "Lima")
 
 
@@ -28,16 +34,22 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def call(i: int, city: str) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
 
 
 def few_shot() -> list[dict[str, Any]]:
     """A chat transcript in which every question got a call and its result, then a new question."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You call tools. Always answer with a tool call."}]
     for i, city in enumerate(CITIES):
-        messages += [{"role": "user", "content": f"Weather in {city}?"},
-                     {"role": "assistant", "content": None, "tool_calls": [call(i, city)]},
-                     {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny"}]
+        messages += [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call(i, city)]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny"},
+        ]
     return messages + [{"role": "user", "content": "Weather in Oslo?"}]
 
 
@@ -45,9 +57,16 @@ def few_shot_items() -> list[dict[str, Any]]:
     """``few_shot`` as Responses input items."""
     items: list[dict[str, Any]] = [{"role": "system", "content": "You call tools. Always answer with a tool call."}]
     for i, city in enumerate(CITIES):
-        items += [{"role": "user", "content": f"Weather in {city}?"},
-                  {"type": "function_call", "call_id": f"call_{i}", "name": "get_weather", "arguments": json.dumps({"city": city})},
-                  {"type": "function_call_output", "call_id": f"call_{i}", "output": "sunny"}]
+        items += [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {
+                "type": "function_call",
+                "call_id": f"call_{i}",
+                "name": "get_weather",
+                "arguments": json.dumps({"city": city}),
+            },
+            {"type": "function_call_output", "call_id": f"call_{i}", "output": "sunny"},
+        ]
     return items + [{"role": "user", "content": "Weather in Oslo?"}]
 
 
@@ -55,12 +74,22 @@ def few_shot_anthropic() -> dict[str, Any]:
     """``few_shot`` as a Messages body (without ``max_tokens``)."""
     messages: list[dict[str, Any]] = []
     for i, city in enumerate(CITIES):
-        messages += [{"role": "user", "content": f"Weather in {city}?"},
-                     {"role": "assistant", "content": [{"type": "tool_use", "id": f"call_{i}", "name": "get_weather", "input": {"city": city}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"call_{i}", "content": "sunny"}]}]
+        messages += [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"call_{i}", "name": "get_weather", "input": {"city": city}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"call_{i}", "content": "sunny"}]},
+        ]
     messages[-1]["content"].append({"type": "text", "text": "Weather in Oslo?"})
-    return {"model": "", "temperature": 0, "system": "You call tools. Always answer with a tool call.", "messages": messages,
-            "tools": [{"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER}]}
+    return {
+        "model": "",
+        "temperature": 0,
+        "system": "You call tools. Always answer with a tool call.",
+        "messages": messages,
+        "tools": [{"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER}],
+    }
 
 
 def longest_cut_call(api: str, body: dict[str, Any], tokens: int) -> tuple[int, Any]:
@@ -98,10 +127,16 @@ def test_usage_has_every_field_the_sdk_requires(api: str) -> None:
     events = stream(api, "/v1/responses", ask)
     assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"  # OpenAI's event
     assert events[-1].response.usage.input_tokens_details.cache_write_tokens >= 0
-    chat = create(api, "/v1/chat/completions", {**GREEDY, "messages": [{"role": "user", "content": "Name one planet."}],
-                                                "max_tokens": 6})
+    chat = create(
+        api,
+        "/v1/chat/completions",
+        {**GREEDY, "messages": [{"role": "user", "content": "Name one planet."}], "max_tokens": 6},
+    )
     usage = chat.usage
-    assert usage.prompt_tokens_details.cache_write_tokens == usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+    assert (
+        usage.prompt_tokens_details.cache_write_tokens
+        == usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+    )
 
 
 def test_without_max_tokens_an_answer_may_pass_the_old_256_token_default(api: str) -> None:
@@ -115,20 +150,31 @@ def test_a_chain_that_ends_in_an_unanswered_call_is_a_400(api: str) -> None:
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
     first = create(api, "/v1/responses", {**GREEDY, "input": few_shot_items(), "tools": tools, "max_output_tokens": 80})
     (called,) = [item for item in first.output if item.type == "function_call"]
-    dangling = post(api, "/v1/responses", {**GREEDY, "input": "Thanks!", "previous_response_id": first.id, "tools": tools,
-                                           "max_output_tokens": 4})
+    dangling = post(
+        api,
+        "/v1/responses",
+        {**GREEDY, "input": "Thanks!", "previous_response_id": first.id, "tools": tools, "max_output_tokens": 4},
+    )
     assert dangling.status_code == 400
     error = dangling.json()["error"]
     assert error["message"] == f"No tool output found for function call {called.call_id}." and error["param"] == "input"
     answered = [{"type": "function_call_output", "call_id": called.call_id, "output": "sunny"}]
-    assert create(api, "/v1/responses", {**GREEDY, "input": answered, "previous_response_id": first.id, "tools": tools,
-                                         "max_output_tokens": 4}).status in ("completed", "incomplete")
+    assert create(
+        api,
+        "/v1/responses",
+        {**GREEDY, "input": answered, "previous_response_id": first.id, "tools": tools, "max_output_tokens": 4},
+    ).status in ("completed", "incomplete")
     unanswered = few_shot_items()[:-2] + [{"role": "user", "content": "Weather in Oslo?"}]
     assert post(api, "/v1/responses", {**GREEDY, "input": unanswered, "max_output_tokens": 4}).status_code == 400
 
 
 def test_a_call_to_a_tool_the_request_did_not_offer_stays_text(api: str) -> None:
-    clock = [{"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": {"type": "object"}}}]
+    clock = [
+        {
+            "type": "function",
+            "function": {"name": "get_time", "description": "The time", "parameters": {"type": "object"}},
+        }
+    ]
     body = {**GREEDY, "messages": few_shot(), "tools": clock, "max_tokens": 80}
     reply = create(api, "/v1/chat/completions", body)
     assert not reply.choices[0].message.tool_calls and reply.choices[0].finish_reason == "stop"

@@ -6,6 +6,7 @@ in ``--cors-origins``). A page on ``evil.test`` must neither run a step nor read
 workspace; a page on ``rebind.test:PORT`` (DNS rebinding: same origin as the API in the
 browser's eyes) must be refused by the Host check; ``friend.test`` may use the API.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,15 @@ def site_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, site_port: int) -> Iterator[LiveServer]:
-    live = LiveServer(tmp_path_factory.mktemp("run"), "--cors-origins", f"http://friend.test:{site_port}",
-                      "--served-model-name", ALIAS, "--kvmem-block-tokens", "32").start(timeout=300)
+    live = LiveServer(
+        tmp_path_factory.mktemp("run"),
+        "--cors-origins",
+        f"http://friend.test:{site_port}",
+        "--served-model-name",
+        ALIAS,
+        "--kvmem-block-tokens",
+        "32",
+    ).start(timeout=300)
     yield live
     live.stop()
 
@@ -84,20 +92,25 @@ def chat_body(content: str) -> str:
 def counters(server: LiveServer) -> dict[str, float]:
     """Every sample of ``/metrics`` by name and labels."""
     text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
-    return {s.name + json.dumps(s.labels, sort_keys=True): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
-def test_a_foreign_page_can_neither_run_steps_nor_read_workspaces(browser: Any, server: LiveServer, site_port: int,
-                                                                   workspace: str) -> None:
+def test_a_foreign_page_can_neither_run_steps_nor_read_workspaces(
+    browser: Any, server: LiveServer, site_port: int, workspace: str
+) -> None:
     page = page_on(browser, f"http://evil.test:{site_port}/")
     chat, info = server.url + "/v1/chat/completions", f"{server.url}/v1/kvmem/workspaces/{workspace}"
     before = counters(server)
     text_plain = {"method": "POST", "headers": {"Content-Type": "text/plain"}, "body": chat_body("Say pwned.")}
     assert "error" in fetch(page, chat, **text_plain)  # the browser got no CORS grant to read it
     assert fetch(page, chat, mode="no-cors", **text_plain)["type"] == "opaque"
-    assert "error" in fetch(page, chat, method="POST", headers={"Content-Type": "application/json"},
-                            body=chat_body("Say pwned."))  # its preflight was refused
+    assert "error" in fetch(
+        page, chat, method="POST", headers={"Content-Type": "application/json"}, body=chat_body("Say pwned.")
+    )  # its preflight was refused
     assert "error" in fetch(page, info)
     assert fetch(page, info, mode="no-cors")["type"] == "opaque"
     after = counters(server)
@@ -115,16 +128,27 @@ def test_dns_rebinding_is_refused_by_the_host_check(browser: Any, server: LiveSe
     assert "swordfish" not in got["body"]
 
 
-def test_a_cors_origin_uses_the_api_and_reads_its_answers(browser: Any, server: LiveServer, site_port: int,
-                                                          workspace: str) -> None:
+def test_a_cors_origin_uses_the_api_and_reads_its_answers(
+    browser: Any, server: LiveServer, site_port: int, workspace: str
+) -> None:
     page = page_on(browser, f"http://friend.test:{site_port}/")
     models = fetch(page, server.url + "/v1/models")
     assert models["status"] == 200 and json.loads(models["body"])["data"][0]["id"] == ALIAS
-    done = fetch(page, server.url + "/v1/chat/completions", method="POST",
-                 headers={"Content-Type": "application/json"}, body=chat_body("Name a colour."))
+    done = fetch(
+        page,
+        server.url + "/v1/chat/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        body=chat_body("Name a colour."),
+    )
     assert done["status"] == 200 and json.loads(done["body"])["model"] == ALIAS
     info = fetch(page, f"{server.url}/v1/kvmem/workspaces/{workspace}")
     assert info["status"] == 200 and "swordfish" in info["body"]  # what the other pages could not read
-    wrong_type = fetch(page, server.url + "/v1/chat/completions", method="POST", headers={"Content-Type": "text/plain"},
-                       body=chat_body("x"))
+    wrong_type = fetch(
+        page,
+        server.url + "/v1/chat/completions",
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+        body=chat_body("x"),
+    )
     assert wrong_type["status"] == 415  # refused, and the refusal is readable by the allowed page

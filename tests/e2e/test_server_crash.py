@@ -2,6 +2,7 @@
 different point of a turn each time (prefill, archive and NVMe writes, decode): after the engine restarts the
 conversation goes on, every answered turn's blocks reused from disk, no stored block failing its check, no
 orphan file left behind."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,9 @@ def kill_later(pid: int, delay: float) -> threading.Timer:
 
 def test_an_engine_killed_mid_conversation_comes_back_with_every_answered_turn(tmp_path: Path) -> None:
     nvme = tmp_path / "nvme"
-    live = LiveServer(tmp_path / "run", "--no-ui", "--ctx", "8192", "--kvmem-budget", "4096",
-                      "--kvmem-nvme-dir", str(nvme)).start()
+    live = LiveServer(
+        tmp_path / "run", "--no-ui", "--ctx", "8192", "--kvmem-budget", "4096", "--kvmem-nvme-dir", str(nvme)
+    ).start()
     rng = random.Random(32)
     try:
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=120)

@@ -1,4 +1,5 @@
 """Faults against a live server: client disconnects, a killed engine, a flood of clients."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -20,8 +21,20 @@ SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer in plain 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("faults")
-    live = LiveServer(root, "--no-ui", "--max-queue", "4", "--ctx", "4096", "--kvmem-budget", "1024",
-                      "--kvmem-recent-tokens", "256", "--kvmem-nvme-dir", str(root / "nvme")).start()
+    live = LiveServer(
+        root,
+        "--no-ui",
+        "--max-queue",
+        "4",
+        "--ctx",
+        "4096",
+        "--kvmem-budget",
+        "1024",
+        "--kvmem-recent-tokens",
+        "256",
+        "--kvmem-nvme-dir",
+        str(root / "nvme"),
+    ).start()
     yield live
     live.stop()
 
@@ -33,12 +46,18 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 def engine_metric(server: LiveServer, name: str) -> float:
     text = requests.get(server.url + "/metrics", timeout=5).text
-    return next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f"kvmem_engine_{name} ")), 0.0)
+    return next(
+        (float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f"kvmem_engine_{name} ")), 0.0
+    )
 
 
 def long_answer_stream(server: LiveServer) -> requests.Response:
-    body = {"messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
-            "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
     resp = requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60)
     assert resp.status_code == 200
     return resp
@@ -52,14 +71,20 @@ def test_client_disconnect_aborts_the_step(server: LiveServer, client: openai.Op
         next(lines)
     resp.close()
     started = time.monotonic()
-    done = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+    done = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+    )
     assert done.choices[0].message.content
     assert time.monotonic() - started < 4.0  # the 400-token answer alone would take ~9 s
     assert server.health()["engine_pid"] == engine_pid
 
 
 def test_a_plain_request_abandoned_by_its_client_is_aborted(server: LiveServer, client: openai.OpenAI) -> None:
-    body = {"messages": [{"role": "user", "content": "Tell me a very long story about a cat."}], "max_tokens": 400, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a very long story about a cat."}],
+        "max_tokens": 400,
+        "temperature": 0,
+    }
     with pytest.raises(requests.exceptions.Timeout):
         requests.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
     started = time.monotonic()
@@ -68,7 +93,8 @@ def test_a_plain_request_abandoned_by_its_client_is_aborted(server: LiveServer, 
 
 
 def test_a_client_gone_during_prefill_frees_the_engine_within_a_chunk_and_keeps_its_blocks(
-        server: LiveServer, client: openai.OpenAI) -> None:
+    server: LiveServer, client: openai.OpenAI
+) -> None:
     notes = " ".join(f"Remark {i}: build step {i} failed twice." for i in range(210))  # ~3K tokens, 6 chunks of 512
     body = {"messages": [{"role": "user", "content": "Summarize. " + notes}], "max_tokens": 4, "temperature": 0}
     stored_before = engine_metric(server, "blocks_stored")
@@ -76,7 +102,9 @@ def test_a_client_gone_during_prefill_frees_the_engine_within_a_chunk_and_keeps_
         requests.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)  # gone during the prefill
     client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
     stored_by_abort = engine_metric(server, "blocks_stored") - stored_before
-    text_tokens = requests.post(server.url + "/v1/tokenize", json={"content": body["messages"][0]["content"]}, timeout=30)
+    text_tokens = requests.post(
+        server.url + "/v1/tokenize", json={"content": body["messages"][0]["content"]}, timeout=30
+    )
     prompt_blocks = len(text_tokens.json()["tokens"]) // 64
     assert 8 <= stored_by_abort < prompt_blocks - 8  # the chunks done stay stored; the rest was never prefilled
     workspaces = get_json(server.url + "/v1/kvmem/workspaces")[1]["data"]
@@ -92,8 +120,13 @@ def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: Live
         assert time.monotonic() < deadline, "no block reached the NVMe tier"
         time.sleep(0.2)
     old_pid = server.health()["engine_pid"]
-    stream = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Tell me a very long story."}],
-                                            max_tokens=400, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="",
+        messages=[{"role": "user", "content": "Tell me a very long story."}],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+    )
     with pytest.raises(openai.APIError, match="exited"):
         for i, _ in enumerate(stream):
             if i == 3:
@@ -102,8 +135,10 @@ def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: Live
     deadline = time.monotonic() + 120
     while True:
         try:
-            turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
-                             {"role": "user", "content": "Say no."}]
+            turn2 = turn1 + [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "Say no."},
+            ]
             second = client.chat.completions.create(model="", messages=turn2, max_tokens=4, temperature=0)
             break
         except openai.APIStatusError as exc:
@@ -121,7 +156,9 @@ def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: Live
 def test_32_clients_on_a_queue_of_4(server: LiveServer, client: openai.OpenAI) -> None:
     def ask(i: int) -> int:
         try:
-            client.chat.completions.create(model="", messages=[{"role": "user", "content": f"Number {i}?"}], max_tokens=4)
+            client.chat.completions.create(
+                model="", messages=[{"role": "user", "content": f"Number {i}?"}], max_tokens=4
+            )
             return 200
         except openai.APIStatusError as exc:
             assert exc.response.headers.get("Retry-After") == "1"
@@ -137,6 +174,7 @@ def test_32_clients_on_a_queue_of_4(server: LiveServer, client: openai.OpenAI) -
 
     def count(text: str) -> float:
         return next((float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
+
     assert count(after) - count(before) == codes.count(429)
 
 
@@ -152,8 +190,9 @@ def test_stored_responses_and_their_kv_outlive_a_server_restart(tmp_path) -> Non
     try:
         client = openai.OpenAI(base_url=second_server.url + "/v1", api_key="none", max_retries=0)
         assert client.responses.retrieve(first.id).output_text == first.output_text
-        second = client.responses.create(model="", input="Another one?", previous_response_id=first.id,
-                                         max_output_tokens=6, temperature=0)
+        second = client.responses.create(
+            model="", input="Another one?", previous_response_id=first.id, max_output_tokens=6, temperature=0
+        )
         assert second.usage.input_tokens_details.cached_tokens >= 256  # the first turn's blocks, read from disk
         client.responses.delete(first.id)
         with pytest.raises(openai.NotFoundError):

@@ -3,6 +3,7 @@
 The server here runs another retrieval configuration than test_server_openai's, and the
 same client script passes against both.
 """
+
 from __future__ import annotations
 
 import socket
@@ -14,8 +15,20 @@ from serving import LiveServer, exercise, get_json
 
 pytestmark = pytest.mark.llamacpp
 KEY = "test-key-123"
-FLAGS = ("--api-key", KEY, "--kvmem-method", "recent", "--kvmem-retrieval-method", "mean-k", "--ctx", "4096",
-         "--kvmem-budget", "1024", "--kvmem-recent-tokens", "256")
+FLAGS = (
+    "--api-key",
+    KEY,
+    "--kvmem-method",
+    "recent",
+    "--kvmem-retrieval-method",
+    "mean-k",
+    "--ctx",
+    "4096",
+    "--kvmem-budget",
+    "1024",
+    "--kvmem-recent-tokens",
+    "256",
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Workspaces end to end on live servers with the official SDK: ``prompt_cache_key`` and ``previous_response_id``
 keep a conversation in one workspace; a workspace is pinned, exported as one file, imported on another server
 running the same model (its KV reused there), and refused by a server with another KV layout."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -70,10 +71,14 @@ def test_a_prompt_cache_key_routes_two_histories_and_both_keep_their_blocks(serv
     a = servers["a"]
     turn1 = [{"role": "user", "content": "Who kept the lighthouse? " + STORY}]
     first = chat(a, turn1, prompt_cache_key="conversation-1")
-    edited = chat(a, [{"role": "user", "content": "How many ships were there? " + STORY}], prompt_cache_key="conversation-1")
+    edited = chat(
+        a, [{"role": "user", "content": "How many ships were there? " + STORY}], prompt_cache_key="conversation-1"
+    )
     assert workspace_of(edited) != workspace_of(first)  # a second history under the key forks
-    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "What colour was the book?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "What colour was the book?"},
+    ]
     second = chat(a, turn2, prompt_cache_key="conversation-1")
     assert workspace_of(second) == workspace_of(first)  # the first history is still whole and continues
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens // 64 * 64
@@ -90,7 +95,9 @@ def test_previous_response_id_continues_the_previous_responses_workspace(servers
     second = client.responses.create(input="And what did she write?", previous_response_id=first.id, **opts)
     assert first.model_extra["kvmem"]["workspace_id"] == second.model_extra["kvmem"]["workspace_id"]
     assert second.usage.input_tokens_details.cached_tokens > 0
-    keyed = client.responses.create(input=STORY + "Name the keeper.", extra_body={"prompt_cache_key": "responses-1"}, **opts)
+    keyed = client.responses.create(
+        input=STORY + "Name the keeper.", extra_body={"prompt_cache_key": "responses-1"}, **opts
+    )
     chained = client.responses.create(input="Why?", previous_response_id=keyed.id, **opts)
     assert chained.prompt_cache_key == "responses-1"  # the chain keeps its key
     assert keyed.model_extra["kvmem"]["workspace_id"] == chained.model_extra["kvmem"]["workspace_id"]
@@ -100,8 +107,10 @@ def test_a_pinned_workspace_exports_and_imports_on_another_server(servers: dict[
     a, b = servers["a"], servers["b"]
     # A prefix no other test sends: blocks shared with earlier requests were prefilled in other batches, whose
     # rounding can flip this small model's first greedy token.
-    ask = [{"role": "system", "content": "Answer from the story."},
-           {"role": "user", "content": STORY + "Where did the keeper write the names?"}]
+    ask = [
+        {"role": "system", "content": "Answer from the story."},
+        {"role": "user", "content": STORY + "Where did the keeper write the names?"},
+    ]
     original = chat(a, ask, prompt_cache_key="portable")
     ws_id = workspace_of(original)
     pinned = http("POST", f"{a.url}/v1/kvmem/workspaces/{ws_id}/pin", b"{}", JSON).json()
@@ -111,8 +120,15 @@ def test_a_pinned_workspace_exports_and_imports_on_another_server(servers: dict[
     imported = http("POST", f"{b.url}/v1/kvmem/workspaces/import", export.content, TAR)
     assert imported.status_code == 201
     assert {k: imported.json()[k] for k in ("id", "key", "pinned", "blocks")} == {
-        "id": ws_id, "key": "portable", "pinned": True, "blocks": pinned["blocks"]}
-    follow = ask + [{"role": "assistant", "content": original.choices[0].message.content}, {"role": "user", "content": "Why?"}]
+        "id": ws_id,
+        "key": "portable",
+        "pinned": True,
+        "blocks": pinned["blocks"],
+    }
+    follow = ask + [
+        {"role": "assistant", "content": original.choices[0].message.content},
+        {"role": "user", "content": "Why?"},
+    ]
     assert workspace_of(chat(b, follow, prompt_cache_key="portable")) == ws_id  # the conversation continues there
     there = chat(b, ask, prompt_cache_key="portable")
     assert there.choices[0].message.content == original.choices[0].message.content
@@ -129,11 +145,17 @@ def test_other_layouts_damaged_files_and_unknown_workspaces_are_refused(servers:
     mismatch = http("POST", f"{servers['other_layout'].url}/v1/kvmem/workspaces/import", export, TAR)
     assert (mismatch.status_code, mismatch.json()["error"]["code"]) == (409, "model_mismatch")
     middle = len(export) // 2  # inside some block's KV
-    damaged = http("POST", f"{servers['b'].url}/v1/kvmem/workspaces/import",
-                   export[:middle] + bytes([export[middle] ^ 0xFF]) + export[middle + 1:], TAR)
+    damaged = http(
+        "POST",
+        f"{servers['b'].url}/v1/kvmem/workspaces/import",
+        export[:middle] + bytes([export[middle] ^ 0xFF]) + export[middle + 1 :],
+        TAR,
+    )
     assert (damaged.status_code, damaged.json()["error"]["code"]) == (400, "invalid_workspace_file")
     as_json = http("POST", f"{a.url}/v1/kvmem/workspaces/import", export, {"Content-Type": "text/plain"})
     assert as_json.status_code == 415
-    for response in (http("GET", f"{a.url}/v1/kvmem/workspaces/ws-0000000000000000/export"),
-                     http("POST", f"{a.url}/v1/kvmem/workspaces/ws-0000000000000000/pin", b"{}", JSON)):
+    for response in (
+        http("GET", f"{a.url}/v1/kvmem/workspaces/ws-0000000000000000/export"),
+        http("POST", f"{a.url}/v1/kvmem/workspaces/ws-0000000000000000/pin", b"{}", JSON),
+    ):
         assert (response.status_code, response.json()["error"]["code"]) == (404, "workspace_not_found")

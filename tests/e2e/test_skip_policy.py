@@ -1,4 +1,5 @@
 """In CI a skip for something missing fails the run; elsewhere it stays a skip; every test has a time limit."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-SKIPPING = '''
+SKIPPING = """
 import pytest
 
 def test_needs_a_browser():
@@ -21,7 +22,7 @@ def test_needs_a_gpu():
 
 def test_passes():
     pass
-'''
+"""
 IMPORT_SKIP = 'import pytest\n\npytest.importorskip("kvmem_no_such_package")\n\ndef test_never_runs():\n    pass\n'
 
 
@@ -32,9 +33,26 @@ def run_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str
     (tmp_path / "test_skips.py").write_text(SKIPPING)
     (tmp_path / "test_import_skip.py").write_text(IMPORT_SKIP)
     env = {k: v for k, v in os.environ.items() if k != "CI"} | ({} if ci is None else {"CI": ci})
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
-                           "--continue-on-collection-errors", "--rootdir", str(tmp_path), str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rfEs",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_in_ci_a_missing_browser_or_package_fails_but_a_missing_gpu_skips(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ with SIGKILL at a random moment, 200 times over one directory, as a server that 
 every kill the next start finds each block it indexes whole and equal to what was written (never a wrong
 payload), every block a workspace names on disk, no orphan or temp file, and every conversation at least as long
 as the last flush the writer acknowledged before the kill."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def grow(store: BlockStore, c: int, n_blocks: int) -> str:
     blocks = expected(c, n_blocks)
     ids = np.concatenate([m.token_ids for m, _ in blocks])
     ws, _ = store.open_workspace("ns", ids)
-    for meta, kv in blocks[len(ws.hashes):]:
+    for meta, kv in blocks[len(ws.hashes) :]:
         store.append(ws.id, meta, kv)
     return ws.id
 

@@ -1,6 +1,7 @@
 """Thinking end to end: a live ``kvmem serve --chat-template`` with a tiny template that thinks (the small
 model under it), the official SDK and the web UI in Chromium. The budget ends a think block, thinking streams
 as ``reasoning_content`` and Responses reasoning items, and switching it off renders the template's closed block."""
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,15 @@ def test_the_budget_ends_thinking_and_the_answer_follows(client: openai.OpenAI) 
     thought = message.model_extra["reasoning_content"]
     assert thought and message.content and "think>" not in thought + message.content
     assert reasoning_tokens(whole.usage) == BUDGET + CLOSE_TOKENS
-    chunks = list(client.chat.completions.create(messages=ASK, extra_body={"reasoning_budget_tokens": BUDGET}, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.chat.completions.create(
+            messages=ASK,
+            extra_body={"reasoning_budget_tokens": BUDGET},
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == thought
     assert "".join(d.content or "" for d in deltas) == message.content
@@ -67,8 +75,13 @@ def test_thinking_switched_off_renders_the_closed_block(client: openai.OpenAI, e
 
 
 def test_responses_stream_a_reasoning_item_and_take_it_back_as_input(client: openai.OpenAI) -> None:
-    with client.responses.stream(input=ASK[0]["content"], model="", temperature=0, max_output_tokens=40,
-                                 extra_body={"reasoning_budget_tokens": BUDGET}) as stream:
+    with client.responses.stream(
+        input=ASK[0]["content"],
+        model="",
+        temperature=0,
+        max_output_tokens=40,
+        extra_body={"reasoning_budget_tokens": BUDGET},
+    ) as stream:
         events = list(stream)
     final = events[-1].response  # a cut answer ends with response.incomplete, which get_final_response refuses
     assert events[-1].type == f"response.{final.status}" and final.status in ("completed", "incomplete")
@@ -77,8 +90,16 @@ def test_responses_stream_a_reasoning_item_and_take_it_back_as_input(client: ope
     assert streamed and streamed == final.output[0].content[0].text
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == final.output_text
     assert final.usage.output_tokens_details.reasoning_tokens == BUDGET + CLOSE_TOKENS
-    again = client.responses.create(model="", temperature=0, max_output_tokens=8, input=[
-        *ASK, *[item.model_dump(exclude_none=True) for item in final.output], {"role": "user", "content": "Shorter?"}])
+    again = client.responses.create(
+        model="",
+        temperature=0,
+        max_output_tokens=8,
+        input=[
+            *ASK,
+            *[item.model_dump(exclude_none=True) for item in final.output],
+            {"role": "user", "content": "Shorter?"},
+        ],
+    )
     assert again.status in ("completed", "incomplete") and again.output
 
 

@@ -2,6 +2,7 @@
 safe rendering of hostile model output, thinking blocks, the memory view, conversations kept
 in the browser, narrow screens and the server-down state. test_webui_live.py covers the page
 against a live `kvmem serve`."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from kvmem.serve_process import free_port
 from webui_support import browser, new_page, open_page, screenshot_on_failure, static_server, stop  # noqa: F401
 
 XSS = (
-    "Here: <img src=x onerror=\"window.__xss=1\"> and <script>window.__xss=2</script> "
-    "[link](javascript:window.__xss=3) <b onmouseover=\"window.__xss=4\">b</b>\n\n"
-    "<iframe src=\"javascript:window.__xss=5\"></iframe>\n\n"
+    'Here: <img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script> '
+    '[link](javascript:window.__xss=3) <b onmouseover="window.__xss=4">b</b>\n\n'
+    '<iframe src="javascript:window.__xss=5"></iframe>\n\n'
     "**bold**\n\n```python\nprint('<script>')\n```"
 )
 
@@ -64,7 +65,9 @@ def seed(page, conversations: list[dict]) -> None:
     page.wait_for_selector("#conv-list .conv")
 
 
-def conversation(cid: str, title: str, messages: list[dict], updated: int = 1_700_000_000_000, ws: str | None = None) -> dict:
+def conversation(
+    cid: str, title: str, messages: list[dict], updated: int = 1_700_000_000_000, ws: str | None = None
+) -> dict:
     return {"id": cid, "title": title, "created": updated, "updated": updated, "workspaceId": ws, "messages": messages}
 
 
@@ -91,9 +94,20 @@ def test_renderer_shows_html_in_model_output_as_text(probe) -> None:
 
 
 def test_stored_hostile_answer_renders_as_text_with_thinking_folded(page) -> None:
-    answer = "<think>Plan: <img src=x onerror=\"window.__xss=6\"></think>" + XSS
-    seed(page, [conversation("c1", "hostile", [{"role": "user", "content": "<script>window.__xss=7</script>"},
-                                                  {"role": "assistant", "content": answer}])])
+    answer = '<think>Plan: <img src=x onerror="window.__xss=6"></think>' + XSS
+    seed(
+        page,
+        [
+            conversation(
+                "c1",
+                "hostile",
+                [
+                    {"role": "user", "content": "<script>window.__xss=7</script>"},
+                    {"role": "assistant", "content": answer},
+                ],
+            )
+        ],
+    )
     msgs = page.locator("#messages .msg")
     assert msgs.count() == 2
     assert msgs.nth(0).inner_text().startswith("<script>window.__xss=7</script>")
@@ -135,12 +149,23 @@ def test_thinking_settings_and_history_reach_the_request(probe) -> None:
     assert body[0]["reasoning_budget_tokens"] == 64 and body[0]["chat_template_kwargs"] == {"enable_thinking": False}
     assert "reasoning_budget_tokens" not in body[1] and "chat_template_kwargs" not in body[1]
 
+
 WORKSPACE = {
-    "id": "ws_test", "block_tokens": 32, "budget": 128, "gen_budget": 64,
+    "id": "ws_test",
+    "block_tokens": 32,
+    "budget": 128,
+    "gen_budget": 64,
     "blocks": [
-        {"index": i, "start": 32 * i, "end": 32 * (i + 1), "tier": tier, "preview": f"words of block {i} <b>not bold</b> tail"}
+        {
+            "index": i,
+            "start": 32 * i,
+            "end": 32 * (i + 1),
+            "tier": tier,
+            "preview": f"words of block {i} <b>not bold</b> tail",
+        }
         for i, tier in enumerate(["gpu", "host", "nvme", "host", "gpu", "nvme"])
-    ] + [{"index": 6, "start": 192, "end": 208, "tier": "gpu", "preview": ""}],
+    ]
+    + [{"index": 6, "start": 192, "end": 208, "tier": "gpu", "preview": ""}],
     "last_selection": {"blocks": [0, 4, 6]},
     "totals": {"tokens_stored": 208, "cache_hit_tokens": 150},
 }
@@ -157,13 +182,20 @@ def test_memory_view_draws_blocks_by_tier_selection_and_scale(probe) -> None:
     blocks = probe.locator("#memory .block")
     assert blocks.count() == 7
     assert [blocks.nth(i).get_attribute("class") for i in range(7)] == [
-        "block tier-gpu selected", "block tier-host", "block tier-nvme", "block tier-host",
-        "block tier-gpu selected", "block tier-nvme", "block tier-gpu selected",
+        "block tier-gpu selected",
+        "block tier-host",
+        "block tier-nvme",
+        "block tier-host",
+        "block tier-gpu selected",
+        "block tier-nvme",
+        "block tier-gpu selected",
     ]
     assert probe.locator("#memory .stat-value").all_inner_texts() == ["208", "80", "96"]
     full, half = blocks.nth(0).bounding_box()["width"], blocks.nth(6).bounding_box()["width"]
     assert abs(half / full - 0.5) < 0.05
-    segs = {c: probe.locator(f"#memory .{c}").bounding_box()["width"] for c in ("seg-view", "seg-budget", "seg-reserve")}
+    segs = {
+        c: probe.locator(f"#memory .{c}").bounding_box()["width"] for c in ("seg-view", "seg-budget", "seg-reserve")
+    }
     bar = probe.locator("#memory .scale-bar").first.bounding_box()["width"]
     assert abs(segs["seg-view"] / bar - 80 / 208) < 0.01
     assert abs(segs["seg-budget"] / bar - 48 / 208) < 0.01
@@ -177,10 +209,15 @@ def test_memory_view_draws_blocks_by_tier_selection_and_scale(probe) -> None:
 
 
 def test_conversations_rename_export_delete_and_switch(page) -> None:
-    seed(page, [
-        conversation("c2", "second", [{"role": "user", "content": "two"}], updated=2),
-        conversation("c1", "first", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "uno"}], updated=1),
-    ])
+    seed(
+        page,
+        [
+            conversation("c2", "second", [{"role": "user", "content": "two"}], updated=2),
+            conversation(
+                "c1", "first", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "uno"}], updated=1
+            ),
+        ],
+    )
     assert page.locator("#conv-list .conv-name").all_inner_texts() == ["second", "first"]
     page.locator("#conv-list .conv", has_text="first").click()
     expect(page.locator("#messages .msg")).to_have_text(["one", "uno"])
@@ -237,12 +274,17 @@ def test_server_down_shows_a_clear_error_and_keeps_the_message(browser, request)
 
 def test_memory_view_reads_the_store_shape_and_full_selection(probe) -> None:
     store_shaped = {  # kvmem_core.store.Store.workspace_info after a step whose prompt fit the budget
-        "id": "ws_a", "namespace": "n", "blocks": [
+        "id": "ws_a",
+        "namespace": "n",
+        "blocks": [
             {"index": 0, "hash": "h0", "start": 0, "end": 32, "tier": "host+nvme"},
             {"index": 1, "hash": "h1", "start": 32, "end": 64, "tier": "nvme"},
             {"index": 2, "hash": "h2", "start": 64, "end": 96, "tier": "missing"},
         ],
-        "tokens": 96, "created": 0.0, "last_used": 0.0, "in_use": True,
+        "tokens": 96,
+        "created": 0.0,
+        "last_used": 0.0,
+        "in_use": True,
         "totals": {"blocks": 3, "tokens": 96, "host_blocks": 1, "nvme_blocks": 2, "missing_blocks": 1},
         "last_selection": {"method": "full", "position_mode": "original"},
     }
@@ -257,18 +299,69 @@ def test_memory_view_reads_the_store_shape_and_full_selection(probe) -> None:
 
 
 ERROR_CASES = [
-    (429, {"error": {"message": "server busy", "type": "rate_limit_error", "param": None, "code": "queue_full"}},
-     {"Retry-After": "3"}, "busy", "The server is busy with other requests (429). Try again in 3 s."),
-    (400, {"error": {"message": "prompt of 1500 tokens exceeds --ctx 1024.", "type": "invalid_request_error",
-                     "param": "messages", "code": "context_length_exceeded"}}, {}, "too_long",
-     "This conversation is too long for the server (400): prompt of 1500 tokens exceeds --ctx 1024. Start a new chat or delete this one."),
-    (413, {"error": {"message": "mandatory spans exceed the budget.", "type": "invalid_request_error", "param": None,
-                     "code": "mandatory_over_budget"}}, {}, "too_long",
-     "This conversation is too long for the server (413): mandatory spans exceed the budget. Start a new chat or delete this one."),
-    (401, {"error": {"message": "missing API key", "type": "authentication_error", "param": None, "code": "invalid_api_key"}},
-     {}, "auth", "The server needs a valid API key (401). Enter it in Settings."),
-    (503, {"error": {"message": "the engine is starting", "type": "server_error", "param": None, "code": "engine_unavailable"}},
-     {"Retry-After": "2"}, "restarting", "The engine is restarting (503). Try again in 2 s."),
+    (
+        429,
+        {"error": {"message": "server busy", "type": "rate_limit_error", "param": None, "code": "queue_full"}},
+        {"Retry-After": "3"},
+        "busy",
+        "The server is busy with other requests (429). Try again in 3 s.",
+    ),
+    (
+        400,
+        {
+            "error": {
+                "message": "prompt of 1500 tokens exceeds --ctx 1024.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+        {},
+        "too_long",
+        "This conversation is too long for the server (400): prompt of 1500 tokens exceeds --ctx 1024. Start a new chat or delete this one.",
+    ),
+    (
+        413,
+        {
+            "error": {
+                "message": "mandatory spans exceed the budget.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "mandatory_over_budget",
+            }
+        },
+        {},
+        "too_long",
+        "This conversation is too long for the server (413): mandatory spans exceed the budget. Start a new chat or delete this one.",
+    ),
+    (
+        401,
+        {
+            "error": {
+                "message": "missing API key",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        },
+        {},
+        "auth",
+        "The server needs a valid API key (401). Enter it in Settings.",
+    ),
+    (
+        503,
+        {
+            "error": {
+                "message": "the engine is starting",
+                "type": "server_error",
+                "param": None,
+                "code": "engine_unavailable",
+            }
+        },
+        {"Retry-After": "2"},
+        "restarting",
+        "The engine is restarting (503). Try again in 2 s.",
+    ),
     (500, "not json", {}, "server", "The server refused the request (500): 500"),
 ]
 

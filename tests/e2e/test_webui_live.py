@@ -5,6 +5,7 @@ page walked through a session: API key, streamed answers with stats, cache hits 
 turn, Stop, reload, the memory view, a too-long message, hostile output, delete with the
 workspace. The tests run in order and share the page.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,9 +18,24 @@ from webui_support import browser, open_page, screenshot_on_failure  # noqa: F40
 
 KEY = "webui-test-key"
 SERVER_FLAGS = [
-    "--api-key", KEY, "--ctx", "1024", "--kvmem-block-tokens", "32", "--kvmem-budget", "256",
-    "--kvmem-gen-budget", "64", "--kvmem-sink-tokens", "32", "--kvmem-recent-tokens", "64", "--kvmem-cpu-gb", "1",
-    "--kvmem-retrieval-heads", "17:3,17:4,21:8",  # SmolLM2's calibrated heads: no calibration at start
+    "--api-key",
+    KEY,
+    "--ctx",
+    "1024",
+    "--kvmem-block-tokens",
+    "32",
+    "--kvmem-budget",
+    "256",
+    "--kvmem-gen-budget",
+    "64",
+    "--kvmem-sink-tokens",
+    "32",
+    "--kvmem-recent-tokens",
+    "64",
+    "--kvmem-cpu-gb",
+    "1",
+    "--kvmem-retrieval-heads",
+    "17:3,17:4,21:8",  # SmolLM2's calibrated heads: no calibration at start
 ]
 STATS = re.compile(r"^(\d+) tokens · ([\d.]+) tok/s · (\d+) cache-hit tokens · prompt (\d+)")
 
@@ -75,7 +91,9 @@ def last_answer(page):
 
 
 def current_workspace(page) -> str:
-    return page.evaluate("JSON.parse(localStorage.getItem('kvmem.conv.' + localStorage.getItem('kvmem.current'))).workspaceId")
+    return page.evaluate(
+        "JSON.parse(localStorage.getItem('kvmem.conv.' + localStorage.getItem('kvmem.current'))).workspaceId"
+    )
 
 
 def test_401_until_the_api_key_is_set_then_models_load(page, server) -> None:
@@ -154,7 +172,9 @@ def test_memory_view_shows_the_workspace_blocks(page, server) -> None:
     selected = set(range(len(ws["blocks"]))) if sel["method"] == "full" else set(sel["blocks"])
     assert {i for i in range(blocks.count()) if "selected" in blocks.nth(i).get_attribute("class")} == selected
     blocks.first.hover()
-    expect(page.locator("#memory .tooltip")).to_contain_text(f"Block 0 · tokens {ws['blocks'][0]['start']}–{ws['blocks'][0]['end']}")
+    expect(page.locator("#memory .tooltip")).to_contain_text(
+        f"Block 0 · tokens {ws['blocks'][0]['start']}–{ws['blocks'][0]['end']}"
+    )
     page.click("#toggle-memory")
 
 

@@ -1,5 +1,6 @@
 """Shared by the web UI tests: the installed Chromium driven by Playwright, waiting for HTTP
 servers, and a screenshot of every failed test's page."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 WEBUI_DIR = ROOT / "webui"
 ARTIFACTS = Path(os.environ.get("KVMEM_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "webui"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -63,7 +69,9 @@ def static_server(port: int, directory: Path = WEBUI_DIR) -> subprocess.Popen:
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     wait_http(f"http://127.0.0.1:{port}/index.html", proc, timeout=15)
     return proc

@@ -1,4 +1,5 @@
 """The torch engine on CUDA: HF oracle (fp32 and bf16), CUDA-graph decode, staged block writes."""
+
 from __future__ import annotations
 
 import copy

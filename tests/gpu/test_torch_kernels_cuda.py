@@ -1,6 +1,7 @@
 """The Triton decode kernels compiled on CUDA: against float64 at the 27B attention and projection shapes
 (with the launch shapes the GPU runs), and the fused decode (graphs on) against the eager torch decode on the
 tiny HF models."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,24 +42,28 @@ def test_paged_attention_at_the_27b_shape_matches_float64(n_slots: int, n_keys: 
 
 
 # a DeltaNet input projection; the MLP's gate/up (SwiGLU stored) and down; a DeltaNet output projection
-@pytest.mark.parametrize("n,k,kind", ((16480, 5120, "norm"), (17408, 5120, "swiglu"), (5120, 17408, "plain"),
-                                      (5120, 6144, "plain")))
+@pytest.mark.parametrize(
+    "n,k,kind", ((16480, 5120, "norm"), (17408, 5120, "swiglu"), (5120, 17408, "plain"), (5120, 6144, "plain"))
+)
 def test_folded_projections_at_the_27b_shape_match_float64(n: int, k: int, kind: str) -> None:
     torch.manual_seed(0)
-    w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
     if kind == "plain":
         x = torch.randn(1, k, device="cuda").bfloat16()
         got, ref = output_projection(x, w), x.double() @ w.double().T
     else:
-        x, delta, norm = torch.randn(1, k, device="cuda").bfloat16(), torch.randn(1, k, device="cuda").bfloat16(), \
-            torch.rand(k, device="cuda") + 0.5
+        x, delta, norm = (
+            torch.randn(1, k, device="cuda").bfloat16(),
+            torch.randn(1, k, device="cuda").bfloat16(),
+            torch.rand(k, device="cuda") + 0.5,
+        )
         s = NormedSum(x, delta, norm, 1e-6)
         total = (x + delta).double()
         normed = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()
         if kind == "norm":
             got, ref = s.linear(w), normed @ w.double().T
         else:
-            w_up = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+            w_up = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
             got = s.linear(interleave_rows(w, w_up), swiglu=True)
             ref = torch.nn.functional.silu(normed @ w.double().T) * (normed @ w_up.double().T)
         assert torch.equal(s.total, x + delta)
@@ -94,8 +99,10 @@ def test_fp8_paged_attention_at_the_27b_shape_matches_float64_over_dequantized_k
     torch.manual_seed(0)
     n_slots, n_keys = 33_000, 32_768
     cache = PagedKV(2, n_slots // 128 + 8, 128, 4, 256, torch.bfloat16, "cuda", torch.ones(32), kv_fp8=True)
-    cache.write_rows(torch.arange(cache.rows.shape[0], device="cuda"),
-                     torch.randn(cache.rows.shape[0], 4, 256, device="cuda").bfloat16())
+    cache.write_rows(
+        torch.arange(cache.rows.shape[0], device="cuda"),
+        torch.randn(cache.rows.shape[0], 4, 256, device="cuda").bfloat16(),
+    )
     slots = torch.randperm(cache.num_blocks * 128, device="cuda")[:n_slots]
     rows = cache.base_rows(slots)
     angles = rope_angles(torch.randint(0, 1 << 20, (n_slots,), device="cuda"), 64, 1e7)
@@ -106,4 +113,3 @@ def test_fp8_paged_attention_at_the_27b_shape_matches_float64_over_dequantized_k
     v = fp8.dequantize(cache.rows[rows + cache.v_offset(1)][:n_keys], torch.float64)
     ref = decode_attention_f64(q, k, v, angles[:n_keys])
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
-

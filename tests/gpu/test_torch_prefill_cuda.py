@@ -1,5 +1,6 @@
 """The prefill kernels on CUDA at the 27B shape, against float64: causal attention over a view that already
 holds keys (flash / memory-efficient, aligned to the last key) and flash-linear-attention's chunked delta rule."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,9 @@ def test_causal_attention_after_a_prefix_matches_float64(prefix: int, new: int) 
     k, v = (torch.randn(1, 4, S, 256, device="cuda").bfloat16() for _ in range(2))
     got = causal_attention(q, k, v)
     mask = torch.arange(S, device="cuda")[None, :] <= torch.arange(prefix, S, device="cuda")[:, None]
-    ref = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(6, 1),
-                                         v.double().repeat_interleave(6, 1), attn_mask=mask)
+    ref = F.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(6, 1), v.double().repeat_interleave(6, 1), attn_mask=mask
+    )
     assert relative_error(got, ref) <= 2e-2
 
 
@@ -43,10 +45,11 @@ def test_fla_delta_rule_matches_the_float64_chunked_rule() -> None:
     beta = torch.rand(T, nv, device="cuda")
     state = 0.1 * torch.randn(nv, d, d, device="cuda")
     ref_state = state.double()
-    qr = l2norm(q.double()).repeat_interleave(3, 1) * d ** -0.5
+    qr = l2norm(q.double()).repeat_interleave(3, 1) * d**-0.5
     kr = l2norm(k.double()).repeat_interleave(3, 1)
-    ref = chunked_delta_rule(qr.transpose(0, 1), kr.transpose(0, 1), v.double().transpose(0, 1), g.double().T,
-                             beta.double().T, ref_state).transpose(0, 1)
+    ref = chunked_delta_rule(
+        qr.transpose(0, 1), kr.transpose(0, 1), v.double().transpose(0, 1), g.double().T, beta.double().T, ref_state
+    ).transpose(0, 1)
     got = fla_delta_rule(q, k, v, g, beta, state)
     assert relative_error(got, ref) <= 2e-2
     assert relative_error(state, ref_state) <= 1e-2
@@ -61,7 +64,7 @@ def test_bf16_deltanet_prefill_runs_through_fla(monkeypatch: pytest.MonkeyPatch)
     spec = qwen35_spec("small")
     weights = random_weights(spec, torch.bfloat16, "cuda", 0, std=0.1)
     layer = spec.deltanet_layers[0]
-    w = {n[len(f"layers.{layer}."):]: t for n, t in weights.items() if n.startswith(f"layers.{layer}.")}
+    w = {n[len(f"layers.{layer}.") :]: t for n, t in weights.items() if n.startswith(f"layers.{layer}.")}
     net = DeltaNet(spec, w)
     assert net.fla == (fla_chunked_rule() is not None)
     if not net.fla:

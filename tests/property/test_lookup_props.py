@@ -1,5 +1,6 @@
 """Prompt-lookup drafting: a draft is always what followed an earlier occurrence of the history's last n-gram
 (the largest n with one, its newest occurrence), and there is no draft without such an occurrence."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -19,22 +20,27 @@ def reference(ids: list[int], ngram_min: int, ngram_max: int, k: int) -> list[in
             continue
         tail = ids[-n:]
         for i in range(len(ids) - n - 1, -1, -1):
-            if ids[i:i + n] == tail:
-                return ids[i + n:i + n + k]
+            if ids[i : i + n] == tail:
+                return ids[i + n : i + n + k]
     return []
 
 
 @settings(max_examples=300, deadline=None)
 @given(histories, sizes)
-def test_a_draft_is_the_newest_continuation_of_the_longest_matching_ngram(ids: list[int], size: tuple[int, int, int]) -> None:
+def test_a_draft_is_the_newest_continuation_of_the_longest_matching_ngram(
+    ids: list[int], size: tuple[int, int, int]
+) -> None:
     ngram_min, extra, k = size
     drafter = LookupDrafter(ids, k=k, ngram_min=ngram_min, ngram_max=ngram_min + extra)
     draft = drafter.propose()
     assert draft == reference(ids, ngram_min, ngram_min + extra, k)
     assert len(draft) <= k
     if draft:  # a continuation found in the history, right after an occurrence of the history's last n-gram
-        assert any(ids[i:i + len(draft)] == draft and ids[i - n:i] == ids[-n:]
-                   for n in range(ngram_min, ngram_min + extra + 1) for i in range(n, len(ids)))
+        assert any(
+            ids[i : i + len(draft)] == draft and ids[i - n : i] == ids[-n:]
+            for n in range(ngram_min, ngram_min + extra + 1)
+            for i in range(n, len(ids))
+        )
 
 
 @settings(max_examples=200, deadline=None)

@@ -8,6 +8,7 @@ answers a real request with the same engine process. Well-formed but hostile cha
 (``chat_template_kwargs`` above all) go through the engine's own request path in-process,
 ten thousand of them in the slow run; a live engine then takes the keys that used to kill it.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,25 +42,68 @@ VALID = {
     "/v1/messages": {"messages": [MESSAGE], "max_tokens": 2},
 }
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
-json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                           max_leaves=8)
+json_values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=8
+)
 not_bool = json_values.filter(lambda v: not isinstance(v, bool))
 not_number = json_values.filter(lambda v: isinstance(v, (str, list, dict)))
 not_text = json_values.filter(lambda v: not isinstance(v, str) and v is not None)
 
 bad_message = st.one_of(
-    st.fixed_dictionaries({"role": st.text(max_size=10).filter(lambda r: r not in ("system", "developer", "user", "assistant", "tool")),
-                           "content": st.just("x")}),
-    st.fixed_dictionaries({"role": st.just("user"), "content": st.integers() | st.booleans() | st.dictionaries(st.text(max_size=3), scalars, max_size=2)}),
+    st.fixed_dictionaries(
+        {
+            "role": st.text(max_size=10).filter(
+                lambda r: r not in ("system", "developer", "user", "assistant", "tool")
+            ),
+            "content": st.just("x"),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("user"),
+            "content": st.integers() | st.booleans() | st.dictionaries(st.text(max_size=3), scalars, max_size=2),
+        }
+    ),
     st.fixed_dictionaries({"role": st.just("user")}),
-    st.fixed_dictionaries({"role": st.just("user"), "content": st.just([{"type": "image_url", "image_url": {"url": "x"}}])}),
-    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.just("x"), "tool_calls": not_text.filter(lambda v: v != [] and not isinstance(v, list))}),
+    st.fixed_dictionaries(
+        {"role": st.just("user"), "content": st.just([{"type": "image_url", "image_url": {"url": "x"}}])}
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("assistant"),
+            "content": st.just("x"),
+            "tool_calls": not_text.filter(lambda v: v != [] and not isinstance(v, list)),
+        }
+    ),
 )
 bad_kvmem = st.one_of(
-    st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in ("method", "retrieval_method", "budget", "gen_budget", "sink_tokens", "recent_tokens", "retrieval_heads")),
-                    scalars, min_size=1, max_size=2),
+    st.dictionaries(
+        st.text(min_size=1, max_size=8).filter(
+            lambda k: (
+                k
+                not in (
+                    "method",
+                    "retrieval_method",
+                    "budget",
+                    "gen_budget",
+                    "sink_tokens",
+                    "recent_tokens",
+                    "retrieval_heads",
+                )
+            )
+        ),
+        scalars,
+        min_size=1,
+        max_size=2,
+    ),
     st.fixed_dictionaries({"method": st.text(max_size=12).filter(lambda m: m not in METHODS + ("recency",))}),
-    st.fixed_dictionaries({"retrieval_method": st.text(max_size=12).filter(lambda m: m not in SCORERS + ("key-direction-fixed4", "key-direction-adaptive"))}),
+    st.fixed_dictionaries(
+        {
+            "retrieval_method": st.text(max_size=12).filter(
+                lambda m: m not in SCORERS + ("key-direction-fixed4", "key-direction-adaptive")
+            )
+        }
+    ),
     st.fixed_dictionaries({"budget": st.integers(max_value=0) | st.integers(min_value=1, max_value=700)}),
     not_text.filter(lambda v: not isinstance(v, dict)),
 )
@@ -74,29 +118,57 @@ COMMON = {
 BAD = {
     "/v1/chat/completions": {
         **COMMON,
-        "messages": st.one_of(st.just([]), not_text.filter(lambda v: not isinstance(v, list)),
-                              st.lists(st.just(MESSAGE), max_size=2).flatmap(lambda ok: bad_message.map(lambda b: ok + [b]))),
+        "messages": st.one_of(
+            st.just([]),
+            not_text.filter(lambda v: not isinstance(v, list)),
+            st.lists(st.just(MESSAGE), max_size=2).flatmap(lambda ok: bad_message.map(lambda b: ok + [b])),
+        ),
         "max_tokens": st.integers(max_value=0) | not_number,
         "max_completion_tokens": st.integers(max_value=0) | not_number,
         "n": st.integers(min_value=2) | st.integers(max_value=0),
         "stop": st.integers() | st.lists(st.integers(), min_size=1, max_size=3),
-        "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.integers()})}), min_size=1, max_size=2),
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.integers()})}
+            ),
+            min_size=1,
+            max_size=2,
+        ),
     },
-    "/v1/completions": {**COMMON, "prompt": st.just("") | st.integers() | st.lists(st.text(max_size=3), min_size=2, max_size=3) | st.just([]),
-                        "max_tokens": st.integers(max_value=0) | not_number, "echo": st.just(True)},
+    "/v1/completions": {
+        **COMMON,
+        "prompt": st.just("") | st.integers() | st.lists(st.text(max_size=3), min_size=2, max_size=3) | st.just([]),
+        "max_tokens": st.integers(max_value=0) | not_number,
+        "echo": st.just(True),
+    },
     "/v1/responses": {
         **{k: v for k, v in COMMON.items() if k != "stream"},
-        "input": st.just([]) | st.integers() | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["web_search_call", "reasoning", "function_call"])}), min_size=1, max_size=2),
+        "input": st.just([])
+        | st.integers()
+        | st.lists(
+            st.fixed_dictionaries({"type": st.sampled_from(["web_search_call", "reasoning", "function_call"])}),
+            min_size=1,
+            max_size=2,
+        ),
         "max_output_tokens": st.integers(max_value=0) | not_number,
         "previous_response_id": st.text(min_size=1, max_size=12).map(lambda s: "resp_missing_" + s),
-        "tools": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search", "computer"])}), min_size=1, max_size=2),
+        "tools": st.lists(
+            st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search", "computer"])}),
+            min_size=1,
+            max_size=2,
+        ),
     },
     "/v1/messages": {
         **{k: v for k, v in COMMON.items() if k not in ("temperature", "seed")},
-        "temperature": st.floats(min_value=1.001, max_value=1e9) | st.floats(max_value=-0.001, min_value=-1e9) | not_number,
-        "messages": st.one_of(st.just([]), st.just([{"role": "system", "content": "x"}]),
-                              st.just([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
-                              st.lists(st.integers(), min_size=1, max_size=2)),
+        "temperature": st.floats(min_value=1.001, max_value=1e9)
+        | st.floats(max_value=-0.001, min_value=-1e9)
+        | not_number,
+        "messages": st.one_of(
+            st.just([]),
+            st.just([{"role": "system", "content": "x"}]),
+            st.just([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            st.lists(st.integers(), min_size=1, max_size=2),
+        ),
         "max_tokens": st.integers(max_value=0) | not_number,
         "tools": st.lists(st.fixed_dictionaries({"name": st.integers() | st.just("")}), min_size=1, max_size=2),
     },
@@ -114,8 +186,12 @@ def malformed(draw: st.DrawFn) -> tuple[str, bytes]:
         return path, json.dumps(draw(json_values.filter(lambda v: not isinstance(v, dict)))).encode()
     body: dict[str, Any] = dict(VALID[path])
     if kind == "missing":
-        required = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/responses": "input",
-                    "/v1/messages": draw(st.sampled_from(["messages", "max_tokens"]))}[path]
+        required = {
+            "/v1/chat/completions": "messages",
+            "/v1/completions": "prompt",
+            "/v1/responses": "input",
+            "/v1/messages": draw(st.sampled_from(["messages", "max_tokens"])),
+        }[path]
         del body[required]
     else:
         field = draw(st.sampled_from(sorted(BAD[path])))
@@ -157,10 +233,19 @@ def engine_app() -> Iterator[AppClient]:
 
 @pytest.mark.slow
 @pytest.mark.llamacpp
-@given(case=malformed() | st.tuples(st.just("/v1/chat/completions"), st.text(min_size=1, max_size=20).map(
-    lambda m: json.dumps({**VALID["/v1/chat/completions"], "model": "x-" + m}).encode())))
+@given(
+    case=malformed()
+    | st.tuples(
+        st.just("/v1/chat/completions"),
+        st.text(min_size=1, max_size=20).map(
+            lambda m: json.dumps({**VALID["/v1/chat/completions"], "model": "x-" + m}).encode()
+        ),
+    )
+)
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_thousands_of_malformed_requests_leave_a_live_engine_serving(engine_app: AppClient, case: tuple[str, bytes]) -> None:
+def test_thousands_of_malformed_requests_leave_a_live_engine_serving(
+    engine_app: AppClient, case: tuple[str, bytes]
+) -> None:
     path, body = case
     pid = engine_app.engine.pid
     status, _, reply = engine_app.request("POST", path, data=body, headers={"Content-Type": "application/json"})
@@ -171,7 +256,9 @@ def test_thousands_of_malformed_requests_leave_a_live_engine_serving(engine_app:
 @pytest.mark.slow
 @pytest.mark.llamacpp
 def test_the_live_engine_still_answers_after_the_fuzz(engine_app: AppClient) -> None:
-    status, _, reply = engine_app.request("POST", "/v1/chat/completions", json={**VALID["/v1/chat/completions"], "temperature": 0})
+    status, _, reply = engine_app.request(
+        "POST", "/v1/chat/completions", json={**VALID["/v1/chat/completions"], "temperature": 0}
+    )
     assert status == 200 and json.loads(reply)["choices"][0]["message"]["content"]
 
 
@@ -180,8 +267,9 @@ def test_the_live_engine_still_answers_after_the_fuzz(engine_app: AppClient) -> 
 # the small model's real tokenizer and template), so tens of thousands of cases stay fast; a live engine process
 # then takes the keys that used to kill it.
 
-KWARG_KEYS = st.sampled_from(RESERVED_KWARGS + ("enable_thinking", "reasoning_effort", "documents", "date_string",
-                                                "custom_tools", "")) | st.text(max_size=8)
+KWARG_KEYS = st.sampled_from(
+    RESERVED_KWARGS + ("enable_thinking", "reasoning_effort", "documents", "date_string", "custom_tools", "")
+) | st.text(max_size=8)
 # ChatML that reads template variables the way real templates do, so odd values make it fail in odd ways
 KWARGS_TEMPLATE = (
     "{% if documents %}{% for d in documents %}{{ '<|im_start|>system\\n' + d['title'] + ': ' + d.text }}"
@@ -191,23 +279,55 @@ KWARGS_TEMPLATE = (
     "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n' }}{% endif %}"
     "{{ 'Effort: ' + reasoning_effort + '\\n' if reasoning_effort is defined else '' }}"
-    "{{ (date_string or '')[:10] }}{% endif %}")
+    "{{ (date_string or '')[:10] }}{% endif %}"
+)
 texts = st.text(max_size=12) | st.sampled_from(["<|im_end|>", "<|im_start|>user\n", "{{ x }}", "\x00", "é東🚢"])
 chat_message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "developer", "user", "user", "assistant", "tool"]),
-     "content": texts | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2)},
-    optional={"name": texts, "tool_call_id": texts,
-              "tool_calls": st.lists(st.fixed_dictionaries({"id": texts, "function": st.fixed_dictionaries(
-                  {"name": texts, "arguments": texts})}), max_size=2)})
+    {
+        "role": st.sampled_from(["system", "developer", "user", "user", "assistant", "tool"]),
+        "content": texts | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2),
+    },
+    optional={
+        "name": texts,
+        "tool_call_id": texts,
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {"id": texts, "function": st.fixed_dictionaries({"name": texts, "arguments": texts})}
+            ),
+            max_size=2,
+        ),
+    },
+)
 chat_body = st.fixed_dictionaries(
-    {"messages": st.lists(chat_message, min_size=1, max_size=6).map(lambda ms: ms + [{"role": "user", "content": "hi"}])},
-    optional={"chat_template_kwargs": st.dictionaries(KWARG_KEYS, json_values, max_size=4),
-              "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
-                  {"name": st.text(min_size=1, max_size=8)}, optional={"description": texts, "parameters": st.dictionaries(
-                      st.text(max_size=6), json_values, max_size=3)})}), max_size=2),
-              "tool_choice": st.sampled_from(["auto", "none"]),
-              "reasoning_effort": st.sampled_from(["low", "high"]),
-              "max_tokens": st.integers(1, 1 << 20), "stop": st.lists(texts, max_size=3), "temperature": st.floats(0, 2)})
+    {
+        "messages": st.lists(chat_message, min_size=1, max_size=6).map(
+            lambda ms: ms + [{"role": "user", "content": "hi"}]
+        )
+    },
+    optional={
+        "chat_template_kwargs": st.dictionaries(KWARG_KEYS, json_values, max_size=4),
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "type": st.just("function"),
+                    "function": st.fixed_dictionaries(
+                        {"name": st.text(min_size=1, max_size=8)},
+                        optional={
+                            "description": texts,
+                            "parameters": st.dictionaries(st.text(max_size=6), json_values, max_size=3),
+                        },
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+        "tool_choice": st.sampled_from(["auto", "none"]),
+        "reasoning_effort": st.sampled_from(["low", "high"]),
+        "max_tokens": st.integers(1, 1 << 20),
+        "stop": st.lists(texts, max_size=3),
+        "temperature": st.floats(0, 2),
+    },
+)
 
 
 class Outbox:
@@ -230,8 +350,10 @@ def loops() -> Iterator[dict[str, tuple[EngineLoop, Outbox]]]:
     from kvmem_llamacpp import create_adapter
 
     adapter = create_adapter(str(small_model()), FUZZ_CONFIG)
-    engines = {"smollm2": KVMemEngine(adapter, FUZZ_CONFIG),
-               "kwargs template": KVMemEngine(Templated(adapter, KWARGS_TEMPLATE), FUZZ_CONFIG)}
+    engines = {
+        "smollm2": KVMemEngine(adapter, FUZZ_CONFIG),
+        "kwargs template": KVMemEngine(Templated(adapter, KWARGS_TEMPLATE), FUZZ_CONFIG),
+    }
     out = {}
     for name, engine in engines.items():
         box = Outbox()
@@ -262,38 +384,59 @@ def check_engine_reply(reply: Any) -> None:
         assert reply is None or isinstance(reply, P.Reply) and reply.value > 0
 
 
-def fuzz_engine_path(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str,
-                     tools: str | None) -> None:
+def fuzz_engine_path(
+    loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str, tools: str | None
+) -> None:
     loop, box = loops[template]
     check_engine_reply(engine_reply(loop, box, body, tools))
 
 
 @pytest.mark.llamacpp
-@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), tools=st.sampled_from([None, "hermes", "llama3", "mistral"]))
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_any_chat_request_fails_alone_or_renders(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any],
-                                                  template: str, tools: str | None) -> None:
+@given(
+    body=chat_body,
+    template=st.sampled_from(["smollm2", "kwargs template"]),
+    tools=st.sampled_from([None, "hermes", "llama3", "mistral"]),
+)
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+def test_any_chat_request_fails_alone_or_renders(
+    loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str, tools: str | None
+) -> None:
     fuzz_engine_path(loops, body, template, tools)
 
 
 @pytest.mark.slow
 @pytest.mark.llamacpp
-@given(body=chat_body, template=st.sampled_from(["smollm2", "kwargs template"]), tools=st.sampled_from([None, "hermes", "llama3", "mistral"]))
-@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_ten_thousand_chat_requests_fail_alone_or_render(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any],
-                                                         template: str, tools: str | None) -> None:
+@given(
+    body=chat_body,
+    template=st.sampled_from(["smollm2", "kwargs template"]),
+    tools=st.sampled_from([None, "hermes", "llama3", "mistral"]),
+)
+@settings(
+    max_examples=10_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_ten_thousand_chat_requests_fail_alone_or_render(
+    loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str, tools: str | None
+) -> None:
     fuzz_engine_path(loops, body, template, tools)
 
 
 @pytest.mark.llamacpp
 @given(body=chat_body.map(lambda b: {**b, "max_tokens": 2}), stops=st.lists(texts, max_size=2))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_fuzzed_chat_steps_run_or_fail_alone(loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any],
-                                            stops: list[str]) -> None:
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+def test_fuzzed_chat_steps_run_or_fail_alone(
+    loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], stops: list[str]
+) -> None:
     loop, box = loops["kwargs template"]
     try:
-        step = chat_step(msgspec.json.decode(json.dumps({**body, "stop": stops}), type=S.ChatRequest),
-                         FUZZ_CONFIG, ChatFormat())
+        step = chat_step(
+            msgspec.json.decode(json.dumps({**body, "stop": stops}), type=S.ChatRequest), FUZZ_CONFIG, ChatFormat()
+        )
         frame = wire_frame(P.Step(id="s", request=P.to_wire_request(step)))
     except (msgspec.DecodeError, APIError):  # the server answers 400 (a ValidationError is a DecodeError)
         return
@@ -310,7 +453,11 @@ def test_template_kwargs_that_used_to_kill_the_engine_fail_only_their_request(en
         body = {**VALID["/v1/chat/completions"], "chat_template_kwargs": {key: 1}}
         status, _, reply = engine_app.request("POST", "/v1/chat/completions", json=body)
         assert status == 400 and json.loads(reply)["error"]["code"] == "template_error", reply
-    body = {**VALID["/v1/chat/completions"], "chat_template_kwargs": {"documents": 3, "x": {"y": [1]}}, "temperature": 0}
+    body = {
+        **VALID["/v1/chat/completions"],
+        "chat_template_kwargs": {"documents": 3, "x": {"y": [1]}},
+        "temperature": 0,
+    }
     status, _, reply = engine_app.request("POST", "/v1/chat/completions", json=body)
     assert status == 200 and json.loads(reply)["choices"][0]["message"]["content"]
     assert (engine_app.engine.pid, engine_app.engine.restarts, engine_app.engine.state) == (pid, restarts, "ready")

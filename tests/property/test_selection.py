@@ -1,4 +1,5 @@
 """Selector properties over random workspaces, tags, atomic and message groups, scores and budgets."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -57,9 +58,13 @@ def grouped_cases(draw):
     block = 16
     n_tokens = np.full(n, block, dtype=np.int64)
     n_tokens[-1] = draw(st.integers(1, block))
-    selector = Selector(budget=draw(st.integers(n * block // 4, 3 * n * block // 4)), sink_tokens=block,
-                        recent_tokens=block, edge_tokens=draw(st.integers(0, block // 2)),
-                        relevance=draw(st.sampled_from([0.0, 0.35])))
+    selector = Selector(
+        budget=draw(st.integers(n * block // 4, 3 * n * block // 4)),
+        sink_tokens=block,
+        recent_tokens=block,
+        edge_tokens=draw(st.integers(0, block // 2)),
+        relevance=draw(st.sampled_from([0.0, 0.35])),
+    )
     spans = BlockSpans(n_tokens, np.zeros(n, bool), np.full(n, -1, np.int64), draw(message_groups(n)))
     values = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5]), min_size=n, max_size=n))
     peaks = draw(st.lists(st.integers(-1, block - 1), min_size=n, max_size=n))

@@ -1,4 +1,5 @@
 """Streamed text equals the final text for any split of the output into tokens and any stop set."""
+
 from __future__ import annotations
 
 import hypothesis.strategies as st

@@ -1,4 +1,5 @@
 """Random operation sequences against BlockStore on real files: nothing lost, duplicated or over capacity."""
+
 from __future__ import annotations
 
 import tempfile
@@ -45,8 +46,9 @@ class Run:
     def _open(self) -> BlockStore:
         if self.root is None:
             return BlockStore(LAYOUT, cpu_bytes=6 * BLOCK, retention=self.retention)
-        return BlockStore(LAYOUT, cpu_bytes=3 * BLOCK, nvme_dir=self.root, nvme_bytes=8 * FILE,
-                          retention=self.retention, fsync=False)
+        return BlockStore(
+            LAYOUT, cpu_bytes=3 * BLOCK, nvme_dir=self.root, nvme_bytes=8 * FILE, retention=self.retention, fsync=False
+        )
 
     def new_ids(self, n_blocks: int) -> np.ndarray:
         self.fresh += 1
@@ -58,15 +60,15 @@ class Run:
 
     def step(self, ids: np.ndarray) -> None:
         ws, _ = self.store.open_workspace("ns", ids)
-        self.tokens[ws.id] = ids[:len(ws.hashes) * 16]
-        for meta, kv in synthetic_chain(LAYOUT, ids, "ns", seed=self.fresh)[len(ws.hashes):]:
+        self.tokens[ws.id] = ids[: len(ws.hashes) * 16]
+        for meta, kv in synthetic_chain(LAYOUT, ids, "ns", seed=self.fresh)[len(ws.hashes) :]:
             known = self.store.lookup(meta.chain_hash) is not None
             try:
                 self.store.append(ws.id, meta, kv)
             except CapacityError:
                 return
             self.kv.setdefault(meta.chain_hash, kv) if known else self.kv.__setitem__(meta.chain_hash, kv)
-            self.tokens[ws.id] = ids[:meta.end_pos]
+            self.tokens[ws.id] = ids[: meta.end_pos]
 
     def apply(self, op: tuple) -> None:
         kind, ws_id = op[0], self.pick(op[1]) if len(op) > 1 else None
@@ -75,7 +77,7 @@ class Run:
         elif kind == "extend" and ws_id:
             self.step(np.concatenate([self.tokens[ws_id], self.new_ids(op[2])]))
         elif kind == "fork" and ws_id:
-            self.step(np.concatenate([self.tokens[ws_id][:op[2] * 16], self.new_ids(1)]))
+            self.step(np.concatenate([self.tokens[ws_id][: op[2] * 16], self.new_ids(1)]))
         elif kind == "delete" and ws_id:
             assert self.store.delete_workspace(ws_id)
         elif kind == "pin" and ws_id:

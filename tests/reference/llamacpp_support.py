@@ -4,6 +4,7 @@ llama.cpp's CPU kernels give slightly different numbers for the same tokens pref
 different chunking (up to ~0.7 in a logit, measured), so the plain reference is driven with
 the same chunks KVMem used: it prefills from the same cached length in ``n_batch`` chunks.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,9 +33,19 @@ class Plain:
         import llama_cpp
 
         self.L = llama_cpp
-        self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
-                                   n_gpu_layers=n_gpu_layers, op_offload=n_gpu_layers != 0, flash_attn=True, verbose=False,
-                                   type_k=cache_type, type_v=cache_type)
+        self.llm = llama_cpp.Llama(
+            str(path),
+            n_ctx=n_ctx,
+            n_batch=N_BATCH,
+            n_ubatch=N_BATCH,
+            n_threads=1,
+            n_gpu_layers=n_gpu_layers,
+            op_offload=n_gpu_layers != 0,
+            flash_attn=True,
+            verbose=False,
+            type_k=cache_type,
+            type_v=cache_type,
+        )
 
     def logits(self) -> np.ndarray:
         ptr = self.L.llama_get_logits_ith(self.llm._ctx.ctx, -1)
@@ -62,8 +73,11 @@ class Plain:
 
 
 def chat(messages: Sequence[dict[str, str]], max_tokens: int = 8, **overrides: object) -> StepRequest:
-    return StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                       overrides=dict(overrides))
+    return StepRequest(
+        messages=tuple(messages),
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        overrides=dict(overrides),
+    )
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -73,5 +87,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-PARAGRAPH = ("The harbour town kept a ledger of every ship that docked there, noting the cargo, the crew and "
-             "the weather on the day it arrived. ")
+PARAGRAPH = (
+    "The harbour town kept a ledger of every ship that docked there, noting the cargo, the crew and "
+    "the weather on the day it arrived. "
+)

@@ -1,5 +1,6 @@
 """The speed benchmark's llama.cpp measurements on SmolLM2: decode overhead against plain llama.cpp, the
 structured-output mask's cost apart from the decode step, the dense prefix-cache baseline."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,7 @@ from model_support import small_model
 def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt():
     pytest.importorskip("llama_cpp")
     from kvmem_bench.speed_overhead import decode_overhead
+
     out = decode_overhead(str(small_model()), decode_tokens=8, rounds=1)
     assert out["tokens"] == 8 and out["kvmem_tok_s"] > 0 and out["plain_tok_s"] > 0
     # The ratio is taken before the speeds are rounded to two decimals.
@@ -30,11 +32,18 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
         out = structured_cost(engine, max_tokens=32, rounds=1)
     finally:
         engine.close()
-    assert out["tokens"] > 0 and out["parses"] and out["vocab"] == 49152 and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
+    assert (
+        out["tokens"] > 0
+        and out["parses"]
+        and out["vocab"] == 49152
+        and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
+    )
     exposed = out["decode_ms_per_token"] - out["free_decode_ms_per_token"]  # what the grammar adds to a step
     assert out["exposed_ms_per_token"] == pytest.approx(exposed, abs=1e-3)
     assert out["mask_share"] == pytest.approx(exposed / out["free_decode_ms_per_token"], abs=1e-3)
-    assert out["mask_alone_share"] == pytest.approx(out["mask_ms_per_token"] / out["free_decode_ms_per_token"], abs=1e-3)
+    assert out["mask_alone_share"] == pytest.approx(
+        out["mask_ms_per_token"] / out["free_decode_ms_per_token"], abs=1e-3
+    )
 
 
 @pytest.mark.llamacpp
@@ -52,7 +61,7 @@ def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_pr
         assert prefill_from(llm, ids, len(previous)) > 0 and llm.n_tokens == len(ids)
         cached = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
         assert _argmax(llm) == int(full.argmax()) and np.allclose(cached, full, atol=0.05)
-        prefill_from(llm, ids[len(previous):], 0)  # the floor: the suffix alone, from an empty cache
+        prefill_from(llm, ids[len(previous) :], 0)  # the floor: the suffix alone, from an empty cache
         with pytest.raises(AssertionError, match="resident"):
             prefill_from(llm, ids, len(previous))  # the cache no longer holds the previous prompt
     finally:

@@ -1,4 +1,5 @@
 """Calibration adapts its documents to the engine's view, and says what to change when the view is too small."""
+
 from __future__ import annotations
 
 import pytest

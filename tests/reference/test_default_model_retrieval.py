@@ -1,6 +1,7 @@
 """On the default model (Qwen2.5-Coder-0.5B), a view of 1/8 of an agent session answers like the whole
 workspace: its shipped retrieval heads select the evidence among same-form look-alikes, and an update later
 in the workspace beats the stale value (the selection keeps chronology). ``recent`` misses both."""
+
 from __future__ import annotations
 
 import random
@@ -45,8 +46,9 @@ def update_session() -> Session:
 
 
 def ask(engine: KVMemEngine, session: Session, **kvmem: object) -> tuple[str, dict]:
-    request = StepRequest(messages=session.messages, sampling=SamplingParams(temperature=0.0, max_tokens=12),
-                          overrides={**VIEW, **kvmem})
+    request = StepRequest(
+        messages=session.messages, sampling=SamplingParams(temperature=0.0, max_tokens=12), overrides={**VIEW, **kvmem}
+    )
     result = engine.step(request, lambda piece: True)
     return result.text, result.selection
 

@@ -1,6 +1,7 @@
 """Recurrent-state checkpoints of a tiny random qwen35 count in the store's budgets: their RAM in the host tier,
 their files in the NVMe tier; a workspace evicted or deleted takes its checkpoints along (RAM and files); at a
 restart the files on disk are counted again and those of workspaces gone are removed."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,6 +8,7 @@ that fails to load is recomputed). Over the budget,
 ``--kvmem-recurrent keep`` restores the checkpoint taken at the replay start and
 ``recompute`` rebuilds the state over exactly the selected view.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,16 @@ from kvmem_torch.runner import Runner  # noqa: E402
 from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 B = 16
-FITS = KVMemConfig(ctx=2048, budget=256, gen_budget=64, block_tokens=B, sink_tokens=16, recent_tokens=32,
-                   method="sink-recent", cpu_gb=0.01)
+FITS = KVMemConfig(
+    ctx=2048,
+    budget=256,
+    gen_budget=64,
+    block_tokens=B,
+    sink_tokens=16,
+    recent_tokens=32,
+    method="sink-recent",
+    cpu_gb=0.01,
+)
 OVER = FITS.replace(budget=64, gen_budget=96)  # 150-token prompts exceed the budget but fit the view
 STEPS = 5
 
@@ -54,8 +63,9 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 def step(engine: KVMemEngine, ids: list[int], **overrides: object) -> StepResult:
-    request = StepRequest(prompt=" ".join(map(str, ids)), sampling=SamplingParams(temperature=0.0, max_tokens=STEPS),
-                          overrides=overrides)
+    request = StepRequest(
+        prompt=" ".join(map(str, ids)), sampling=SamplingParams(temperature=0.0, max_tokens=STEPS), overrides=overrides
+    )
     return engine.step(request, lambda _: True)
 
 
@@ -109,8 +119,9 @@ def test_an_adapter_asking_for_longer_forwards_prefills_in_them(model) -> None:
     blocks), 576 tokens of a 2,304-token view here, and the step still equals HF."""
     hf, path = model
     cfg = FITS.replace(budget=2048, gen_budget=256)
-    adapter = TorchAdapter(path, view_tokens=cfg.view_tokens, block_tokens=B, device="cpu", progress=False,
-                           prefill_chunk=4096)
+    adapter = TorchAdapter(
+        path, view_tokens=cfg.view_tokens, block_tokens=B, device="cpu", progress=False, prefill_chunk=4096
+    )
     engine, sizes, forward = make_engine(path, cfg, adapter), [], adapter.forward
     adapter.forward = lambda ids, positions, **kw: sizes.append(len(ids)) or forward(ids, positions, **kw)
     ids = tokens(1500, seed=8)
@@ -187,14 +198,14 @@ def test_over_budget_recurrent_modes(model, mode: str) -> None:
     if mode == "keep":
         assert sel["replayed_tokens"] == 150 - r0
         view = [p for b in sel["blocks"] for p in range(b * B, (b + 1) * B)]
-        assert view_sequence(engine.view)[1][:len(view)] == view
+        assert view_sequence(engine.view)[1][: len(view)] == view
         expected, double_counted = bare_keep(engine.adapter, ids, view, r0)
         assert np.abs(engine.last_logits - expected).max() <= 1e-4
         assert np.abs(engine.last_logits - double_counted).max() > 1e-2  # replay over the end state is wrong
     else:
         # the view (sink block, recent blocks, tail) is a shorter transcript at its original positions: HF on it
         view_ids, positions = view_sequence(engine.view)
-        view_ids, positions = view_ids[:-(STEPS - 1)], positions[:-(STEPS - 1)]  # before the answer
+        view_ids, positions = view_ids[: -(STEPS - 1)], positions[: -(STEPS - 1)]  # before the answer
         assert sel["replayed_tokens"] == len(view_ids) and positions[:B] == list(range(B))
         want = [*range(0, B), *range(7 * B, 150)]  # blocks 0, 7, 8 and the tail, derived from the selection
         assert positions == want and view_ids == [ids[p] for p in want]

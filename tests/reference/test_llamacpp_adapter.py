@@ -1,4 +1,5 @@
 """The llama.cpp adapter's pieces against the real model: blobs, block moves, RoPE, query capture."""
+
 from __future__ import annotations
 
 import numpy as np

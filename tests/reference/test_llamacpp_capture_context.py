@@ -5,6 +5,7 @@ The copy between the contexts is exact but packs the view's cells together, and 
 cells in slot order: where the view has holes (dropped blocks) the two ways round differently (up to ~0.4 in a
 logit on the CPU, up to 1.31 of logits near 20 on an H200), like prefilling in other chunks does. Where the cells are
 contiguous they are bit-identical."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,10 @@ pytestmark = pytest.mark.llamacpp
 def engines():
     from kvmem.engines import load_engine
 
-    pair = {separate: load_engine("llama.cpp", str(model_path()), CFG, capture_context=separate)
-            for separate in (False, True)}
+    pair = {
+        separate: load_engine("llama.cpp", str(model_path()), CFG, capture_context=separate)
+        for separate in (False, True)
+    }
     yield pair
     for engine in pair.values():
         engine.close()

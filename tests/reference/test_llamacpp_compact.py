@@ -1,4 +1,5 @@
 """Compact positions: a workspace past SmolLM2's trained 8192 tokens keeps answering from selected blocks."""
+
 from __future__ import annotations
 
 import random
@@ -24,10 +25,15 @@ def test_workspace_beyond_trained_context_answers_from_a_compact_view():
 
     engine = load_engine("llama.cpp", str(model_path()), CFG)
     try:
-        turns = [{"role": "user", "content": f"Notes. {filler(1, 12)} The secret passkey is {PASSKEY}. Remember it."},
-                 {"role": "assistant", "content": "Noted."}]
+        turns = [
+            {"role": "user", "content": f"Notes. {filler(1, 12)} The secret passkey is {PASSKEY}. Remember it."},
+            {"role": "assistant", "content": "Noted."},
+        ]
         for i in range(2, 10):
-            turns += [{"role": "user", "content": f"More notes: {filler(i, 62)}"}, {"role": "assistant", "content": "Noted."}]
+            turns += [
+                {"role": "user", "content": f"More notes: {filler(i, 62)}"},
+                {"role": "assistant", "content": "Noted."},
+            ]
         turns.append({"role": "user", "content": "What is the secret passkey? Reply with the number."})
         ids = engine.tokenize(engine.adapter.render_chat(turns))
         assert len(ids) > engine.adapter.caps.trained_ctx

@@ -1,4 +1,5 @@
 """The native eval gate in front of query capture, and thread counts on a live llama.cpp context."""
+
 from __future__ import annotations
 
 import ctypes

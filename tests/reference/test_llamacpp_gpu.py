@@ -5,6 +5,7 @@ bit (greedy tokens and logits); blocks leave and re-enter the device-resident vi
 query capture reads device tensors through ggml's backend API. Needs a CUDA (or HIP) build of
 llama-cpp-python and a GPU: run through the device machine (docs/llamacpp.md).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,10 +17,19 @@ if not llama_cpp.llama_supports_gpu_offload():
     pytest.skip("needs a GPU build of llama-cpp-python and a GPU", allow_module_level=True)
 
 from llamacpp_support import model_path  # noqa: E402
-from test_llamacpp_adapter import (adapter, ids, prefill, test_blocks_read_out_and_written_back_restore_identical_logits,  # noqa: E402,F401
-                                   test_query_capture_is_pre_rope)
-from test_llamacpp_identity import (engine, plain, test_cold_prompt_over_several_chunks_is_bit_identical,  # noqa: E402,F401
-                                    test_second_turn_prefills_only_its_suffix_and_stays_identical)
+from test_llamacpp_adapter import (
+    adapter,
+    ids,
+    prefill,
+    test_blocks_read_out_and_written_back_restore_identical_logits,  # noqa: E402,F401
+    test_query_capture_is_pre_rope,
+)
+from test_llamacpp_identity import (
+    engine,
+    plain,
+    test_cold_prompt_over_several_chunks_is_bit_identical,  # noqa: E402,F401
+    test_second_turn_prefills_only_its_suffix_and_stays_identical,
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Whole-message selection and pins on the real small model: a pinned message's blocks are mandatory for
 its step only, a selected block brings its tool call and result, and bad pins are refused before any work."""
+
 from __future__ import annotations
 
 import random
@@ -18,22 +19,27 @@ from llamacpp_support import chat, model_path
 
 pytestmark = pytest.mark.llamacpp
 BT = 64
-CFG = KVMemConfig(ctx=4096, budget=768, gen_budget=128, block_tokens=BT, sink_tokens=64, recent_tokens=128,
-                  positions="original")
+CFG = KVMemConfig(
+    ctx=4096, budget=768, gen_budget=128, block_tokens=BT, sink_tokens=64, recent_tokens=128, positions="original"
+)
 
 
 def _round(i: int, rng: random.Random) -> list[dict[str, object]]:
     call = {"id": f"call_{i}", "type": "function", "function": {"name": "read_notes", "arguments": f'{{"page": {i}}}'}}
-    return [{"role": "user", "content": f"Read page {i} of the notes."},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": " ".join(rng.choice(PROSE) for _ in range(6))},
-            {"role": "assistant", "content": f"Page {i} read."}]
+    return [
+        {"role": "user", "content": f"Read page {i} of the notes."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": " ".join(rng.choice(PROSE) for _ in range(6))},
+        {"role": "assistant", "content": f"Page {i} read."},
+    ]
 
 
 RNG = random.Random(3)
-TRANSCRIPT = [{"role": "system", "content": "You read notes with tools."},
-              *(m for i in range(16) for m in _round(i, RNG)),
-              {"role": "user", "content": "Which page mentioned the museum?"}]
+TRANSCRIPT = [
+    {"role": "system", "content": "You read notes with tools."},
+    *(m for i in range(16) for m in _round(i, RNG)),
+    {"role": "user", "content": "Which page mentioned the museum?"},
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """With the whole workspace in budget, KVMem on llama.cpp equals plain llama-cpp-python bit for bit."""
+
 from __future__ import annotations
 
 import numpy as np

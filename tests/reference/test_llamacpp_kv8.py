@@ -1,5 +1,6 @@
 """q8_0 KV on llama.cpp: the state blobs carry q8_0 rows, a workspace restored from stored blocks (host RAM, and NVMe
 after a restart) answers token for token as plain llama-cpp-python with a q8_0 cache, at about half the bytes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,5 +60,7 @@ def test_q8_0_workspace_restored_from_nvme_after_a_restart_answers_as_plain_q8_0
 def test_fp8_is_refused_on_llama_cpp_in_one_line():
     from kvmem_llamacpp import create_adapter
 
-    with pytest.raises(ConfigError, match="--kv-dtype fp8 is not available on the llama.cpp engine: choose f16 or q8_0"):
+    with pytest.raises(
+        ConfigError, match="--kv-dtype fp8 is not available on the llama.cpp engine: choose f16 or q8_0"
+    ):
         create_adapter(str(model_path()), CFG.replace(kv_dtype="fp8"))

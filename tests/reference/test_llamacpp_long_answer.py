@@ -1,4 +1,5 @@
 """An answer longer than the generation reserve: old blocks leave the view, decoding goes on coherently."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Per-request guarantees of the engine on the real small model: stop strings stream exactly the final text,
 requests over the limits are refused before any work."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -40,7 +41,7 @@ def test_a_stop_string_split_over_tokens_streams_exactly_the_final_text(engine: 
     stop = pieces[k][-1] + pieces[k + 1][:3]  # ends one token, starts the next
     request = StepRequest(messages=tuple(SEA), sampling=SamplingParams(temperature=0.0, max_tokens=24, stop=(stop,)))
     sent, final, finish = streamed(engine, request)
-    assert finish == "stop" and final == "".join(pieces[:k + 1])[:-1]
+    assert finish == "stop" and final == "".join(pieces[: k + 1])[:-1]
     assert sent == final
 
 

@@ -1,4 +1,5 @@
 """A passkey planted early in a transcript three times the budget: retrieval finds it, recency loses it."""
+
 from __future__ import annotations
 
 import random
@@ -11,8 +12,9 @@ from kvmem_core.synthetic import PROSE
 from llamacpp_support import chat, model_path
 
 pytestmark = pytest.mark.llamacpp
-CFG = KVMemConfig(ctx=4096, budget=448, gen_budget=256, block_tokens=64, sink_tokens=64, recent_tokens=128,
-                  positions="original")
+CFG = KVMemConfig(
+    ctx=4096, budget=448, gen_budget=256, block_tokens=64, sink_tokens=64, recent_tokens=128, positions="original"
+)
 PASSKEY = "48213"
 
 
@@ -22,7 +24,10 @@ def filler(seed: int, n: int) -> str:
 
 
 TRANSCRIPT = [
-    {"role": "user", "content": f"Keep these notes. {filler(1, 8)} The secret passkey is {PASSKEY}. Remember it. {filler(2, 36)}"},
+    {
+        "role": "user",
+        "content": f"Keep these notes. {filler(1, 8)} The secret passkey is {PASSKEY}. Remember it. {filler(2, 36)}",
+    },
     {"role": "assistant", "content": "I have kept the notes."},
     {"role": "user", "content": f"More notes: {filler(3, 38)}"},
     {"role": "assistant", "content": "Noted as well."},
@@ -43,7 +48,7 @@ def test_retrieval_selects_the_passkey_block_and_recent_loses_it(engine):
     text = engine.adapter.render_chat(TRANSCRIPT)
     ids = engine.tokenize(text)
     assert len(ids) >= 3 * CFG.budget
-    key_block = len(engine.tokenize(text[:text.index(PASSKEY)])) // CFG.block_tokens
+    key_block = len(engine.tokenize(text[: text.index(PASSKEY)])) // CFG.block_tokens
     found = engine.step(chat(TRANSCRIPT, max_tokens=12), lambda piece: True)
     assert key_block in found.selection["blocks"]
     assert key_block not in found.selection["mandatory_blocks"]
@@ -67,7 +72,7 @@ def test_a_repeated_prompt_scores_with_its_whole_question(engine):
 
 def test_an_oracle_selection_puts_the_named_block_in_view(engine):
     text = engine.adapter.render_chat(TRANSCRIPT)
-    key_block = len(engine.tokenize(text[:text.index(PASSKEY)])) // CFG.block_tokens
+    key_block = len(engine.tokenize(text[: text.index(PASSKEY)])) // CFG.block_tokens
     oracle = engine.step(chat(TRANSCRIPT, max_tokens=12, method="recent", blocks=(key_block,)), lambda piece: True)
     assert key_block in oracle.selection["blocks"] and oracle.selection["oracle_blocks"] == [key_block]
     assert PASSKEY in oracle.text
@@ -92,7 +97,7 @@ def test_a_long_last_turn_scores_with_its_last_tokens(engine, monkeypatch):
 
     monkeypatch.setattr(engine.adapter, "forward", counting)
     text = engine.adapter.render_chat(transcript)
-    key_block = len(engine.tokenize(text[:text.index(PASSKEY)])) // CFG.block_tokens
+    key_block = len(engine.tokenize(text[: text.index(PASSKEY)])) // CFG.block_tokens
     found = engine.step(chat(transcript, max_tokens=12), lambda piece: True)
     assert sum(scored) == QUERY_WINDOW
     assert key_block in found.selection["blocks"] and PASSKEY in found.text
@@ -104,8 +109,12 @@ def test_a_replay_from_a_block_edge_continues_from_a_resident_token(engine):
     position: that block must stay in the view."""
     bt, question = CFG.block_tokens, f"{filler(5, 30)} What is the secret passkey? Reply with the number."
     for pad in range(2 * bt):
-        messages = [*TRANSCRIPT[:2], {"role": "user", "content": f"More notes: {filler(3, 38)}" + " ok" * pad},
-                    TRANSCRIPT[3], {"role": "user", "content": question}]
+        messages = [
+            *TRANSCRIPT[:2],
+            {"role": "user", "content": f"More notes: {filler(3, 38)}" + " ok" * pad},
+            TRANSCRIPT[3],
+            {"role": "user", "content": question},
+        ]
         n = len(engine.tokenize(engine.adapter.render_chat(messages)))
         if n % bt == 0:
             break

@@ -2,6 +2,7 @@
 ``speculative: lookup`` equal those without, token for token, for a turn that rewrites a file it just read (most
 drafts accepted) and one without repeats; a drafter that guesses wrong changes nothing either (verification
 rejects its tokens), and the view holds exactly the committed tokens afterwards (rejected cells are gone)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,13 @@ pytestmark = pytest.mark.llamacpp
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=256, method="full")
 TOKENS = 48
 SOURCE = (Path(__file__).parents[2] / "kvmem_core" / "lookup.py").read_text()[:1600]
-REWRITE = ({"role": "user", "content": f"Here is a file:\n```python\n{SOURCE}```\nRewrite it with LookupDrafter "
-                                       "renamed to NgramDrafter. Output only the file."},)
+REWRITE = (
+    {
+        "role": "user",
+        "content": f"Here is a file:\n```python\n{SOURCE}```\nRewrite it with LookupDrafter "
+        "renamed to NgramDrafter. Output only the file.",
+    },
+)
 STORY = ({"role": "user", "content": "Write a short story about a lighthouse keeper who finds a strange bottle."},)
 
 
@@ -42,8 +48,9 @@ def engine() -> Iterator[KVMemEngine]:
 
 
 def greedy(engine: KVMemEngine, messages: tuple[dict[str, str], ...], mode: str) -> StepResult:
-    request = StepRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
-                          overrides={"speculative": mode})
+    request = StepRequest(
+        messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS), overrides={"speculative": mode}
+    )
     result = engine.step(request, lambda piece: True)
     assert_view_holds_exactly_the_committed_tokens(engine)
     return result
@@ -86,6 +93,9 @@ def test_wrong_drafts_are_rejected(engine: KVMemEngine, monkeypatch: pytest.Monk
 
 
 def test_sampled_and_formatted_steps_do_not_speculate(engine: KVMemEngine) -> None:
-    sampled = StepRequest(messages=STORY, sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=4),
-                          overrides={"speculative": "lookup"})
+    sampled = StepRequest(
+        messages=STORY,
+        sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=4),
+        overrides={"speculative": "lookup"},
+    )
     assert "draft_tokens" not in engine.step(sampled, lambda piece: True).timings

@@ -1,5 +1,6 @@
 """Blocks that left the view come back bit-exact: from the host tier, and from NVMe after a restart; a lost
 one is recomputed and the answer stays the same."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,10 @@ from llamacpp_support import N_BATCH, PARAGRAPH, Plain, chat, model_path
 
 pytestmark = pytest.mark.llamacpp
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512, block_tokens=64, sink_tokens=64, recent_tokens=256)
-A1 = [{"role": "system", "content": "You keep harbour records."},
-      {"role": "user", "content": PARAGRAPH * 5 + "What did the ledger note?"}]
+A1 = [
+    {"role": "system", "content": "You keep harbour records."},
+    {"role": "user", "content": PARAGRAPH * 5 + "What did the ledger note?"},
+]
 B1 = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Name a colour of the sea."}]
 
 

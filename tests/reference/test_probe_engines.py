@@ -3,6 +3,7 @@ forward (same queries, same K and V up to the probe's layer, the same logits onc
 session through two engines on the same model, one probing and one not, turn by turn: the same block scores,
 the same blocks selected, the same stored retrieval keys, the same first token. The scorer's float64 reference
 is in tests/unit/test_probe.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,10 +38,10 @@ def test_a_llamacpp_probe_captures_the_full_forwards_queries_and_keys_up_to_its_
         q_full, logits_full, kv_full = run()
         q_probe, logits_probe, kv_probe = run(stop_after=stop)
         assert logits_probe is None and q_probe.shape == q_full.shape
-        assert np.array_equal(q_probe[:stop + 1], q_full[:stop + 1]) and not q_probe[stop + 1:].any()
-        assert np.array_equal(kv_probe.k[:stop + 1], kv_full.k[:stop + 1])
-        assert np.array_equal(kv_probe.v[:stop + 1], kv_full.v[:stop + 1])
-        assert not np.array_equal(kv_probe.k[stop + 1:], kv_full.k[stop + 1:]), "the probe stopped early"
+        assert np.array_equal(q_probe[: stop + 1], q_full[: stop + 1]) and not q_probe[stop + 1 :].any()
+        assert np.array_equal(kv_probe.k[: stop + 1], kv_full.k[: stop + 1])
+        assert np.array_equal(kv_probe.v[: stop + 1], kv_full.v[: stop + 1])
+        assert not np.array_equal(kv_probe.k[stop + 1 :], kv_full.k[stop + 1 :]), "the probe stopped early"
         a.drop(100, -1)
         out = a.forward(ids[100:], list(range(100, len(ids))))
         assert np.array_equal(out.logits, logits_full)
@@ -49,8 +50,11 @@ def test_a_llamacpp_probe_captures_the_full_forwards_queries_and_keys_up_to_its_
 
 
 def tool_turn(i: int) -> str:
-    lines = "\n".join(f"{i:02d}.{j:02d} worker-{(7 * i + j) % 13} batch {1000 + 37 * i + j} status="
-                      f"{'FAIL' if (i + j) % 5 == 0 else 'ok'}" for j in range(9))
+    lines = "\n".join(
+        f"{i:02d}.{j:02d} worker-{(7 * i + j) % 13} batch {1000 + 37 * i + j} status="
+        f"{'FAIL' if (i + j) % 5 == 0 else 'ok'}"
+        for j in range(9)
+    )
     return f"Tool result of run {i}:\n{lines}\nWhich batches failed so far?"
 
 
@@ -82,8 +86,10 @@ def run_session(probe: bool, turns: int) -> tuple[list[tuple[list[int], int, dic
     try:
         for i in range(turns):
             messages.append({"role": "user", "content": tool_turn(i)})
-            r = engine.step(StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=1)),
-                            lambda piece: True)
+            r = engine.step(
+                StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=1)),
+                lambda piece: True,
+            )
             keys = [m.summary["head_keys"] for m in engine.store.workspace_blocks(r.workspace_id)]
             out.append((list(r.selection.get("blocks", ())), r.token_ids[0], r.selection, keys))
             messages.append({"role": "assistant", "content": f"Noted run {i}."})

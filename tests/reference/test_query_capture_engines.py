@@ -4,6 +4,7 @@ A tiny qwen2 file (random Q/K/V biases) written once, loaded by the llama.cpp an
 adapter: their captured queries agree, and neither holds the bias (retrieval heads are
 calibrated on one engine and used on the other, so the two must score alike).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

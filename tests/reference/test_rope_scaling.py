@@ -1,6 +1,7 @@
 """RoPE scaling (linear, llama3): the torch engine against HF transformers, through HF weights and
 through a GGUF carrying ``rope_freqs`` as llama.cpp's converter writes it; llama.cpp reads that GGUF
 alike, and the llama.cpp adapter's own rotations (block moves, content keys) follow its factors."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,13 @@ from torch_tiny import tiny_hf_config, tiny_hf_model, tiny_spec_weights  # noqa:
 # original context 64 puts the tiny model's 8 frequencies in all three llama3 bands (kept, ramp, divided)
 SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
 }
 
 
@@ -67,12 +73,20 @@ def test_llama_cpp_applies_the_same_rope_freqs(ids: torch.Tensor, tmp_path: Path
     config = scaled_config("llama3")
     hf = tiny_hf_model("llama", seed=7, config=config)
     write_gguf(tmp_path / "m.gguf", config, hf.state_dict())
-    ref = llama_cpp.Llama(str(tmp_path / "m.gguf"), n_ctx=256, n_batch=256, n_threads=1, type_k=0, type_v=0,
-                          logits_all=True, verbose=False)
+    ref = llama_cpp.Llama(
+        str(tmp_path / "m.gguf"),
+        n_ctx=256,
+        n_batch=256,
+        n_threads=1,
+        type_k=0,
+        type_v=0,
+        logits_all=True,
+        verbose=False,
+    )
     ref.eval(ids.tolist())
     spec, weights, _ = load_gguf(tmp_path / "m.gguf", torch.float32, progress=False)
     ours = logits(Model(spec, weights), ids)
-    assert (ours - torch.tensor(ref.scores[:len(ids)])).abs().max().item() <= 1e-4
+    assert (ours - torch.tensor(ref.scores[: len(ids)])).abs().max().item() <= 1e-4
 
 
 @pytest.mark.llamacpp
@@ -106,5 +120,6 @@ def test_unsupported_scalings_are_refused_by_name() -> None:
         spec_from_hf(yarn)
     with pytest.raises(UnsupportedModelError, match="'yarn'"):
         gguf_rope_factors({"llama.rope.scaling.type": "yarn"}, "llama", 16, None)
-    assert gguf_rope_factors({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, "llama", 4,
-                             [1.0, 3.0]) == (2.0, 6.0)
+    assert gguf_rope_factors(
+        {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, "llama", 4, [1.0, 3.0]
+    ) == (2.0, 6.0)

@@ -3,6 +3,7 @@
 Keys are drawn on a grid of eighths in [-2, 2], which float16 and the int8 head index hold
 exactly, so the summaries and the index lose nothing and the tolerance can be tight.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -79,7 +80,10 @@ def ref_mean_k(q, blocks):
 
 
 def ref_sub_block(q, blocks, reduce):
-    subs = [np.stack([k[:, run].astype(np.float64).mean(axis=1) for run in np.array_split(np.arange(k.shape[1]), 4)]) for k in blocks]
+    subs = [
+        np.stack([k[:, run].astype(np.float64).mean(axis=1) for run in np.array_split(np.arange(k.shape[1]), 4)])
+        for k in blocks
+    ]
     flat = np.concatenate(subs)  # [N*4, L, Hkv, D]
     score = np.zeros(len(blocks))
     for layer in range(L):

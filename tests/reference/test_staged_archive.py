@@ -2,6 +2,7 @@
 takes the blocks' reads after their chunk, the engine stores them after the next forward is issued, and the store
 ends up with the same blocks, KV and answers as when each chunk is archived before the next (tiny random qwen35
 with SmolLM2's tokenizer, CPU), also when a small view drops staged blocks before they are stored."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,10 +49,10 @@ def test_a_chunk_is_stored_after_the_next_chunk_is_issued() -> None:
         run(engine)
     finally:
         engine.close()
-    prefill = events[:events.index("forward 1")] if "forward 1" in events else events
+    prefill = events[: events.index("forward 1")] if "forward 1" in events else events
     forwards = [i for i, e in enumerate(prefill) if e.startswith("forward")]
     assert len(forwards) >= 3, "the prompt must take several chunks"
-    assert "store" not in prefill[:forwards[1]]  # nothing is stored before the second chunk is issued
+    assert "store" not in prefill[: forwards[1]]  # nothing is stored before the second chunk is issued
     assert prefill[forwards[1] + 1] == "store"  # then the first chunk's blocks, while the second computes
 
 

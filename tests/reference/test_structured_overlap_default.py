@@ -1,5 +1,6 @@
 """Structured output's planning ahead on the default model (152K vocabulary): the answers with the mask planned while
 the model computes equal those with every mask made in line, and they validate against their schema."""
+
 from __future__ import annotations
 
 import json
@@ -40,15 +41,27 @@ def engine() -> Iterator[Any]:
 
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("max_tokens", [32, 60])  # 32: the answer must close early, under the dry-run closing
-def test_the_default_model_answers_the_same_with_and_without_planning_ahead(engine: Any, max_tokens: int,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_model_answers_the_same_with_and_without_planning_ahead(
+    engine: Any, max_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kvmem.server.formats import grammar
 
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "sights": {"type": "array", "items": {"type": "string"}},
-                                               "people": {"type": "integer"}}, "required": ["city", "sights", "people"],
-              "additionalProperties": False}
-    request = StepRequest(messages=({"role": "user", "content": "Describe Rome as JSON."},),
-                          sampling=SamplingParams(temperature=0, max_tokens=max_tokens, grammar=grammar((schema, True), None, None, None)[0]))
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "sights": {"type": "array", "items": {"type": "string"}},
+            "people": {"type": "integer"},
+        },
+        "required": ["city", "sights", "people"],
+        "additionalProperties": False,
+    }
+    request = StepRequest(
+        messages=({"role": "user", "content": "Describe Rome as JSON."},),
+        sampling=SamplingParams(
+            temperature=0, max_tokens=max_tokens, grammar=grammar((schema, True), None, None, None)[0]
+        ),
+    )
     ahead = engine.step(request, lambda piece: True)
     monkeypatch.setattr(Constraint, "take", take_in_line)
     in_line = engine.step(request, lambda piece: True)

@@ -1,4 +1,5 @@
 """TorchAdapter through the EngineAdapter contract, on tiny GGUF models checked against HF."""
+
 from __future__ import annotations
 
 

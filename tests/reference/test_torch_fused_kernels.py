@@ -4,6 +4,7 @@ Triton decides at import time whether kernels run compiled or interpreted, so ea
 a fresh interpreter with ``TRITON_INTERPRET=1``. The same kernels run compiled on CUDA
 (``tests/gpu``).
 """
+
 from __future__ import annotations
 
 import json
@@ -97,10 +98,15 @@ print(__import__("json").dumps(out))
 def interpreted(script: str) -> dict[str, float]:
     """Run ``script`` with Triton's interpreter; -> the JSON object it prints."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(root, "adapters"), root, os.path.join(root, "tests")]))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(root, "adapters"), root, os.path.join(root, "tests")]),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,5 @@
 """GGUF path: tiny HF models written the way llama.cpp's converter writes them load back exactly."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -95,9 +96,17 @@ def test_llama_cpp_agrees_on_the_same_f32_gguf(arch: str, ids: torch.Tensor, tmp
     llama_cpp = pytest.importorskip("llama_cpp")
     hf = tiny_hf_model(arch, seed=5)
     write_gguf(tmp_path / "m.gguf", tiny_hf_config(arch), hf.state_dict())
-    ref = llama_cpp.Llama(str(tmp_path / "m.gguf"), n_ctx=256, n_batch=256, n_threads=1, type_k=0, type_v=0,
-                          logits_all=True, verbose=False)
+    ref = llama_cpp.Llama(
+        str(tmp_path / "m.gguf"),
+        n_ctx=256,
+        n_batch=256,
+        n_threads=1,
+        type_k=0,
+        type_v=0,
+        logits_all=True,
+        verbose=False,
+    )
     ref.eval(ids.tolist())
-    expected = torch.tensor(ref.scores[:len(ids)])
+    expected = torch.tensor(ref.scores[: len(ids)])
     spec, weights, _ = load_gguf(tmp_path / "m.gguf", torch.float32, progress=False)
     assert (run_ours(Model(spec, weights), ids) - expected).abs().max().item() <= 1e-4

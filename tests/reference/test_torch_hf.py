@@ -1,4 +1,5 @@
 """The torch engine against HF transformers on tiny random models (fp32): logits and states."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_chunked_prefill_and_decode_match_hf(pair) -> None:
     hf, model = pair
     ids = tokens(136, seed=2)
     # the 80-token chunk follows a prefix: causal attention aligned to the last key, no mask tensor
-    chunks = [ids[:37], ids[37:117], ids[117:131]] + [ids[i:i + 1] for i in range(131, 136)]
+    chunks = [ids[:37], ids[37:117], ids[117:131]] + [ids[i : i + 1] for i in range(131, 136)]
     ref, hf_cache = hf_incremental(hf, chunks)
     cache, view, state = scrambled_cache(model), View(), model.new_state()
     for chunk, expected in zip(chunks, ref):
@@ -102,7 +103,7 @@ def test_fork_from_snapshot_matches_hf(pair) -> None:
     cache, view, state = scrambled_cache(model), View(), model.new_state()
     model.run(prefix, torch.arange(70), cache, view, state)
     snap = state.snapshot()
-    shared = view.table[:70 // B]
+    shared = view.table[: 70 // B]
     model.run(left, torch.arange(70, 100), cache, view, state)
     fork = View(table=shared + cache.allocate(1), length=70)
     k, v, pos = cache.read_block(view.table[70 // B])  # copy-on-write of the partly shared block

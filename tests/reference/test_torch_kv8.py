@@ -1,6 +1,7 @@
 """8-bit KV on the torch engine: the decode kernel and the eager path over fp8 rows against float64 attention over
 the dequantized keys, the kernel's quantizer against ``fp8.quantize``, and blocks that leave and re-enter the view
 as the same bytes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_fp8_rows_keep_every_value_within_e4m3_precision() -> None:
     assert packed.dtype == torch.uint8 and packed.shape == (64, 4, 132)
     back = fp8.dequantize(packed, torch.float32)
     amax = x.abs().amax(-1, keepdim=True)
-    assert ((back - x).abs() <= 2 ** -4 * x.abs() + amax * 2 ** -9 / 448 * 8).all()  # half an ulp, or subnormal step
+    assert ((back - x).abs() <= 2**-4 * x.abs() + amax * 2**-9 / 448 * 8).all()  # half an ulp, or subnormal step
     assert fp8.dequantize(fp8.quantize(torch.zeros(2, 8)), torch.float32).abs().max() == 0
 
 
@@ -101,10 +102,13 @@ def test_fp8_blocks_leave_and_reenter_the_view_as_the_same_bytes_at_half_the_siz
     assert narrow.layout.kv_bytes_per_block * 4 * 16 == wide.layout.kv_bytes_per_block * 20
 
 
-@pytest.mark.parametrize(("kv_dtype", "dtype", "message"), [
-    ("q8_0", None, "--kv-dtype q8_0 is the llama.cpp engine's"),
-    ("bf16", "float16", "--kv-dtype bf16 keeps KV in the run dtype, but --dtype is float16"),
-])
+@pytest.mark.parametrize(
+    ("kv_dtype", "dtype", "message"),
+    [
+        ("q8_0", None, "--kv-dtype q8_0 is the llama.cpp engine's"),
+        ("bf16", "float16", "--kv-dtype bf16 keeps KV in the run dtype, but --dtype is float16"),
+    ],
+)
 def test_kv_dtypes_the_torch_engine_lacks_are_refused_by_name(kv_dtype, dtype, message) -> None:
     from kvmem_torch import kv_opts
 

@@ -1,4 +1,5 @@
 """KVMem over the torch adapter (SmolLM2): inside the budget the step equals the plain engine."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,9 @@ from kvmem_core.engine import KVMemEngine  # noqa: E402
 from kvmem_torch import create_adapter  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
 
-CONFIG = KVMemConfig(ctx=4096, budget=1024, gen_budget=256, sink_tokens=128, recent_tokens=256,
-                     retrieval_heads=((20, 3), (25, 1)))
+CONFIG = KVMemConfig(
+    ctx=4096, budget=1024, gen_budget=256, sink_tokens=128, recent_tokens=256, retrieval_heads=((20, 3), (25, 1))
+)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
@@ -42,7 +44,7 @@ def test_step_inside_budget_equals_plain_engine(engine: KVMemEngine) -> None:
     ids = a.tokenize(a.render_chat(list(messages)))
     first, tokens = plain_greedy(a, ids, GREEDY.max_tokens)
     assert np.array_equal(engine.last_logits, first)
-    assert list(result.token_ids[:len(tokens)]) == tokens and "Paris" in result.text
+    assert list(result.token_ids[: len(tokens)]) == tokens and "Paris" in result.text
 
 
 def test_next_turn_reuses_the_stored_prefix(engine: KVMemEngine) -> None:

@@ -1,5 +1,6 @@
 """``--backend torch`` end to end on the small test model, SmolLM2 GGUF (CPU): ``kvmem run``, ``kvmem serve``,
 and the retrieval-heads profile (reused by weights, or calibrated through the torch adapter)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ CONFIG = KVMemConfig(ctx=4096, budget=1024, gen_budget=256, sink_tokens=128, rec
 
 
 def kvmem(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvmem", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvmem", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        timeout=300,
+    )
 
 
 def test_torch_engine_reuses_the_profile_of_the_same_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,20 +53,48 @@ def test_torch_engine_reuses_the_profile_of_the_same_weights(tmp_path: Path, mon
 
 def test_kvmem_run_and_serve_with_backend_torch(tmp_path: Path) -> None:
     env = {"KVMEM_CACHE_DIR": str(tmp_path / "cache"), "KVMEM_NVME_DIR": str(tmp_path / "nvme")}
-    out = kvmem("run", "--model", SMALL_MODEL, "--backend", "torch", "-p", "What is the capital of France?", "-n", "12",
-                "--json", env=env)
+    out = kvmem(
+        "run",
+        "--model",
+        SMALL_MODEL,
+        "--backend",
+        "torch",
+        "-p",
+        "What is the capital of France?",
+        "-n",
+        "12",
+        "--json",
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert "Paris" in result["text"] and result["stats"]["prompt_tokens"] > 0
     assert any((tmp_path / "nvme").rglob("*")) and not any((tmp_path / "cache").rglob("*.json"))
-    server = LiveServer(tmp_path, "--no-ui", "--backend", "torch", "--device", "cpu", "--ctx", "4096",
-                        "--kvmem-budget", "1024", "--kvmem-recent-tokens", "256", env=env).start()
+    server = LiveServer(
+        tmp_path,
+        "--no-ui",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--ctx",
+        "4096",
+        "--kvmem-budget",
+        "1024",
+        "--kvmem-recent-tokens",
+        "256",
+        env=env,
+    ).start()
     try:
         import openai
 
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-        chat = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=12, temperature=0,
-                                              messages=[{"role": "user", "content": "What is the capital of France?"}])
+        chat = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            max_tokens=12,
+            temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert "Paris" in chat.choices[0].message.content
         assert "(torch on cpu)" in server.log.read_text()
     finally:

@@ -2,6 +2,7 @@
 
 CPU here (device memory and pinned mirrors); the ``gpu`` test repeats it on CUDA.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,16 @@ def metas(n: int, seed: int, first: int = 0) -> list[BlockMeta]:
     for i in range(first, first + n):
         tokens = B if i % 7 else B - 5  # some short blocks: padding must not count
         k = rng.standard_normal((N_LAYERS, tokens, N_KV, DIM)).astype(np.float32) * 2
-        out.append(BlockMeta(f"{seed}-{i}", "", np.arange(tokens, dtype=np.int32), i * B, 0,
-                             summarize_block(k, HEADS, SummaryOptions(group_size=2, prototypes=False))))
+        out.append(
+            BlockMeta(
+                f"{seed}-{i}",
+                "",
+                np.arange(tokens, dtype=np.int32),
+                i * B,
+                0,
+                summarize_block(k, HEADS, SummaryOptions(group_size=2, prototypes=False)),
+            )
+        )
     return out
 
 

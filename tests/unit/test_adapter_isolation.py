@@ -1,5 +1,6 @@
 """Each engine adapter stands alone: no package under adapters/ imports another adapter's package; the product
 (kvmem_core, the adapters, the launcher) never imports the benchmarks, but ``kvmem bench`` inside its functions."""
+
 from __future__ import annotations
 
 import ast
@@ -76,6 +77,10 @@ def test_the_product_never_imports_the_benchmarks():
 def test_the_benchmarks_use_only_each_engines_public_api():
     """kvmem_bench imports an adapter's package itself (its public names), never a module inside it."""
     packages = _adapter_packages()
-    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((ROOT / "kvmem_bench").rglob("*.py"))
-           for name in _imported_modules(path) if name.split(".")[0] in packages and "." in name]
+    bad = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "kvmem_bench").rglob("*.py"))
+        for name in _imported_modules(path)
+        if name.split(".")[0] in packages and "." in name
+    ]
     assert bad == [], "\n".join(bad)

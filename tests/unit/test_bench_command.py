@@ -1,4 +1,5 @@
 """``kvmem bench`` without the kvmem_bench package (an install without it): one line that names what to install."""
+
 from __future__ import annotations
 
 import sys

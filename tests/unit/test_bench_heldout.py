@@ -1,4 +1,5 @@
 """The held-out session generator: deterministic, sized, fact at its depth, statements unique, look-alikes apart."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ def _statement_offset(session: Session, statement: str) -> int:
     total = 0
     for turn in _turns(session):
         if statement in turn:
-            return total + estimate_tokens(turn[:turn.index(statement)])
+            return total + estimate_tokens(turn[: turn.index(statement)])
         total += estimate_tokens(turn) + TURN_OVERHEAD
     raise AssertionError(f"{statement!r} not in the transcript")
 
@@ -55,8 +56,10 @@ def _lookalikes(session: Session) -> list[str]:
 def _pattern(template: str) -> str:
     """A regex for any filling of a chat template; the value is the group ``v``."""
     slots = {"{p}": r"\w+", "{v}": r"(?P<v>[A-Z]?\d+)"}
-    return "".join(slots.get(part, r"[\w&' ]+?" if re.fullmatch(r"\{\w\}", part) else re.escape(part))
-                   for part in re.split(r"(\{\w\})", template))
+    return "".join(
+        slots.get(part, r"[\w&' ]+?" if re.fullmatch(r"\{\w\}", part) else re.escape(part))
+        for part in re.split(r"(\{\w\})", template)
+    )
 
 
 def _answer_of(kind: str, line: str, session: Session) -> str:

@@ -1,5 +1,6 @@
 """The quality runner keeps every outcome: a failed request is a counted error, each session is journaled as it
 ends, and ``--resume`` runs only what the journal lacks."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The replica throughput bench on a stand-in server: every turn counted, 429s retried and counted, the table."""
+
 from __future__ import annotations
 
 import threading
@@ -22,8 +23,10 @@ class FakeApi:
         if first:
             raise ApiError(429, {"message": "busy"})
         assert body is not None and body["prompt_cache_key"].startswith("session-")
-        return {"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}},
-                "choices": [{"message": {"content": "ok"}}]}
+        return {
+            "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}},
+            "choices": [{"message": {"content": "ok"}}],
+        }
 
 
 def test_every_turn_is_served_and_refusals_are_counted():
@@ -34,8 +37,18 @@ def test_every_turn_is_served_and_refusals_are_counted():
 
 
 def test_the_table_has_a_row_per_configuration_and_the_speedup():
-    rows = [{"replicas": n, "wall_s": 10.0 / n, "turns_per_s": 0.5 * n, "p50_turn_s": 1.0, "p95_turn_s": 2.0,
-             "cached_fraction": 0.5, "refused": 0} for n in (1, 2)]
+    rows = [
+        {
+            "replicas": n,
+            "wall_s": 10.0 / n,
+            "turns_per_s": 0.5 * n,
+            "p50_turn_s": 1.0,
+            "p95_turn_s": 2.0,
+            "cached_fraction": 0.5,
+            "refused": 0,
+        }
+        for n in (1, 2)
+    ]
     text = speed_replicas.table({"model": "m", "sessions": 4, "turns": 2, "rows": rows, "speedup": 2.0})
     assert text.splitlines()[2].split()[0] == "1" and text.splitlines()[3].split()[0] == "2"
     assert text.endswith("speedup   2.00x turns/s")

@@ -1,4 +1,5 @@
 """Kept quality runs (``docs/results``): outcomes compressed out of ``quality.json`` and read back unchanged."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ OUTCOME_ROWS = [{"session": i, "size": 4096, "view": 512, "method": "recent", "c
 def _run(folder: Path, *, outcomes_inside: bool) -> dict:
     folder.mkdir()
     detail = {"meta": {"model": "m"}, "results": [], "summary": {"n": 5}}
-    (folder / "quality.json").write_text(json.dumps({**detail, "outcomes": OUTCOME_ROWS} if outcomes_inside else detail))
+    (folder / "quality.json").write_text(
+        json.dumps({**detail, "outcomes": OUTCOME_ROWS} if outcomes_inside else detail)
+    )
     (folder / "outcomes.jsonl").write_text("".join(json.dumps(o) + "\n" for o in OUTCOME_ROWS))
     (folder / "accuracy_vs_size.png").write_bytes(b"\x89PNG plot")
     return detail
@@ -52,6 +55,9 @@ def test_no_kept_run_holds_its_outcomes_uncompressed() -> None:
 
 def test_kept_json_is_a_summary_and_larger_output_is_compressed() -> None:
     """Raw output past a summary's size (100 KB) is kept gzip-compressed, so the repository stays small."""
-    large = [str(path.relative_to(ROOT)) for path in (ROOT / "docs" / "results").rglob("*")
-             if path.suffix in (".json", ".jsonl") and path.stat().st_size > 100_000]
+    large = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "docs" / "results").rglob("*")
+        if path.suffix in (".json", ".jsonl") and path.stat().st_size > 100_000
+    ]
     assert large == [], large

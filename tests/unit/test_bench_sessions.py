@@ -1,4 +1,5 @@
 """The quality benchmark's offline agent sessions: deterministic, fact at its depth, distinct distractors."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,7 +33,7 @@ def _token_offset(session: Session, line: str) -> tuple[int, int]:
     for m in session.messages:
         content = m["content"]
         if before is None and line in content:
-            before = total + estimate_tokens(content[:content.index(line)])
+            before = total + estimate_tokens(content[: content.index(line)])
         total += estimate_tokens(content) + 5
     assert before is not None
     return before, total
@@ -75,9 +76,14 @@ def test_the_second_statement_comes_later_and_the_evidence_is_right(kind: str) -
 def test_distractors_have_the_same_form_but_another_subject_and_value(kind: str) -> None:
     session = make_session("x", kind, 4000, 0.5, random.Random(11))
     fact = session.fact
-    form = {"passkey": r"deployment passkey is (\d+)", "kv": r"export (\w+)_API_KEY=(\d+)",
-            "chain": r"(\w+)_BUILD=(\d+)", "update": r"the (\w+) pager code",
-            "port": r"(\w+)-svc listening on 0\.0\.0\.0 port (\d+)", "owner": r"ticket ([A-Z]+)-(\d+) assigned to \w"}[kind]
+    form = {
+        "passkey": r"deployment passkey is (\d+)",
+        "kv": r"export (\w+)_API_KEY=(\d+)",
+        "chain": r"(\w+)_BUILD=(\d+)",
+        "update": r"the (\w+) pager code",
+        "port": r"(\w+)-svc listening on 0\.0\.0\.0 port (\d+)",
+        "owner": r"ticket ([A-Z]+)-(\d+) assigned to \w",
+    }[kind]
     lines = [line for line in _text(session).splitlines() if re.search(form, line)]
     others = [line for line in lines if line not in fact.statements]
     assert len(others) >= 3

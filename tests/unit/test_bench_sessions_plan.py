@@ -1,4 +1,5 @@
 """The quality benchmark's plans: splits, views bounded from the first prefill, default knobs, the queues."""
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,16 @@ def test_every_view_is_its_own_server_with_only_the_budget_and_context_changed()
     assert View("1/8", 1024, None).flags() == ["--kvmem-budget", "1024"]
     opts = RunOptions(Path("."), model="m.gguf", backend="torch")
     assert opts.server_flags(View("full", 32256, 32768)) == [
-        "--no-ui", "--kvmem-budget", "32256", "--ctx", "32768", "--model", "m.gguf", "--backend", "torch"]
+        "--no-ui",
+        "--kvmem-budget",
+        "32256",
+        "--ctx",
+        "32768",
+        "--model",
+        "m.gguf",
+        "--backend",
+        "torch",
+    ]
     assert views[8192][0].methods == (RETRIEVAL, RECENT, ORACLE) and views[8192][2].methods[0].label == "full"
 
 
@@ -82,7 +92,7 @@ def test_the_report_plan_has_every_kind_at_every_depth_and_size() -> None:
     assert set(ALL_KINDS) == {*KINDS, *HELDOUT_KINDS} and len(HELDOUT_KINDS) >= 3
     pairs = plan.cells[0].pairs()
     assert len(pairs) == len(set(pairs)) == len(ALL_KINDS) * 5 >= 40
-    first = pairs[:len(ALL_KINDS)]
+    first = pairs[: len(ALL_KINDS)]
     assert {k for k, _ in first} == set(ALL_KINDS) and len({d for _, d in first}) == 5  # any first N cover the kinds
 
 
@@ -90,8 +100,15 @@ def test_shards_split_a_cells_sessions_round_robin_and_large_cells_start_first()
     plan = only_sizes(plan_named("report"), "8192,262144")
     sessions = {8192: list("abcde"), 262144: list("vwxyz")}
     work = queues(plan, QWEN_CTX, sessions, parse_shards("262144=2"))
-    assert [q.name for q in work] == ["262144/default/0", "262144/default/1", "262144/1/8/0", "262144/1/8/1",
-                                      "8192/default/0", "8192/1/8/0", "8192/full/0"]
+    assert [q.name for q in work] == [
+        "262144/default/0",
+        "262144/default/1",
+        "262144/1/8/0",
+        "262144/1/8/1",
+        "8192/default/0",
+        "8192/1/8/0",
+        "8192/full/0",
+    ]
     assert work[0].sessions == ("v", "x", "z") and work[1].sessions == ("w", "y")
     with pytest.raises(ConfigError, match="SIZE=N"):
         parse_shards("big")

@@ -1,4 +1,5 @@
 """The speed benchmark's math and output contract: ratios, floors, goals, table, files, phase clock."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,22 @@ CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw"
 
 
 def points() -> list[dict]:
-    return [{"workspace_tokens": 1024, "reuse_ttft_s": 2.0, "reprefill_ttft_s": 8.0, "kvmem_tok_s": 50.0, "full_tok_s": 50.0},
-            {"workspace_tokens": 8192, "reuse_ttft_s": 2.5, "reprefill_ttft_s": 100.0, "kvmem_tok_s": 47.5, "full_tok_s": None}]
+    return [
+        {
+            "workspace_tokens": 1024,
+            "reuse_ttft_s": 2.0,
+            "reprefill_ttft_s": 8.0,
+            "kvmem_tok_s": 50.0,
+            "full_tok_s": 50.0,
+        },
+        {
+            "workspace_tokens": 8192,
+            "reuse_ttft_s": 2.5,
+            "reprefill_ttft_s": 100.0,
+            "kvmem_tok_s": 47.5,
+            "full_tok_s": None,
+        },
+    ]
 
 
 def test_ratio_is_none_for_missing_or_degenerate_inputs():
@@ -44,11 +59,17 @@ def test_headline_takes_ttft_at_the_largest_and_flatness_largest_over_smallest()
 
 def test_goals_use_the_quick_threshold_only_for_quick_runs():
     result = {"ttft_speedup": 12.0, "decode_flatness": 0.89, "nvme_vs_raw": 0.8}
-    assert goals(result, quick=True) == {"ttft_speedup>=10": True, "decode_flat_within_10pct": False,
-                                         "nvme_vs_raw>=0.8": True}
+    assert goals(result, quick=True) == {
+        "ttft_speedup>=10": True,
+        "decode_flat_within_10pct": False,
+        "nvme_vs_raw>=0.8": True,
+    }
     assert goals(result, quick=False)["ttft_speedup>=30"] is False
     assert goals({"ttft_speedup": None, "decode_flatness": 1.05, "nvme_vs_raw": None}, quick=False) == {
-        "ttft_speedup>=30": None, "decode_flat_within_10pct": True, "nvme_vs_raw>=0.8": None}
+        "ttft_speedup>=30": None,
+        "decode_flat_within_10pct": True,
+        "nvme_vs_raw>=0.8": None,
+    }
 
 
 def test_table_shows_measured_columns_and_dashes_for_gaps():
@@ -111,7 +132,6 @@ def test_forward_clock_keeps_probes_apart_so_a_probed_window_is_no_replay():
 def test_decode_rate_is_forwards_per_second_of_the_decode_phase():
     assert decode_rate(SimpleNamespace(token_ids=(5, 6, 7, 8, 9), timings={"decode_s": 2.0})) == 2.0
     assert decode_rate(SimpleNamespace(token_ids=(5,), timings={"decode_s": 0.1})) is None
-
 
 
 def test_fair_baselines_are_ratios_of_reuse_over_each_and_goals_at_the_largest_workspace():

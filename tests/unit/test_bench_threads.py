@@ -1,4 +1,5 @@
 """``kvmem bench speed``'s thread sweep and its decode-vs-plain goal, on a stand-in adapter."""
+
 from __future__ import annotations
 
 import time
@@ -77,12 +78,14 @@ def test_thread_table_says_why_a_sweep_was_skipped() -> None:
 
 
 def test_busy_rows_compare_the_default_with_each_count_as_is_and_with_a_core_busy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr("kvmem_bench.speed_threads.usable_cores", lambda: 2)
     adapter = FakeAdapter()
     rows = busy_rows(adapter, decode=2, repeats=2)
     assert [(r["condition"], r["threads"]) for r in rows] == [
-        (c, t) for c in ("as is", "one core busy") for t in ("auto", "1", "2")]
+        (c, t) for c in ("as is", "one core busy") for t in ("auto", "1", "2")
+    ]
     assert adapter.threads[:6] == [Threads(2, 2, auto=True)] * 2 + [Threads(1, 1)] * 2 + [Threads(2, 2)] * 2
     assert all(len(r["decode_tok_s"]) == 2 for r in rows)
     text = thread_table({"device": "cpu", "model": "m.gguf", "usable_cores": 2, "rows": [], "busy": rows})

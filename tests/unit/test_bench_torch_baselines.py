@@ -1,5 +1,6 @@
 """The torch speed bench's fair baselines and TTFT split (kvmem_bench.speed_torch_baselines, speed_phases) on a
 tiny random qwen35: what each baseline keeps resident, what it prefills, and the goals' thresholds."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,16 +51,20 @@ def test_the_baselines_prefill_only_the_suffix_past_the_previous_prompt(model: M
 
 def test_a_view_larger_than_the_prefix_keeps_only_the_prefix_resident(model: Model) -> None:
     transcript = ids(50)
-    out = turn_baselines(model, transcript, transcript[:40], chunk=32, block_tokens=B, view_tokens=512,
-                         log=lambda line: None)
+    out = turn_baselines(
+        model, transcript, transcript[:40], chunk=32, block_tokens=B, view_tokens=512, log=lambda line: None
+    )
     assert out["new_tokens"] == 10 and out["view_resident_tokens"] == 40
 
 
 def test_a_prefix_cache_that_does_not_fit_is_reported_not_run(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(baselines, "_does_not_fit", lambda m, n_blocks, bt: "does not fit: test" if n_blocks > 6 else None)
+    monkeypatch.setattr(
+        baselines, "_does_not_fit", lambda m, n_blocks, bt: "does not fit: test" if n_blocks > 6 else None
+    )
     transcript = ids(200)
-    out = turn_baselines(model, transcript, transcript[:180], chunk=32, block_tokens=B, view_tokens=64,
-                         log=lambda line: None)
+    out = turn_baselines(
+        model, transcript, transcript[:180], chunk=32, block_tokens=B, view_tokens=64, log=lambda line: None
+    )
     assert out["prefix_ttft_s"] is None and out["prefix_cache"] == "does not fit: test"
     assert out["suffix_floor_s"] > 0 and out["view_prefill_s"] > 0  # the view (64 tokens) fits
 
@@ -69,27 +74,47 @@ def test_the_suffix_timing_leaves_the_view_and_state_as_it_found_them(model: Mod
 
 
 def point(**kw: float | None) -> dict:
-    base = {"workspace_tokens": 16896, "reuse_ttft_s": 1.0, "suffix_floor_s": 0.75, "ttft_vs_prefix_cache": 1.2,
-            "view_prefill_vs_plain": 0.8, "engine_prefill_vs_plain": 0.79, "select_replay_materialize_share": 0.1,
-            "select_replay_materialize_goal": 0.1}
+    base = {
+        "workspace_tokens": 16896,
+        "reuse_ttft_s": 1.0,
+        "suffix_floor_s": 0.75,
+        "ttft_vs_prefix_cache": 1.2,
+        "view_prefill_vs_plain": 0.8,
+        "engine_prefill_vs_plain": 0.79,
+        "select_replay_materialize_share": 0.1,
+        "select_replay_materialize_goal": 0.1,
+    }
     return {**base, **kw}
 
 
 def test_the_goals_hold_at_their_thresholds_and_fail_past_them() -> None:
     goals = point_goals(point())
-    assert goals == {"ttft<=1.25x(suffix_floor+50ms)": True, "ttft_vs_prefix_cache<=1.2": True,
-                     "view_prefill_vs_plain>=0.8": True, "engine_prefill_vs_plain>=0.8": False,
-                     "select_replay_materialize_share<=0.1": True}
+    assert goals == {
+        "ttft<=1.25x(suffix_floor+50ms)": True,
+        "ttft_vs_prefix_cache<=1.2": True,
+        "view_prefill_vs_plain>=0.8": True,
+        "engine_prefill_vs_plain>=0.8": False,
+        "select_replay_materialize_share<=0.1": True,
+    }
     worse = point_goals(point(suffix_floor_s=0.74, ttft_vs_prefix_cache=1.21, select_replay_materialize_share=0.11))
-    assert not any(worse[k] for k in ("ttft<=1.25x(suffix_floor+50ms)", "ttft_vs_prefix_cache<=1.2",
-                                      "select_replay_materialize_share<=0.1"))
+    assert not any(
+        worse[k]
+        for k in ("ttft<=1.25x(suffix_floor+50ms)", "ttft_vs_prefix_cache<=1.2", "select_replay_materialize_share<=0.1")
+    )
     assert point_goals(point(ttft_vs_prefix_cache=None))["ttft_vs_prefix_cache<=1.2"] is None  # did not fit
 
 
 def test_the_ttft_split_adds_up_and_each_phase_excludes_what_it_contains() -> None:
     p = {"workspace_tokens": 300000, "reuse_ttft_s": 2.0, "select_s": 0.5, "replay_s": 0.2, "prefill_tokens": 2400}
-    phases = {"prefill_phase_s": 1.3, "inner_prefill_phase_s": 0.1, "select_phase_s": 0.5, "inner_select_phase_s": 0.15,
-              "materialize_s": 0.25, "checkpoint_s": 0.05, "archive_s": 0.3}
+    phases = {
+        "prefill_phase_s": 1.3,
+        "inner_prefill_phase_s": 0.1,
+        "select_phase_s": 0.5,
+        "inner_select_phase_s": 0.15,
+        "materialize_s": 0.25,
+        "checkpoint_s": 0.05,
+        "archive_s": 0.3,
+    }
     out = phase_figures(p, phases)
     parts = out["phases"]
     assert parts["suffix_prefill_s"] == pytest.approx(1.2) and out["engine_prefill_tok_s"] == pytest.approx(2000)

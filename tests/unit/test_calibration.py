@@ -1,4 +1,5 @@
 """Calibration recovers the heads planted in synthetic captures; block scores match float64; profiles round-trip."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,8 +69,9 @@ def test_a_fact_outside_the_candidate_blocks_is_skipped():
 
 
 def test_version_1_profiles_still_load():
-    profile = RetrievalProfile.from_json('{"version": 1, "fingerprint": "f", "heads": [[1, 2]], "scores": {}, '
-                                         '"hit_rate": {}, "n_docs": 8}')
+    profile = RetrievalProfile.from_json(
+        '{"version": 1, "fingerprint": "f", "heads": [[1, 2]], "scores": {}, "hit_rate": {}, "n_docs": 8}'
+    )
     assert profile.heads == ((1, 2),) and profile.block_tokens == 0
     with pytest.raises(ValueError):
         RetrievalProfile.from_json('{"version": 9}')

@@ -1,4 +1,5 @@
 """Recurrent checkpoints on disk: exact round trips, reopening, capacity, forgetting, damaged files."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -20,12 +20,15 @@ def test_aliases_map_to_canonical_names():
     assert (cfg.method, cfg.scorer) == ("recent", "key-direction")
 
 
-@pytest.mark.parametrize("changes, words", [
-    ({"method": "magic"}, "--kvmem-method"),
-    ({"budget": 0}, "--kvmem-budget"),
-    ({"budget": 256, "recent_tokens": 512}, "must hold sink"),
-    ({"block_tokens": 4}, "block-tokens"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"method": "magic"}, "--kvmem-method"),
+        ({"budget": 0}, "--kvmem-budget"),
+        ({"budget": 256, "recent_tokens": 512}, "must hold sink"),
+        ({"block_tokens": 4}, "block-tokens"),
+    ],
+)
 def test_bad_knobs_name_the_flag(changes, words):
     with pytest.raises(ConfigError, match=words):
         KVMemConfig(**changes)

@@ -1,5 +1,6 @@
 """Backend, device and GPU choice. The AMD samples follow amd-smi's and rocm-smi's documented
 JSON output; no AMD hardware ran them."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,16 +12,32 @@ from kvmem import devices as D
 from kvmem_core.errors import ConfigError
 
 NVIDIA_CSV = "0, NVIDIA H200, 143771, 143156\n1, NVIDIA H200, 143771, 100000\n"
-ROCM_SMI_JSON = json.dumps({
-    "card0": {"VRAM Total Memory (B)": "68702699520", "VRAM Total Used Memory (B)": "10850304"},
-    "card1": {"VRAM Total Memory (B)": "68702699520", "VRAM Total Used Memory (B)": "34359738368"},
-})
-AMD_SMI_JSON = json.dumps([
-    {"gpu": 0, "mem_usage": {"total_vram": {"value": 196592, "unit": "MB"}, "used_vram": {"value": 283, "unit": "MB"},
-                             "free_vram": {"value": 196309, "unit": "MB"}}},
-    {"gpu": 1, "mem_usage": {"total_vram": {"value": 196592, "unit": "MB"}, "used_vram": {"value": 96592, "unit": "MB"},
-                             "free_vram": {"value": 100000, "unit": "MB"}}},
-])
+ROCM_SMI_JSON = json.dumps(
+    {
+        "card0": {"VRAM Total Memory (B)": "68702699520", "VRAM Total Used Memory (B)": "10850304"},
+        "card1": {"VRAM Total Memory (B)": "68702699520", "VRAM Total Used Memory (B)": "34359738368"},
+    }
+)
+AMD_SMI_JSON = json.dumps(
+    [
+        {
+            "gpu": 0,
+            "mem_usage": {
+                "total_vram": {"value": 196592, "unit": "MB"},
+                "used_vram": {"value": 283, "unit": "MB"},
+                "free_vram": {"value": 196309, "unit": "MB"},
+            },
+        },
+        {
+            "gpu": 1,
+            "mem_usage": {
+                "total_vram": {"value": 196592, "unit": "MB"},
+                "used_vram": {"value": 96592, "unit": "MB"},
+                "free_vram": {"value": 100000, "unit": "MB"},
+            },
+        },
+    ]
+)
 AMD_SMI_OLD_JSON = json.dumps([{"gpu": 0, "mem_usage": {"total_vram": 65520, "used_vram": 11, "free_vram": 65509}}])
 
 
@@ -29,17 +46,25 @@ def gpu(index: int, free: int, vendor: str = "nvidia", total: int = 100_000) -> 
 
 
 def test_parse_nvidia_smi() -> None:
-    assert D.parse_nvidia_smi(NVIDIA_CSV) == [D.Gpu(0, "NVIDIA H200", 143771, 143156, "nvidia"),
-                                             D.Gpu(1, "NVIDIA H200", 143771, 100000, "nvidia")]
+    assert D.parse_nvidia_smi(NVIDIA_CSV) == [
+        D.Gpu(0, "NVIDIA H200", 143771, 143156, "nvidia"),
+        D.Gpu(1, "NVIDIA H200", 143771, 100000, "nvidia"),
+    ]
 
 
 def test_parse_rocm_smi() -> None:
     gpus = D.parse_rocm_smi(ROCM_SMI_JSON)
-    assert [(g.index, g.total_mib, g.free_mib, g.vendor) for g in gpus] == [(0, 65520, 65509, "amd"), (1, 65520, 32752, "amd")]
+    assert [(g.index, g.total_mib, g.free_mib, g.vendor) for g in gpus] == [
+        (0, 65520, 65509, "amd"),
+        (1, 65520, 32752, "amd"),
+    ]
 
 
 def test_parse_amd_smi_new_and_old_formats() -> None:
-    assert [(g.index, g.total_mib, g.free_mib) for g in D.parse_amd_smi(AMD_SMI_JSON)] == [(0, 196592, 196309), (1, 196592, 100000)]
+    assert [(g.index, g.total_mib, g.free_mib) for g in D.parse_amd_smi(AMD_SMI_JSON)] == [
+        (0, 196592, 196309),
+        (1, 196592, 100000),
+    ]
     assert [(g.index, g.total_mib, g.free_mib) for g in D.parse_amd_smi(AMD_SMI_OLD_JSON)] == [(0, 65520, 65509)]
 
 
@@ -68,10 +93,23 @@ def test_pick_gpu_asks_on_equal_gpus_and_refuses_unknown_ones() -> None:
         D.pick_gpu([], 0, {})
 
 
-def resolve(backend: str = "auto", device: str = "auto", gpus: list[D.Gpu] | None = None, runtime: str | None = None,
-            torch_engine: bool = True, env: dict[str, str] | None = None) -> D.Placement:
-    return D.resolve(backend, device, None, env or {}, probe=lambda: gpus or [], torch_runtime=lambda: runtime,
-                     has_torch_engine=torch_engine)
+def resolve(
+    backend: str = "auto",
+    device: str = "auto",
+    gpus: list[D.Gpu] | None = None,
+    runtime: str | None = None,
+    torch_engine: bool = True,
+    env: dict[str, str] | None = None,
+) -> D.Placement:
+    return D.resolve(
+        backend,
+        device,
+        None,
+        env or {},
+        probe=lambda: gpus or [],
+        torch_runtime=lambda: runtime,
+        has_torch_engine=torch_engine,
+    )
 
 
 def test_resolve_on_a_cpu_machine_picks_llama_cpp() -> None:
@@ -98,18 +136,24 @@ def test_resolve_keeps_the_users_visible_devices_and_honours_explicit_choices() 
     assert resolve(backend="llama.cpp", gpus=[gpu(0, 9)], runtime="cuda").backend == "llama.cpp"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"device": "cuda"}, "no GPU found"), ({"device": "hip", "gpus": [gpu(0, 9)]}, "nvidia"),
-    ({"backend": "vllm"}, "--backend"), ({"device": "tpu"}, "--device"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"device": "cuda"}, "no GPU found"),
+        ({"device": "hip", "gpus": [gpu(0, 9)]}, "nvidia"),
+        ({"backend": "vllm"}, "--backend"),
+        ({"device": "tpu"}, "--device"),
+    ],
+)
 def test_resolve_refuses_impossible_combinations(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         resolve(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend, device, expected", [
-    ("torch", "cpu", "cpu"), ("torch", "cuda", "cuda"), ("torch", "hip", "cuda"), ("llama.cpp", "cpu", None),
-])
+@pytest.mark.parametrize(
+    "backend, device, expected",
+    [("torch", "cpu", "cpu"), ("torch", "cuda", "cuda"), ("torch", "hip", "cuda"), ("llama.cpp", "cpu", None)],
+)
 def test_the_engine_runs_on_the_resolved_device(backend, device, expected):
     from kvmem.cmd_serve import engine_opts
 

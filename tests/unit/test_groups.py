@@ -1,4 +1,5 @@
 """Semantic groups: which messages form one, which group each block belongs to, the spans a step keeps."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,13 @@ from hypothesis import strategies as st
 from kvmem.tools_format import render_plain
 from kvmem_core.groups import block_groups, covered, message_groups, overlapping, token_groups
 
-CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]}
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+    ],
+}
 AGENT = [
     {"role": "system", "content": "You help."},
     {"role": "user", "content": "Why is the build slow?"},

@@ -6,6 +6,7 @@ document carries the index's dequantized keys), the three rank the blocks alike 
 within float32 tolerance, and their scores equal the ones recorded in ``data/heads_score.npz``
 (from the three separate implementations that preceded the shared one).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,7 +64,9 @@ def index_and_query(case: Case) -> tuple[BlockIndex, QueryFeatures]:
     for i in range(case.blocks):
         k = rng.standard_normal((case.layers, case.block, case.kv, case.dim)).astype(np.float32) * 2
         summary = summarize_block(k, case.picked, opts)
-        metas.append(BlockMeta(f"{case.seed}-{i}", "", np.arange(case.block, dtype=np.int32), i * case.block, 0, summary))
+        metas.append(
+            BlockMeta(f"{case.seed}-{i}", "", np.arange(case.block, dtype=np.int32), i * case.block, 0, summary)
+        )
     q = rng.standard_normal((case.layers, case.query_tokens, case.heads, case.dim)).astype(np.float32) * 2
     return BlockIndex.build(metas, case.block), QueryFeatures(q, case.kv)
 

@@ -1,5 +1,6 @@
 """8-bit blocks through the host tier and NVMe (real files): bytes unchanged, the dtype recorded in each file, and a
 file of another dtype refused by name, never read, never deleted."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,8 +56,11 @@ def test_a_block_file_of_another_dtype_is_refused_by_name_and_kept(tmp_path) -> 
     wide = BlockKV(k, k)
     path = tmp_path / "wide.kvb"
     with open(path, "wb") as f:  # same shape as FP8's blocks but for the dtype: 16-bit payload
-        write_block(f, encode_header(BlockMeta(meta.chain_hash, meta.parent_hash, meta.token_ids, 0, wide.checksum()),
-                                     F16), wide)
+        write_block(
+            f,
+            encode_header(BlockMeta(meta.chain_hash, meta.parent_hash, meta.token_ids, 0, wide.checksum()), F16),
+            wide,
+        )
     for read in (read_meta, read_block):
         with pytest.raises(BlockDtypeError, match="its KV is float16, this store's is fp8_e4m3"):
             read(path, FP8)

@@ -4,6 +4,7 @@ No AMD GPU was available: the HIP cases use mocked device lists (``ROCm0`` is th
 llama.cpp's CUDA backend gives a device when built with HIP, ggml-cuda.h) and mocked
 build options; the NVIDIA path runs for real under ``tests/gpu``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,10 @@ def test_device_names_map_to_runtimes() -> None:
     assert BackendDevice("Vulkan1", "x", "gpu").runtime == "vulkan" and not CPU.is_gpu and MI300.is_gpu
 
 
-@pytest.mark.parametrize("requested, can, expected", [(None, True, -1), (None, False, 0), (0, False, 0), (0, True, 0),
-                                                      (12, True, 12), (-1, True, -1)])
+@pytest.mark.parametrize(
+    "requested, can, expected",
+    [(None, True, -1), (None, False, 0), (0, False, 0), (0, True, 0), (12, True, 12), (-1, True, -1)],
+)
 def test_gpu_layers_default_to_all_when_a_gpu_can_take_them(requested: int | None, can: bool, expected: int) -> None:
     assert offload.resolve_gpu_layers(requested, can, {}) == expected
 
@@ -68,11 +71,12 @@ def test_build_lines_use_options_this_llama_cpp_knows() -> None:
     """The docs' HIP line, the error's rebuild lines and ./kvmem's GPU builds carry flags of this build's CMake
     options."""
     docs = (ROOT / "docs" / "llamacpp.md").read_text()
-    hip_line = next(line for line in docs.splitlines() if line.startswith("  CMAKE_ARGS=\"-DGGML_HIP=on"))
+    hip_line = next(line for line in docs.splitlines() if line.startswith('  CMAKE_ARGS="-DGGML_HIP=on'))
     assert offload.GPU_BUILD_FLAGS["hip"] in hip_line and 'HIPCXX="$(hipconfig -l)/clang"' in hip_line
     options = offload.build_options()
-    one_click = [llama_build("x86_64", gpu, {}, run=lambda cmd: None)[0] for gpu in (Gpu("nvidia", "90"),
-                                                                                  Gpu("amd", "gfx1100"))]
+    one_click = [
+        llama_build("x86_64", gpu, {}, run=lambda cmd: None)[0] for gpu in (Gpu("nvidia", "90"), Gpu("amd", "gfx1100"))
+    ]
     for runtime, flags in [*offload.GPU_BUILD_FLAGS.items(), *zip(("cuda", "hip"), one_click)]:
         names = [flag[2:].split("=")[0] for flag in flags.split() if flag.startswith("-DGGML_")]
         assert names and all(name in options for name in names), (runtime, names)

@@ -1,5 +1,6 @@
 """Model discovery: chunked models assemble once, atomically and verified; short names resolve (the real default
 answering is tests/reference/test_models_default.py)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,7 @@ from typing import IO, Iterable
 import pytest
 
 from kvmem import models
-from kvmem.models import (DEFAULT, QWEN_CODER_05B, SMOLLM2_135M, ChunkedModel, PackageFile, known_model,
-                          resolve_model)
+from kvmem.models import DEFAULT, QWEN_CODER_05B, SMOLLM2_135M, ChunkedModel, PackageFile, known_model, resolve_model
 from kvmem_core.errors import ModelNotFoundError
 
 CHUNKS = (b"GGUF" + bytes(range(200)), b"middle part " * 50, b"tail")
@@ -29,10 +29,19 @@ def fake_model(root: Path, monkeypatch: pytest.MonkeyPatch, chunks: tuple[bytes,
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("KVMEM_CACHE_DIR", str(root / "cache"))
     whole = b"".join(CHUNKS)
-    parts = tuple(PackageFile(f"kvmem_fake_part{n}", f"data/part{n:02d}.bin", f"kvmem-fake-part{n}==1")
-                  for n in range(1, len(CHUNKS) + 1))
-    return ChunkedModel(name="fake", aliases=(), title="Fake", file="fake.gguf", size=len(whole),
-                        sha256=hashlib.sha256(whole).hexdigest(), parts=parts)
+    parts = tuple(
+        PackageFile(f"kvmem_fake_part{n}", f"data/part{n:02d}.bin", f"kvmem-fake-part{n}==1")
+        for n in range(1, len(CHUNKS) + 1)
+    )
+    return ChunkedModel(
+        name="fake",
+        aliases=(),
+        title="Fake",
+        file="fake.gguf",
+        size=len(whole),
+        sha256=hashlib.sha256(whole).hexdigest(),
+        parts=parts,
+    )
 
 
 def test_parts_assemble_atomically_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,9 +68,12 @@ def test_parts_assemble_atomically_once_into_the_cache(tmp_path: Path, monkeypat
 
 def test_a_corrupted_part_fails_clearly_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = fake_model(tmp_path, monkeypatch, chunks=(CHUNKS[0], b"middle part " * 49 + b"middle PART ", CHUNKS[2]))
-    with pytest.raises(ModelNotFoundError, match=r"^Fake assembled from its 3 parts is 808 bytes with sha256 "
-                                                 r"[0-9a-f]{16}…, not 808 bytes .*: pip install --force-reinstall "
-                                                 r"kvmem-fake-part1==1 "):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"^Fake assembled from its 3 parts is 808 bytes with sha256 "
+        r"[0-9a-f]{16}…, not 808 bytes .*: pip install --force-reinstall "
+        r"kvmem-fake-part1==1 ",
+    ):
         model.path()
     assert list((tmp_path / "cache" / "models").iterdir()) == []
 
@@ -74,11 +86,20 @@ def test_a_missing_part_names_what_to_install(tmp_path: Path, monkeypatch: pytes
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("name, model", [
-    ("qwen2.5-coder-0.5b", QWEN_CODER_05B), ("qwen2.5-coder:0.5b", QWEN_CODER_05B),
-    ("Qwen2.5-Coder:0.5B", QWEN_CODER_05B), ("default", QWEN_CODER_05B), ("smollm2-135m", SMOLLM2_135M), ("smollm2:135m", SMOLLM2_135M),
-    ("smollm2", SMOLLM2_135M), ("llama3", None), ("model.gguf", None),
-])
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        ("qwen2.5-coder-0.5b", QWEN_CODER_05B),
+        ("qwen2.5-coder:0.5b", QWEN_CODER_05B),
+        ("Qwen2.5-Coder:0.5B", QWEN_CODER_05B),
+        ("default", QWEN_CODER_05B),
+        ("smollm2-135m", SMOLLM2_135M),
+        ("smollm2:135m", SMOLLM2_135M),
+        ("smollm2", SMOLLM2_135M),
+        ("llama3", None),
+        ("model.gguf", None),
+    ],
+)
 def test_short_names(name: str, model: object) -> None:
     assert known_model(name) is model
 
@@ -106,8 +127,9 @@ def test_paths_and_unknown_names(tmp_path: Path) -> None:
     assert all(m.name in message and all(a in message for a in m.aliases) for m in models.KNOWN)
 
 
-def test_released_parts_leave_one_copy_and_say_how_to_restore_them(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_released_parts_leave_one_copy_and_say_how_to_restore_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = fake_model(tmp_path, monkeypatch)
     parts = [part.locate() for part in model.parts]
     assert model.release_parts() == sum(len(chunk) for chunk in CHUNKS)

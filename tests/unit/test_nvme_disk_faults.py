@@ -4,6 +4,7 @@ host RAM, nothing stored is lost, and writes resume once the disk takes them aga
 Faults are injected (``OSError`` from the writer) and, where this process may mount one, made real on a
 small tmpfs: filled until ``ENOSPC``, remounted read-only (``EROFS``).
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,16 +33,28 @@ class Clock:
         return self.now
 
 
-def make_store(path: Path, clock: Clock | None = None, retry_s: float = 30.0, cpu_bytes: int = 64 << 20,
-               retention: str = "evict-idle") -> BlockStore:
-    return BlockStore(LAYOUT, cpu_bytes=cpu_bytes, nvme_dir=path, nvme_bytes=1 << 30, retention=retention,
-                      clock=clock or Clock(), nvme_retry_s=retry_s)
+def make_store(
+    path: Path,
+    clock: Clock | None = None,
+    retry_s: float = 30.0,
+    cpu_bytes: int = 64 << 20,
+    retention: str = "evict-idle",
+) -> BlockStore:
+    return BlockStore(
+        LAYOUT,
+        cpu_bytes=cpu_bytes,
+        nvme_dir=path,
+        nvme_bytes=1 << 30,
+        retention=retention,
+        clock=clock or Clock(),
+        nvme_retry_s=retry_s,
+    )
 
 
 def append_chain(store: BlockStore, ids: np.ndarray, upto: int | None = None) -> tuple[str, list]:
     ws, match = store.open_workspace("ns", ids)
     chain = synthetic_chain(LAYOUT, ids, "ns")
-    for meta, kv in chain[match.matched_blocks:upto]:
+    for meta, kv in chain[match.matched_blocks : upto]:
         store.append(ws.id, meta, kv)
     return ws.id, chain
 
@@ -64,6 +77,7 @@ def failing_disk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         if fault and job.write is not None:
             raise OSError(fault[0], f"injected: {errno.errorcode[fault[0]]}")
         publish(job)
+
     monkeypatch.setattr(nvme_module, "_publish", faulty)
     return fault
 
@@ -89,7 +103,11 @@ def test_injected_fault_turns_the_tier_off_steps_go_on_and_it_comes_back(tmp_pat
     assert store.metrics()["nvme_offline"] == 0 and store.metrics()["nvme_waiting_blocks"] == 0
     assert all(store.tier(m.chain_hash) == "host+nvme" for m, _ in chain)
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "NVMe tier off" in warnings[0].message and "continue from host RAM" in warnings[0].message
+    assert (
+        len(warnings) == 1
+        and "NVMe tier off" in warnings[0].message
+        and "continue from host RAM" in warnings[0].message
+    )
     store.close()
     assert_all_stored(make_store(tmp_path), ws_id, chain)  # after a restart, everything from disk
 

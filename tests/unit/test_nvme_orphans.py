@@ -2,6 +2,7 @@
 never a file another owner's manifest names (replicas, or the replicas one engine follows), never a young one in a
 shared directory, nothing while a manifest cannot be read. A writer killed with SIGKILL leaves no orphan behind
 the next start."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ OLD = time.time() - 3600
 
 
 def store_at(path: Path, owner: str = "") -> BlockStore:
-    return BlockStore(LAYOUT, cpu_bytes=8 * LAYOUT.kv_bytes_per_block, nvme_dir=path, nvme_bytes=1 << 20,
-                      clock=Clock(), nvme_owner=owner)
+    return BlockStore(
+        LAYOUT,
+        cpu_bytes=8 * LAYOUT.kv_bytes_per_block,
+        nvme_dir=path,
+        nvme_bytes=1 << 20,
+        clock=Clock(),
+        nvme_owner=owner,
+    )
 
 
 def crash_orphans(path: Path, owner: str, n_blocks: int, offset: int, age: float = OLD) -> list[str]:
@@ -110,7 +117,9 @@ def test_a_writer_killed_mid_writes_leaves_no_orphan_after_the_next_start(tmp_pa
     here = Path(__file__).resolve()
     paths = [str(here.parent), *sys.path]
     for run in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), *paths], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), *paths], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.3 + 0.2 * run)
         os.kill(proc.pid, signal.SIGKILL)

@@ -1,4 +1,5 @@
 """The user cache folder: KVMEM_CACHE_DIR first, then XDG_CACHE_HOME, then ~/.cache."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """View planner: exact plans in both position modes."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The portable workspace file: what is written reads back bit for bit; another model's or a damaged file is refused."""
+
 from __future__ import annotations
 
 import io
@@ -17,15 +18,27 @@ from kvmem_core.portable import HEADER, WorkspaceReader, block_name, write_works
 
 LAYOUT = BlockLayout(n_layers=2, n_kv_heads=1, head_dim=4, n_heads=1, block_tokens=16)
 NS = "model-fingerprint:layout"
-FIELDS = {"id": "ws-" + "c" * 16, "key": "chat-1", "pinned": True, "created": 1.0, "last_used": 2.0, "last_selection": {}}
+FIELDS = {
+    "id": "ws-" + "c" * 16,
+    "key": "chat-1",
+    "pinned": True,
+    "created": 1.0,
+    "last_used": 2.0,
+    "last_selection": {},
+}
 
 
 def exported(tmp_path: Path, n_blocks: int = 3) -> tuple[Path, list]:
     blocks = synthetic_chain(LAYOUT, np.arange(n_blocks * LAYOUT.block_tokens, dtype=np.int32), NS, 0)
     kv = {m.chain_hash: b for m, b in blocks}
     path = tmp_path / "ws.tar"
-    write_workspace(path, {"model_id": "m", "namespace": NS, "workspace": FIELDS}, [m for m, _ in blocks],
-                    lambda m: kv[m.chain_hash], LAYOUT)
+    write_workspace(
+        path,
+        {"model_id": "m", "namespace": NS, "workspace": FIELDS},
+        [m for m, _ in blocks],
+        lambda m: kv[m.chain_hash],
+        LAYOUT,
+    )
     return path, blocks
 
 
@@ -53,7 +66,11 @@ def test_a_written_workspace_reads_back_bit_for_bit(tmp_path: Path) -> None:
     assert [b["file"] for b in header["blocks"]] == [block_name(i) for i in range(3)]
     for (meta, kv), (meta2, kv2) in zip(blocks, back):
         assert (meta2.chain_hash, meta2.parent_hash, meta2.start_pos, meta2.checksum) == (
-            meta.chain_hash, meta.parent_hash, meta.start_pos, meta.checksum)
+            meta.chain_hash,
+            meta.parent_hash,
+            meta.start_pos,
+            meta.checksum,
+        )
         assert np.array_equal(meta2.token_ids, meta.token_ids)
         assert np.array_equal(kv2.k, kv.k) and np.array_equal(kv2.v, kv.v)
 
@@ -80,8 +97,9 @@ def drop_header(name: str, data: bytes) -> bytes:
     return b"{not json" if name == HEADER else data
 
 
-@pytest.mark.parametrize("edit, why", [(flip_payload, "checksum"), (swap_blocks, "does not continue"),
-                                       (drop_header, "not JSON")])
+@pytest.mark.parametrize(
+    "edit, why", [(flip_payload, "checksum"), (swap_blocks, "does not continue"), (drop_header, "not JSON")]
+)
 def test_a_damaged_or_edited_file_is_refused(tmp_path: Path, edit: Callable[[str, bytes], bytes], why: str) -> None:
     path, _ = exported(tmp_path)
     rewrite(path, edit)

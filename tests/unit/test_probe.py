@@ -4,6 +4,7 @@ Here, with no model: the retrieval-heads scorer against a plain float64 numpy re
 (so a faster scorer cannot drift), and the merge of a held block's layers. On a real model (llama.cpp's probe
 forward, two engines probing and replaying one agent session): tests/reference/test_probe_engines.py.
 """
+
 from __future__ import annotations
 
 
@@ -36,9 +37,20 @@ def reference_scores(q: np.ndarray, keys: np.ndarray, heads: tuple[tuple[int, in
 def index_of(keys: np.ndarray, heads: tuple[tuple[int, int], ...], group: int) -> BlockIndex:
     """A block index over ``keys`` [blocks, layers, tokens, kv heads, dim] holding the heads' keys, as stored."""
     pairs = sorted({(layer, head // group) for layer, head in heads})
-    metas = [BlockMeta(f"h{i}", "p", np.zeros(keys.shape[2], dtype=np.int32), i * keys.shape[2], 0,
-                       {"head_keys": np.stack([k[layer, :, kv] for layer, kv in pairs]).astype(np.float16),
-                        "head_pairs": np.asarray(pairs, dtype=np.int16)}) for i, k in enumerate(keys)]
+    metas = [
+        BlockMeta(
+            f"h{i}",
+            "p",
+            np.zeros(keys.shape[2], dtype=np.int32),
+            i * keys.shape[2],
+            0,
+            {
+                "head_keys": np.stack([k[layer, :, kv] for layer, kv in pairs]).astype(np.float16),
+                "head_pairs": np.asarray(pairs, dtype=np.int16),
+            },
+        )
+        for i, k in enumerate(keys)
+    ]
     return BlockIndex.build(metas, keys.shape[2])
 
 

@@ -1,4 +1,5 @@
 """Profile lookup: a profile measured at another block size is passed over, one without a size fits."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ def cached(monkeypatch, tmp_path):
     def put(block_tokens: int) -> None:
         profile = RetrievalProfile("0123456789abcdef", ((1, 2),), block_tokens=block_tokens)
         profiles.save_profile(profile, profiles.cache_dir())
+
     return put
 
 

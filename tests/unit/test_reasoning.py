@@ -1,4 +1,5 @@
 """Think blocks in the decode loop: counted, ended on budget by forcing the closing tag, text made explicit."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -34,8 +35,15 @@ def run(script: list[int], steer: Thinking | None, max_tokens: int = 20) -> tupl
         logits = one_hot(said[pos])
         return lambda: logits
 
-    text, ids, finish = decode(SamplingParams(temperature=0, max_tokens=max_tokens), one_hot(said[0]),
-                               lambda t: VOCAB[t], lambda t: t == EOS, advance, lambda p: pieces.append(p) is None, steer)
+    text, ids, finish = decode(
+        SamplingParams(temperature=0, max_tokens=max_tokens),
+        one_hot(said[0]),
+        lambda t: VOCAB[t],
+        lambda t: t == EOS,
+        advance,
+        lambda p: pieces.append(p) is None,
+        steer,
+    )
     assert "".join(pieces) == text
     return text, ids, finish
 
@@ -78,7 +86,9 @@ def test_a_reopened_block_past_the_budget_is_closed_again() -> None:
     assert ids.count(CLOSE) == 2
 
 
-@pytest.mark.parametrize("text, inside", [("<|im_start|>assistant\n<think>\n", True), ("<think>\n\n</think>\n\n", False),
-                                          ("assistant\n", False)])
+@pytest.mark.parametrize(
+    "text, inside",
+    [("<|im_start|>assistant\n<think>\n", True), ("<think>\n\n</think>\n\n", False), ("assistant\n", False)],
+)
 def test_inside_block_reads_the_prompts_tail(text: str, inside: bool) -> None:
     assert inside_block(text, KNOWN_TAGS[0]) is inside

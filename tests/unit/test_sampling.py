@@ -1,4 +1,5 @@
 """The one sampler and stop-string stream the engine decodes with (kvmem_core.sampling)."""
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,7 @@ def test_multibyte_characters_split_over_tokens_come_out_whole() -> None:
     s = TextStream([], lambda piece: sent.append(piece) is None)
     data = "né€".encode()
     for i in range(len(data)):
-        assert s.push(data[i:i + 1]) is None
+        assert s.push(data[i : i + 1]) is None
     assert s.close() == "né€" and "".join(sent) == "né€"
 
 
@@ -103,12 +104,19 @@ def test_decode_commits_every_token_but_the_length_limits_last_and_reports_why_i
         return lambda: np.eye(10, dtype=np.float32)[logits_for.get(token, 9)]
 
     greedy = SamplingParams(temperature=0.0, max_tokens=10, stop=("END",))
-    text, ids, finish = decode(greedy, np.eye(10, dtype=np.float32)[1], pieces.__getitem__, lambda t: t == 9, advance,
-                               lambda piece: True)
+    text, ids, finish = decode(
+        greedy, np.eye(10, dtype=np.float32)[1], pieces.__getitem__, lambda t: t == 9, advance, lambda piece: True
+    )
     assert (text, ids, finish) == ("Hello ", [1, 2, 3, 4], "stop") and advanced == [1, 2, 3, 4]
     advanced.clear()
-    text, ids, finish = decode(SamplingParams(temperature=0.0, max_tokens=2), np.eye(10, dtype=np.float32)[1],
-                               pieces.__getitem__, lambda t: t == 9, advance, lambda piece: True)
+    text, ids, finish = decode(
+        SamplingParams(temperature=0.0, max_tokens=2),
+        np.eye(10, dtype=np.float32)[1],
+        pieces.__getitem__,
+        lambda t: t == 9,
+        advance,
+        lambda piece: True,
+    )
     assert (text, ids, finish) == ("Hello", [1, 2], "length") and advanced == [1]
 
 
@@ -119,8 +127,14 @@ def test_decode_streams_a_tokens_text_after_starting_the_next_forward() -> None:
         events.append(f"forward {token}")
         return lambda: events.append(f"wait {token}") or np.eye(10, dtype=np.float32)[token + 1]
 
-    decode(SamplingParams(temperature=0.0, max_tokens=3), np.eye(10, dtype=np.float32)[1], lambda t: b"x",
-           lambda t: False, advance, lambda piece: events.append(f"text {piece}") is None)
+    decode(
+        SamplingParams(temperature=0.0, max_tokens=3),
+        np.eye(10, dtype=np.float32)[1],
+        lambda t: b"x",
+        lambda t: False,
+        advance,
+        lambda piece: events.append(f"text {piece}") is None,
+    )
     assert events == ["forward 1", "text x", "wait 1", "forward 2", "text x", "wait 2", "text x"]
 
 
@@ -139,8 +153,15 @@ def test_decode_ends_at_the_next_token_once_the_client_is_gone_also_while_no_tex
         return len(checks) < 3
 
     params = SamplingParams(temperature=0.0, max_tokens=40, stop=("a" * 50,))
-    text, ids, finish = decode(params, np.eye(10, dtype=np.float32)[1], lambda t: b"a", lambda t: False,
-                               lambda t: lambda: np.eye(10, dtype=np.float32)[1], streamed.append, alive=alive)
+    text, ids, finish = decode(
+        params,
+        np.eye(10, dtype=np.float32)[1],
+        lambda t: b"a",
+        lambda t: False,
+        lambda t: lambda: np.eye(10, dtype=np.float32)[1],
+        streamed.append,
+        alive=alive,
+    )
     assert (ids, finish, streamed) == ([1, 1, 1], "abort", []) and text == "aaa"
 
 

@@ -1,4 +1,5 @@
 """Scorers on planted needles, summaries and the block index."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -132,7 +133,9 @@ def test_prototype_count_follows_residual_gain():
     dim = 32
     axes = np.eye(dim, dtype=np.float32)
     one = axes[0] + 0.01 * rng.standard_normal((64, dim))
-    two = np.concatenate([axes[0] + 0.01 * rng.standard_normal((32, dim)), axes[1] + 0.01 * rng.standard_normal((32, dim))])
+    two = np.concatenate(
+        [axes[0] + 0.01 * rng.standard_normal((32, dim)), axes[1] + 0.01 * rng.standard_normal((32, dim))]
+    )
     four = np.concatenate([axes[i] + 0.01 * rng.standard_normal((16, dim)) for i in range(4)])
     k = np.stack([one, two, four])[None].transpose(0, 2, 1, 3).astype(np.float32)  # [1, 64, 3, dim]
     protos = key_prototypes(k, gain=0.25, iters=6)[0]  # [3 slices, 4, dim]

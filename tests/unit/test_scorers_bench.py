@@ -1,4 +1,5 @@
 """The core benchmark's scoring part on small shapes: every scorer runs and finds the needle."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """Selector: exact choices for small workspaces of 16-token blocks."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +50,9 @@ def test_tagged_blocks_and_live_tail_are_mandatory():
 
 def test_peak_at_an_edge_brings_the_neighbour():
     sel = Selector(budget=6 * T, sink_tokens=T, recent_tokens=T, edge_tokens=4)
-    got = sel.select(spans(12), scores([0, 0, 0, 9, 0, 0, 0, 8, 0, 0, 0, 0], peaks=[-1, 0, 0, 2, 0, 0, 0, 13, 0, 0, 0, 0]))
+    got = sel.select(
+        spans(12), scores([0, 0, 0, 9, 0, 0, 0, 8, 0, 0, 0, 0], peaks=[-1, 0, 0, 2, 0, 0, 0, 13, 0, 0, 0, 0])
+    )
     assert got.blocks == (0, 2, 3, 7, 8, 11)
     assert got.expanded == (2, 8)
 
@@ -111,7 +114,13 @@ def test_baselines():
 
 def test_spans_from_metas_and_config():
     ids = np.zeros(T, np.int32)
-    tags = [frozenset(), frozenset({"mandatory"}), frozenset({"atomic:img1"}), frozenset({"atomic:img1"}), frozenset({"atomic:t2"})]
+    tags = [
+        frozenset(),
+        frozenset({"mandatory"}),
+        frozenset({"atomic:img1"}),
+        frozenset({"atomic:img1"}),
+        frozenset({"atomic:t2"}),
+    ]
     metas = [BlockMeta(f"{i:032x}", "0" * 32, ids[: T - (i == 4)], i * T, 0, tags=t) for i, t in enumerate(tags)]
     s = BlockSpans.from_metas(metas)
     assert s.n_tokens.tolist() == [T, T, T, T, T - 1]

@@ -1,5 +1,6 @@
 """Selector with message groups: a group comes whole with a block retrieval takes, a group over half the free
 budget comes as the blocks around it, and mandatory spans and the baselines ignore groups."""
+
 from __future__ import annotations
 
 import numpy as np

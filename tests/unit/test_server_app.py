@@ -1,4 +1,5 @@
 """The HTTP layer in-process, before any engine is up: auth, validation, error JSON, the UI files."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,18 @@ def test_health_needs_no_key_and_reports_the_engine_state(client: AppClient) -> 
     assert status == 503 and json.loads(body)["status"] == "stopped"
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": KEY}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": KEY}]
+)
 def test_api_routes_refuse_a_missing_or_wrong_key(client: AppClient, headers: dict[str, str]) -> None:
-    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
-                         ("POST", "/tokenize"), ("GET", "/v1/kvmem/workspaces"), ("GET", "/openapi.json")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/metrics"),
+        ("POST", "/tokenize"),
+        ("GET", "/v1/kvmem/workspaces"),
+        ("GET", "/openapi.json"),
+    ):
         status, _, body = client.request(method, path, headers=headers, json=CHAT)
         assert status == 401, path
         assert error(body)["code"] == "invalid_api_key"
@@ -54,8 +63,9 @@ def test_ui_files_need_no_key_and_stay_inside_their_folder(client: AppClient) ->
 def test_validation_runs_before_the_engine_is_needed(client: AppClient) -> None:
     status, _, body = client.request("POST", "/v1/chat/completions", headers=AUTH, json={"messages": []})
     assert status == 400 and error(body)["param"] == "messages"
-    status, _, body = client.request("POST", "/v1/chat/completions", headers={**AUTH, "Content-Type": "application/json"},
-                                     data=b"{not json")
+    status, _, body = client.request(
+        "POST", "/v1/chat/completions", headers={**AUTH, "Content-Type": "application/json"}, data=b"{not json"
+    )
     assert status == 400 and error(body)["code"] == "invalid_json"
 
 
@@ -84,4 +94,5 @@ def test_openapi_lists_the_request_schemas(client: AppClient) -> None:
     assert status == 200 and doc["openapi"].startswith("3.")
     assert {"ChatRequest", "CompletionRequest", "ResponsesRequest", "KVMemOptions"} <= set(doc["components"]["schemas"])
     assert doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/ChatRequest"}
+        "$ref": "#/components/schemas/ChatRequest"
+    }

@@ -1,4 +1,5 @@
 """Per-request limits: too many messages or too many tokens asked are a 400, and every engine call queues (429)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,13 +29,17 @@ def client() -> Iterator[AppClient]:
     c.close()
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/chat/completions", {"messages": [MESSAGE] * (MAX_MESSAGES + 1)}, "messages"),
-    ("/v1/messages", {"messages": [MESSAGE] * (MAX_MESSAGES + 1), "max_tokens": 4}, None),
-    ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)}, "input"),
-])
-def test_a_body_of_too_many_messages_is_a_400_before_the_engine(client: AppClient, path: str, body: dict,
-                                                                 param: str | None) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [MESSAGE] * (MAX_MESSAGES + 1)}, "messages"),
+        ("/v1/messages", {"messages": [MESSAGE] * (MAX_MESSAGES + 1), "max_tokens": 4}, None),
+        ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)}, "input"),
+    ],
+)
+def test_a_body_of_too_many_messages_is_a_400_before_the_engine(
+    client: AppClient, path: str, body: dict, param: str | None
+) -> None:
     status, _, reply = client.request("POST", path, json=body)
     data = json.loads(reply)
     assert status == 400 and str(MAX_MESSAGES) in json.dumps(data)
@@ -53,7 +58,9 @@ def test_the_engine_refuses_too_many_messages_and_max_tokens_over_ctx() -> None:
 
 def ready_engine(max_queue: int = 16) -> EngineClient:
     """A client whose engine counts as ready; nothing is spawned (frames it sends go nowhere)."""
-    engine = EngineClient(P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(CONFIG)), max_queue=max_queue)
+    engine = EngineClient(
+        P.EngineSpec(backend="llama.cpp", model=None, config=P.config_to_wire(CONFIG)), max_queue=max_queue
+    )
     engine.state = "ready"
     engine._ready.set()
     return engine
@@ -62,7 +69,7 @@ def ready_engine(max_queue: int = 16) -> EngineClient:
 def test_a_number_the_wire_cannot_carry_is_a_400_and_never_holds_the_step_slot() -> None:
     async def go() -> APIError:
         engine = ready_engine()
-        request = StepRequest(messages=(MESSAGE,), template_kwargs={"n": -(2 ** 63) - 1})
+        request = StepRequest(messages=(MESSAGE,), template_kwargs={"n": -(2**63) - 1})
         try:
             async for _ in engine.generate(request):
                 pass
@@ -77,8 +84,16 @@ def test_a_number_the_wire_cannot_carry_is_a_400_and_never_holds_the_step_slot()
     assert (err.status, err.code) == (400, "invalid_value")
 
 
-@pytest.mark.parametrize(("op", "arg"), [("tokenize", "hi"), ("count_tokens", None), ("list_workspaces", None),
-                                         ("workspace_info", "ws-1"), ("delete_workspace", "ws-1")])
+@pytest.mark.parametrize(
+    ("op", "arg"),
+    [
+        ("tokenize", "hi"),
+        ("count_tokens", None),
+        ("list_workspaces", None),
+        ("workspace_info", "ws-1"),
+        ("delete_workspace", "ws-1"),
+    ],
+)
 def test_engine_calls_queue_with_the_steps_and_get_429_past_the_bound(op: str, arg: str | None) -> None:
     async def go() -> APIError:
         engine = ready_engine(max_queue=1)
@@ -99,6 +114,7 @@ def test_engine_calls_queue_with_the_steps_and_get_429_past_the_bound(op: str, a
 def test_a_request_the_socket_refuses_fails_with_503_at_once_and_frees_the_slot(tmp_path) -> None:
     """A PUSH socket with no engine connected refuses a non-blocking send: the request is not left waiting for
     a reply that cannot come, and the next one finds the slot free."""
+
     async def go() -> list[APIError]:
         engine = ready_engine()
         engine._push = engine._ctx.socket(zmq.PUSH)

@@ -1,4 +1,5 @@
 """The Anthropic Messages subset: blocks -> chat turns, usage split, error shape."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,26 +21,48 @@ def body(**fields: object) -> S.MessagesRequest:
 
 
 def test_blocks_become_chat_turns_with_tool_calls_and_results() -> None:
-    req = body(system=[{"type": "text", "text": "Be brief."}], messages=[
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "-3 C"}]},
-                                     {"type": "text", "text": "Thanks"}]},
-    ])
+    req = body(
+        system=[{"type": "text", "text": "Be brief."}],
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "-3 C"}]},
+                    {"type": "text", "text": "Thanks"},
+                ],
+            },
+        ],
+    )
     assert M.chat_messages(req) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "-3 C"},
         {"role": "user", "content": "Thanks"},
     ]
 
 
-@pytest.mark.parametrize("content", [
-    [{"type": "image", "source": {}}], [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
-])
+@pytest.mark.parametrize(
+    "content", [[{"type": "image", "source": {}}], [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]]
+)
 def test_unsupported_blocks_are_400(content: list[dict[str, object]]) -> None:
     with pytest.raises(APIError) as info:
         M.chat_messages(body(messages=[{"role": "user", "content": content}]))
@@ -49,27 +72,41 @@ def test_unsupported_blocks_are_400(content: list[dict[str, object]]) -> None:
 def test_tools_map_to_chat_tools_and_none_drops_them() -> None:
     tools = [{"name": "f", "input_schema": {"type": "object"}}]
     assert M.chat_tools(body(messages=[{"role": "user", "content": "x"}], tools=tools)) == [
-        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    assert M.chat_tools(body(messages=[{"role": "user", "content": "x"}], tools=tools, tool_choice={"type": "none"})) is None
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert (
+        M.chat_tools(body(messages=[{"role": "user", "content": "x"}], tools=tools, tool_choice={"type": "none"}))
+        is None
+    )
 
 
 def test_usage_splits_cache_reads_from_input_tokens() -> None:
     result = StepResult("hi", (1, 2), "length", 40, 30, "w")
-    assert M.usage(result) == {"input_tokens": 10, "output_tokens": 2, "cache_read_input_tokens": 30,
-                               "cache_creation_input_tokens": 0}
+    assert M.usage(result) == {
+        "input_tokens": 10,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def test_tool_calls_become_tool_use_blocks() -> None:
     calls = [{"id": "call_ab", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
-    assert M.content_blocks(Parsed(calls=calls)) == [{"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"a": 1}}]
+    assert M.content_blocks(Parsed(calls=calls)) == [
+        {"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"a": 1}}
+    ]
     assert M.content_blocks(Parsed()) == [{"type": "text", "text": ""}]
-    assert M.content_blocks(Parsed("hm", "hi")) == [{"type": "thinking", "thinking": "hm", "signature": ""},
-                                                    {"type": "text", "text": "hi"}]
+    assert M.content_blocks(Parsed("hm", "hi")) == [
+        {"type": "thinking", "thinking": "hm", "signature": ""},
+        {"type": "text", "text": "hi"},
+    ]
 
 
 def test_errors_take_the_anthropic_shape() -> None:
     assert M.anthropic_error(to_api_error(BudgetError("spans"))) == {
-        "type": "error", "error": {"type": "request_too_large", "message": "spans", "code": "budget_exceeded"}}
+        "type": "error",
+        "error": {"type": "request_too_large", "message": "spans", "code": "budget_exceeded"},
+    }
     assert M.anthropic_error(APIError(503, "later", "engine_unavailable"))["error"]["type"] == "overloaded_error"
 
 
@@ -94,10 +131,16 @@ def stream_blocks(items: list) -> list[tuple]:
 def test_streamed_blocks_open_by_kind_and_an_answer_always_has_text_or_a_tool_use() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     assert stream_blocks([("reasoning", "hm"), ("reasoning", "m"), ("content", "hi"), ("call", call)]) == [
-        ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
-        ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
-        ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None),
-        ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
-        ("content_block_stop", 2, None)]
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, "tool_use"),
+        ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None),
+    ]
     assert [e[2] for e in stream_blocks([("reasoning", "hm")]) if e[0] == "content_block_start"] == ["thinking", "text"]
     assert [e[2] for e in stream_blocks([("call", call)]) if e[0] == "content_block_start"] == ["tool_use"]

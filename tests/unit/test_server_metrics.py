@@ -1,4 +1,5 @@
 """``/metrics`` read back with prometheus_client's own text parser: counters, histograms, engine gauges."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,9 @@ def client() -> Iterator[AppClient]:
 def fake_generate(texts: list[str], result: StepResult) -> Callable[..., AsyncIterator[str | StepResult]]:
     """An engine that starts the step, streams ``texts`` a little apart, then returns ``result``."""
 
-    async def generate(step: StepRequest, on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+    async def generate(
+        step: StepRequest, on_start: Callable[[str], None] | None = None
+    ) -> AsyncIterator[str | StepResult]:
         await asyncio.sleep(0.02)  # queued
         if on_start is not None:
             on_start(result.workspace_id)
@@ -75,12 +78,16 @@ def test_requests_are_counters_by_route_and_status(client: AppClient) -> None:
 
 
 def test_a_step_feeds_token_counters_and_latency_histograms(client: AppClient) -> None:
-    result = StepResult("Paris", (1, 2), "stop", 30, 12, "w1", {}, {"select_s": 0.25, "decode_s": 0.5, "prefill_tokens": 30})
+    result = StepResult(
+        "Paris", (1, 2), "stop", 30, 12, "w1", {}, {"select_s": 0.25, "decode_s": 0.5, "prefill_tokens": 30}
+    )
     run_step(client, result)
     types, samples = scrape(client)
     assert value(samples, "kvmem_steps_total") == 1
     assert [value(samples, "kvmem_tokens_total", kind=k) for k in ("prompt", "cached", "completion")] == [30, 12, 2]
-    assert types["kvmem_step_seconds"] == "counter" and value(samples, "kvmem_step_seconds_total", phase="select") == 0.25
+    assert (
+        types["kvmem_step_seconds"] == "counter" and value(samples, "kvmem_step_seconds_total", phase="select") == 0.25
+    )
     assert not any("prefill_tokens" in str(key) for key in samples)
     for name in ("kvmem_queue_time_seconds", "kvmem_time_to_first_token_seconds", "kvmem_step_duration_seconds"):
         assert types[name] == "histogram"

@@ -1,4 +1,5 @@
 """``--served-model-name``: the aliases a client may send as ``model``, and what ``/v1/models`` lists."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,15 @@ def test_models_lists_the_aliases_first(client: AppClient) -> None:
     assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [*ALIASES, ENGINE_ID]
 
 
-@pytest.mark.parametrize("path, body", [("/v1/chat/completions", chat), ("/v1/completions", lambda m: {"model": m, "prompt": "x"}),
-                                        ("/v1/responses", lambda m: {"model": m, "input": "x"}),
-                                        ("/v1/messages", lambda m: {**chat(m), "max_tokens": 4})])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", lambda m: {"model": m, "prompt": "x"}),
+        ("/v1/responses", lambda m: {"model": m, "input": "x"}),
+        ("/v1/messages", lambda m: {**chat(m), "max_tokens": 4}),
+    ],
+)
 def test_every_alias_and_the_engine_id_are_served_and_others_are_404(client: AppClient, path: str, body) -> None:
     for model in (*ALIASES, ENGINE_ID, ""):
         status, _, reply = client.request("POST", path, json=body(model))

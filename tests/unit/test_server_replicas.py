@@ -1,5 +1,6 @@
 """ReplicaSet routing on stand-in engine clients: affinity by key, workspace and opening; least-loaded otherwise;
 retry on another replica before the first piece; workspace calls to the holder; the LRU table's bound."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ class FakeClient:
         self.steps: list[StepRequest] = []
         self.workspaces: dict[str, dict[str, Any]] = {}
 
-    async def generate(self, request: StepRequest,
-                       on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+    async def generate(
+        self, request: StepRequest, on_start: Callable[[str], None] | None = None
+    ) -> AsyncIterator[str | StepResult]:
         if self.fail is not None:
             raise self.fail
         self.steps.append(request)
@@ -35,8 +37,9 @@ class FakeClient:
         yield "piece"
         yield StepResult("piece", (1,), "stop", 1, 0, ws_id)
 
-    async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None,
-                   path: str | None = None) -> Any:
+    async def call(
+        self, op: str, arg: str | None = None, request: StepRequest | None = None, path: str | None = None
+    ) -> Any:
         if op == "list_workspaces":
             return list(self.workspaces.values())
         if op == "workspace_info":
@@ -48,6 +51,7 @@ def run(replicas: ReplicaSet, request: StepRequest) -> str:
     async def go() -> str:
         items = [item async for item in replicas.generate(request)]
         return items[-1].workspace_id
+
     return asyncio.run(go())
 
 
@@ -63,7 +67,9 @@ def test_conversations_stay_on_their_replica_and_new_ones_spread():
     assert [ws.split("-")[0] for ws in first] == ["a", "b", "a", "b"]
     second = [run(replicas, chat(f"hello {i}", turn=2)) for i in range(4)]
     assert [ws.split("-")[0] for ws in second] == ["a", "b", "a", "b"]
-    assert run(replicas, StepRequest(messages=({"role": "user", "content": "x"},), workspace_id=first[1])).startswith("b")
+    assert run(replicas, StepRequest(messages=({"role": "user", "content": "x"},), workspace_id=first[1])).startswith(
+        "b"
+    )
 
 
 def test_a_key_routes_whatever_the_opening_and_new_keys_spread():
@@ -121,16 +127,35 @@ def test_the_table_keeps_the_newest_keys():
 
 
 def test_routing_keys_and_replica_environments():
-    keys = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                                              {"role": "assistant", "content": "a"}), cache_key="k", workspace_id="w"))
+    keys = routing_keys(
+        StepRequest(
+            messages=(
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a"},
+            ),
+            cache_key="k",
+            workspace_id="w",
+        )
+    )
     assert keys == ["key:k", "ws:w"]
     opening = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"})))
-    later = routing_keys(StepRequest(messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                                               {"role": "assistant", "content": "a"}), workspace_id="w"))
+    later = routing_keys(
+        StepRequest(
+            messages=(
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a"},
+            ),
+            workspace_id="w",
+        )
+    )
     assert opening[0].startswith("open:") and later == ["ws:w", opening[0]]
     envs = replica_envs(2, [3, 5], {"A": "1"}, "CUDA_VISIBLE_DEVICES")
-    assert envs == [{"A": "1", "CUDA_VISIBLE_DEVICES": "3", "KVMEM_REPLICA": "r0"},
-                    {"A": "1", "CUDA_VISIBLE_DEVICES": "5", "KVMEM_REPLICA": "r1"}]
+    assert envs == [
+        {"A": "1", "CUDA_VISIBLE_DEVICES": "3", "KVMEM_REPLICA": "r0"},
+        {"A": "1", "CUDA_VISIBLE_DEVICES": "5", "KVMEM_REPLICA": "r1"},
+    ]
     assert replica_envs(1, [], {"A": "1"}, "CUDA_VISIBLE_DEVICES") == [{"A": "1"}]
 
 

@@ -1,4 +1,5 @@
 """Stored Responses: kept across a restart in their SQLite file, bounded, deletable over HTTP."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """BlockStore: exact capacity, eviction order, pins, sharing, loads and restarts on real files."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,7 +35,7 @@ def fill(store: BlockStore, ids: np.ndarray, namespace: str = "ns", seed: int = 
     """Open a workspace for ``ids`` and append every block not yet matched; return its id and blocks."""
     ws, _ = store.open_workspace(namespace, ids)
     blocks = synthetic_chain(LAYOUT, ids, namespace, seed)
-    for meta, kv in blocks[len(ws.hashes):]:
+    for meta, kv in blocks[len(ws.hashes) :]:
         store.append(ws.id, meta, kv)
     return ws.id, blocks
 
@@ -44,8 +45,9 @@ def host_store(retention: str = "keep-all") -> BlockStore:
 
 
 def nvme_store(path, cpu_blocks: int = 4, nvme_bytes: int = 1 << 20, retention: str = "evict-idle") -> BlockStore:
-    return BlockStore(LAYOUT, cpu_bytes=cpu_blocks * BLOCK, nvme_dir=path, nvme_bytes=nvme_bytes,
-                      retention=retention, clock=Clock())
+    return BlockStore(
+        LAYOUT, cpu_bytes=cpu_blocks * BLOCK, nvme_dir=path, nvme_bytes=nvme_bytes, retention=retention, clock=Clock()
+    )
 
 
 def test_keep_all_refuses_the_fifth_block_and_keeps_the_four():
@@ -71,6 +73,7 @@ def test_evict_idle_drops_whole_workspaces_oldest_first_never_the_one_in_use():
     events = [e["workspace"] for e in store.take_events()]
     assert events == [a, b, c]
     assert store.metrics()["evicted_workspaces"] == 3
+
 
 def test_evict_idle_refuses_when_idle_workspaces_free_too_little_and_evicts_nothing():
     store = host_store("evict-idle")
@@ -175,7 +178,10 @@ def test_workspace_info_reports_ranges_tiers_and_totals(tmp_path):
     store.flush()
     info = store.workspace_info(ws_id)
     assert [(b["start"], b["end"], b["tier"]) for b in info["blocks"]] == [
-        (0, 16, "nvme"), (16, 32, "host+nvme"), (32, 48, "host+nvme")]
+        (0, 16, "nvme"),
+        (16, 32, "host+nvme"),
+        (32, 48, "host+nvme"),
+    ]
     store.append(ws_id, *synthetic_chain(LAYOUT, tokens(4), "ns")[3])
     info = store.workspace_info(ws_id)
     assert [b["tier"] for b in info["blocks"]] == ["nvme", "nvme", "host+nvme", "host"]
@@ -207,7 +213,9 @@ def test_a_block_lost_from_the_host_tier_cuts_every_workspace_holding_it():
     result = store.complete_load(store.prepare_load([m.chain_hash for m, _ in blocks]))
     assert result.missing == (lost,) and store.metrics()["corrupt"] == 1
     assert store.workspaces.get(ws_a).hashes == store.workspaces.get(ws_b).hashes == [blocks[0][0].chain_hash]
-    assert store.tier(blocks[2][0].chain_hash) is None and store.metrics()["host_bytes"] == BLOCK  # only block 0 is held
+    assert (
+        store.tier(blocks[2][0].chain_hash) is None and store.metrics()["host_bytes"] == BLOCK
+    )  # only block 0 is held
     ws, match = store.open_workspace("ns", tokens(3))
     assert match.matched_blocks == 1 and ws.id in (ws_a, ws_b)
 

@@ -1,5 +1,6 @@
 """Stores of several processes (server replicas) sharing one NVMe directory: adoption on a miss, own manifests,
 restarts that leave the others' files alone, temp files unique per process."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,14 @@ from kvmem_core.store import BlockStore
 
 
 def shared_store(path, owner: str) -> BlockStore:
-    return BlockStore(LAYOUT, cpu_bytes=8 * LAYOUT.kv_bytes_per_block, nvme_dir=path, nvme_bytes=1 << 20,
-                      clock=Clock(), nvme_owner=owner)
+    return BlockStore(
+        LAYOUT,
+        cpu_bytes=8 * LAYOUT.kv_bytes_per_block,
+        nvme_dir=path,
+        nvme_bytes=1 << 20,
+        clock=Clock(),
+        nvme_owner=owner,
+    )
 
 
 def test_a_conversation_moves_to_another_store_with_its_blocks(tmp_path):

@@ -1,6 +1,7 @@
 """Side data (recurrent checkpoints) in the store's budgets: counted in its tier, room made by evicting idle
 workspaces with their side data, else shedding older side data, refused without room, dropped with its workspace
 (the owner told at once)."""
+
 from __future__ import annotations
 
 from test_store import BLOCK, fill, host_store, nvme_store, tokens

@@ -1,5 +1,6 @@
 """Structured output in the one decode loop (kvmem_core.structured): whatever the logits, the answer parses and
 validates against the schema within ``max_tokens``, on a byte-level vocabulary (one token per byte, one end token)."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,23 @@ from kvmem_core.structured import Constraint, Vocabulary
 
 pytest.importorskip("llguidance")
 EOS = 256
-CITY = {"type": "object", "properties": {"name": {"type": "string"}, "unit": {"enum": ["c", "f"]},
-                                         "tags": {"type": "array", "items": {"type": "string"}}, "size": {"type": "integer"}},
-        "required": ["name", "unit", "tags", "size"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "unit": {"enum": ["c", "f"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "size": {"type": "integer"},
+    },
+    "required": ["name", "unit", "tags", "size"],
+    "additionalProperties": False,
+}
 
 
 def byte_vocab() -> Vocabulary:
-    return Vocabulary(257, lambda t: b"" if t == EOS else bytes([t]), lambda t: t == EOS, lambda text: list(text.encode()))
+    return Vocabulary(
+        257, lambda t: b"" if t == EOS else bytes([t]), lambda t: t == EOS, lambda text: list(text.encode())
+    )
 
 
 VOCAB = byte_vocab()
@@ -34,8 +45,16 @@ def run(grammar_text: str, logits_rows: np.ndarray, max_tokens: int, trigger: st
     rows = iter(np.tile(logits_rows, (max_tokens // len(logits_rows) + 2, 1)))
     constraint = Constraint(grammar_text, VOCAB, trigger)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    text, _, finish = decode(params, next(rows), VOCAB._token_bytes, VOCAB._is_eog, lambda t: lambda: next(rows),
-                             lambda piece: True, None, constraint)
+    text, _, finish = decode(
+        params,
+        next(rows),
+        VOCAB._token_bytes,
+        VOCAB._is_eog,
+        lambda t: lambda: next(rows),
+        lambda piece: True,
+        None,
+        constraint,
+    )
     return text, finish
 
 
@@ -56,7 +75,9 @@ def test_any_logits_give_json_of_the_schema(seed: int, max_tokens: int) -> None:
 def test_a_model_that_loops_in_a_string_is_closed_early() -> None:
     rows = np.zeros((1, 257), dtype=np.float32)
     rows[0, ord("a")] = 5.0  # "aaaa..." forever, left alone
-    text, finish = run(schema_grammar({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}), rows, 4000)
+    text, finish = run(
+        schema_grammar({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}), rows, 4000
+    )
     assert finish == "stop" and json.loads(text)["s"].strip("a") == "" and len(text) < 300
 
 
@@ -84,8 +105,10 @@ def test_a_lazy_tool_grammar_holds_only_the_call_after_its_marker() -> None:
 
 
 def test_required_tools_make_the_answer_calls() -> None:
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
-             {"type": "function", "function": {"name": "g", "strict": True, "parameters": CITY}}]
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "g", "strict": True, "parameters": CITY}},
+    ]
     text_grammar, trigger = grammar(None, tools, {"type": "function", "function": {"name": "g"}}, "hermes")
     rows = np.random.default_rng(3).standard_normal((11, 257)).astype(np.float32)
     text, finish = run(text_grammar, rows, 400)
@@ -115,6 +138,14 @@ def test_a_think_block_is_outside_the_format() -> None:
     rows[0, ord("x")] = 5.0  # the model would write x forever
     rows = iter(np.tile(rows, (80, 1)))
     constraint = Constraint(grammar(({"type": "integer"}, True), None, None, "hermes")[0], VOCAB)
-    text, _, finish = decode(SamplingParams(temperature=0, max_tokens=60), next(rows), VOCAB.token_bytes, VOCAB._is_eog,
-                             lambda t: lambda: next(rows), lambda piece: True, Thinks(6), constraint)
+    text, _, finish = decode(
+        SamplingParams(temperature=0, max_tokens=60),
+        next(rows),
+        VOCAB.token_bytes,
+        VOCAB._is_eog,
+        lambda t: lambda: next(rows),
+        lambda piece: True,
+        Thinks(6),
+        constraint,
+    )
     assert text[:6] == "xxxxxx" and isinstance(json.loads(text[6:]), int) and finish == "stop"

@@ -2,6 +2,7 @@
 next step's mask on the planner thread while the model computes that step's logits, and the answers are the same,
 token for token, as with every mask made in line: on random logits over a byte vocabulary (closing near the budget
 included); the default model's answers are checked in tests/reference/test_structured_overlap_default.py."""
+
 from __future__ import annotations
 
 import json
@@ -42,13 +43,23 @@ class AlwaysMasked(Constraint):
 def answer(constraint: Constraint, rows: np.ndarray, max_tokens: int, temperature: float) -> tuple[str, list[int], str]:
     feed = iter(np.tile(rows, (max_tokens // len(rows) + 2, 1)))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=7)
-    return decode(params, next(feed), VOCAB._token_bytes, VOCAB._is_eog, lambda t: lambda: next(feed), lambda piece: True,
-                  None, constraint)
+    return decode(
+        params,
+        next(feed),
+        VOCAB._token_bytes,
+        VOCAB._is_eog,
+        lambda t: lambda: next(feed),
+        lambda piece: True,
+        None,
+        constraint,
+    )
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), max_tokens=st.integers(60, 300), temperature=st.sampled_from([0.0, 1.0]))
-def test_planning_ahead_gives_the_same_answers_as_masking_in_line(seed: int, max_tokens: int, temperature: float) -> None:
+def test_planning_ahead_gives_the_same_answers_as_masking_in_line(
+    seed: int, max_tokens: int, temperature: float
+) -> None:
     rows = np.random.default_rng(seed).standard_normal((5, 257)).astype(np.float32)
     text = schema_grammar(CITY)
     ahead = answer(Constraint(text, VOCAB), rows, max_tokens, temperature)
@@ -88,9 +99,17 @@ def test_the_next_mask_is_started_after_the_step_is_launched() -> None:
         return lambda: next(feed)
 
     params = SamplingParams(temperature=0.0, max_tokens=200)
-    decode(params, next(feed), VOCAB._token_bytes, VOCAB._is_eog, launch, lambda piece: True, None,
-           Logged(schema_grammar(CITY), VOCAB))
-    steps = [events[i:i + 2] for i in range(0, len(events) - 1, 2)]
+    decode(
+        params,
+        next(feed),
+        VOCAB._token_bytes,
+        VOCAB._is_eog,
+        launch,
+        lambda piece: True,
+        None,
+        Logged(schema_grammar(CITY), VOCAB),
+    )
+    steps = [events[i : i + 2] for i in range(0, len(events) - 1, 2)]
     assert steps and all(step == ["launch", "take"] for step in steps)
 
 
@@ -100,7 +119,9 @@ def test_a_greedy_pick_tried_unmasked_first_is_the_masked_pick(seed: int, max_to
     rows = np.random.default_rng(seed).standard_normal((5, 257)).astype(np.float32)
     rows[:, ::7] = rows.max()  # ties: the first best token wins in both
     text = schema_grammar(CITY)
-    assert answer(Constraint(text, VOCAB), rows, max_tokens, 0.0) == answer(AlwaysMasked(text, VOCAB), rows, max_tokens, 0.0)
+    assert answer(Constraint(text, VOCAB), rows, max_tokens, 0.0) == answer(
+        AlwaysMasked(text, VOCAB), rows, max_tokens, 0.0
+    )
 
 
 def test_a_greedy_pick_the_grammar_allows_makes_no_mask() -> None:
@@ -110,7 +131,15 @@ def test_a_greedy_pick_the_grammar_allows_makes_no_mask() -> None:
     rows[np.arange(len(data)), list(data)] = 1.0
     rows[-1, EOS] = 1.0
     feed, constraint = iter(rows), Constraint(schema_grammar(CITY), VOCAB)
-    got = decode(SamplingParams(temperature=0.0, max_tokens=300), next(feed), VOCAB._token_bytes, VOCAB._is_eog,
-                 lambda t: lambda: next(feed), lambda piece: True, None, constraint)
+    got = decode(
+        SamplingParams(temperature=0.0, max_tokens=300),
+        next(feed),
+        VOCAB._token_bytes,
+        VOCAB._is_eog,
+        lambda t: lambda: next(feed),
+        lambda piece: True,
+        None,
+        constraint,
+    )
     assert got == (data.decode(), list(data), "stop")
     assert constraint.steps == len(data) + 1 and constraint.masked == 0

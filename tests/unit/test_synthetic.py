@@ -1,4 +1,5 @@
 """Synthetic calibration documents: deterministic, one target fact among same-form distractors."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,11 @@ def test_same_seed_same_document():
 
 def test_fact_span_holds_the_answer_once_and_the_question_names_its_entity():
     for doc in make_docs(10):
-        fact = doc.text[doc.fact_span[0]:doc.fact_span[1]]
+        fact = doc.text[doc.fact_span[0] : doc.fact_span[1]]
         assert doc.answer in fact and doc.text.count(doc.answer) == 1
-        entity = next(w for w in re.findall(r"[A-Z][a-z]+", fact) if w in doc.question and w not in ("The", "Locker", "Agent"))
+        entity = next(
+            w for w in re.findall(r"[A-Z][a-z]+", fact) if w in doc.question and w not in ("The", "Locker", "Agent")
+        )
         assert doc.text.count(entity) == 1
 
 

@@ -1,5 +1,6 @@
 """The default thread count follows the cores other processes leave free: every core on a quiet machine, fewer
 while others compute, back up when they stop; explicit counts are never governed."""
+
 from __future__ import annotations
 
 import time
@@ -82,9 +83,12 @@ def test_real_counters_see_this_process_compute() -> None:
     assert after is not None and after[1] - before[1] >= 20 and after[0] - before[0] >= after[1] - before[1] - 5
 
 
-@pytest.mark.parametrize("threads, batch, env, auto", [
-    (None, None, {}, True), (2, None, {}, False), (None, 3, {}, False), (None, None, {"KVMEM_THREADS": "1"}, False)])
-def test_only_unset_counts_are_governed(threads: int | None, batch: int | None, env: dict[str, str],
-                                        auto: bool) -> None:
+@pytest.mark.parametrize(
+    "threads, batch, env, auto",
+    [(None, None, {}, True), (2, None, {}, False), (None, 3, {}, False), (None, None, {"KVMEM_THREADS": "1"}, False)],
+)
+def test_only_unset_counts_are_governed(
+    threads: int | None, batch: int | None, env: dict[str, str], auto: bool
+) -> None:
     assert resolve_threads(threads, batch, env=env).auto is auto
     assert Threads(2, 2) == Threads(2, 2, auto=False)

@@ -1,4 +1,5 @@
 """Thread counts and the compute flags: defaults from the affinity mask, env, explicit values, refusals."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,18 @@ def test_unset_counts_take_every_core_this_process_may_use(monkeypatch: pytest.M
     assert resolve_threads(env={}) == Threads(3, 3, auto=True)  # and the engine follows the free cores
 
 
-@pytest.mark.parametrize("threads, batch, env, expected", [
-    (None, None, {"KVMEM_THREADS": "4"}, Threads(4, 4)),
-    (None, None, {"KVMEM_THREADS": "4", "KVMEM_THREADS_BATCH": "8"}, Threads(4, 8)),
-    (2, None, {"KVMEM_THREADS": "4"}, Threads(2, 2)),
-    (2, 6, {"KVMEM_THREADS_BATCH": "8"}, Threads(2, 6)),
-])
-def test_explicit_counts_beat_the_environment(threads: int | None, batch: int | None, env: dict[str, str],
-                                              expected: Threads) -> None:
+@pytest.mark.parametrize(
+    "threads, batch, env, expected",
+    [
+        (None, None, {"KVMEM_THREADS": "4"}, Threads(4, 4)),
+        (None, None, {"KVMEM_THREADS": "4", "KVMEM_THREADS_BATCH": "8"}, Threads(4, 8)),
+        (2, None, {"KVMEM_THREADS": "4"}, Threads(2, 2)),
+        (2, 6, {"KVMEM_THREADS_BATCH": "8"}, Threads(2, 6)),
+    ],
+)
+def test_explicit_counts_beat_the_environment(
+    threads: int | None, batch: int | None, env: dict[str, str], expected: Threads
+) -> None:
     assert resolve_threads(threads, batch, env=env) == expected
 
 
@@ -82,8 +87,9 @@ def test_gpu_layers_follow_flag_env_and_device(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_capture_context_is_a_llama_cpp_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    opts = compute_opts(parse("--threads", "2", "--threads-batch", "2", "--n-gpu-layers", "-1", "--capture-context", "on"),
-                        "llama.cpp")
+    opts = compute_opts(
+        parse("--threads", "2", "--threads-batch", "2", "--n-gpu-layers", "-1", "--capture-context", "on"), "llama.cpp"
+    )
     assert opts["capture_context"] is True
     assert describe_compute(opts) == "threads 2 (batch 2), gpu layers all, capture context on"
     assert "capture_context" not in compute_opts(parse("--threads", "2"), "llama.cpp")  # the adapter decides

@@ -1,4 +1,5 @@
 """The runner's position-ordered view: block round trips, reordering, compaction, drops, snapshots."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """``TorchAdapter.stage_reads``: a block read taken after its chunk is handed out as it was, after the cells are
 dropped and later forwards write over their slots (on CUDA the copies are queued, not waited for)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,9 @@ from kvmem_bench.torch_weights import random_weights
 from kvmem_torch.tokenizer import IdTokenizer
 
 B = 16
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")])
+CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
+)
 
 
 def adapter_on(device: str) -> TorchAdapter:
@@ -20,8 +23,15 @@ def adapter_on(device: str) -> TorchAdapter:
     spec = qwen35_spec("tiny")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     weights = random_weights(spec, dtype, device, 0)
-    return TorchAdapter("tiny", view_tokens=256, block_tokens=B, device=device, dtype=dtype, progress=False,
-                        loaded=(spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0"))
+    return TorchAdapter(
+        "tiny",
+        view_tokens=256,
+        block_tokens=B,
+        device=device,
+        dtype=dtype,
+        progress=False,
+        loaded=(spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0"),
+    )
 
 
 @pytest.mark.parametrize("device", ("cpu", CUDA))

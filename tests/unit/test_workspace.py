@@ -1,4 +1,5 @@
 """WorkspaceRegistry: longest-prefix match by hash chain verified against token ids; continue or fork."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ B = 4
 def metas_for(namespace: str, ids: np.ndarray) -> dict[str, BlockMeta]:
     hashes = block_hashes(namespace, ids, B)
     parents = [ROOT_HASH] + hashes[:-1]
-    return {h: BlockMeta(h, p, ids[i * B:(i + 1) * B], i * B, 0) for i, (h, p) in enumerate(zip(hashes, parents))}
+    return {h: BlockMeta(h, p, ids[i * B : (i + 1) * B], i * B, 0) for i, (h, p) in enumerate(zip(hashes, parents))}
 
 
 class World:
@@ -35,7 +36,7 @@ class World:
         match = self.reg.find_prefix(namespace, ids_arr, self.metas.get, route)
         ws = self.reg.open(match)
         self.metas.update(metas_for(namespace, ids_arr))
-        for h in match.hashes[len(ws.hashes):]:
+        for h in match.hashes[len(ws.hashes) :]:
             self.reg.append(ws.id, h)
         return ws, match.matched_blocks, match.continues
 

@@ -5,6 +5,7 @@ route needs the bearer key when one is set (``Authorization: Bearer KEY`` or
 ``X-Api-Key: KEY``); ``/health`` and the web UI's static files never do. Every failure
 leaves through ``errors.error_response``, so clients always get the OpenAI error JSON.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -71,8 +72,14 @@ def _authorized(request: web.Request, key: str) -> bool:
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     engine = state.engine
-    body = {"status": "ok" if engine.state == "ready" else engine.state, "model": engine.model_id,
-            "fingerprint": state.fingerprint, "pid": os.getpid(), "engine_pid": engine.pid, "version": kvmem.__version__}
+    body = {
+        "status": "ok" if engine.state == "ready" else engine.state,
+        "model": engine.model_id,
+        "fingerprint": state.fingerprint,
+        "pid": os.getpid(),
+        "engine_pid": engine.pid,
+        "version": kvmem.__version__,
+    }
     if isinstance(engine, ReplicaSet):
         body["replicas"] = engine.describe()
     return web.json_response(body, status=200 if engine.state == "ready" else 503)
@@ -80,8 +87,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     names = request.app[STATE].served_names()
-    return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "kvmem"}
-                                                         for name in names]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "kvmem"} for name in names],
+        }
+    )
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -95,14 +106,35 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    post = {"/v1/chat/completions": "ChatRequest", "/v1/completions": "CompletionRequest",
-            "/v1/responses": "ResponsesRequest", "/tokenize": "TokenizeRequest", "/v1/tokenize": "TokenizeRequest",
-            "/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest"}
-    paths = {path: {"post": {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{name}"}}}}, "responses": {"200": {"description": "OK"}}}}
-        for path, name in post.items()}
-    return web.json_response({"openapi": "3.1.0", "info": {"title": "KVMem", "version": kvmem.__version__},
-                              "paths": paths, "components": {"schemas": S.openapi_components()}})
+    post = {
+        "/v1/chat/completions": "ChatRequest",
+        "/v1/completions": "CompletionRequest",
+        "/v1/responses": "ResponsesRequest",
+        "/tokenize": "TokenizeRequest",
+        "/v1/tokenize": "TokenizeRequest",
+        "/v1/messages": "MessagesRequest",
+        "/v1/messages/count_tokens": "CountTokensRequest",
+    }
+    paths = {
+        path: {
+            "post": {
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+                },
+                "responses": {"200": {"description": "OK"}},
+            }
+        }
+        for path, name in post.items()
+    }
+    return web.json_response(
+        {
+            "openapi": "3.1.0",
+            "info": {"title": "KVMem", "version": kvmem.__version__},
+            "paths": paths,
+            "components": {"schemas": S.openapi_components()},
+        }
+    )
 
 
 async def static_ui(request: web.Request) -> web.StreamResponse:
@@ -120,8 +152,10 @@ async def static_ui(request: web.Request) -> web.StreamResponse:
 
 def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Application:
     """The application for ``state``; the engine client must be started separately."""
-    app = web.Application(middlewares=[errors_middleware, security_middleware(state.security), auth_middleware],
-                          client_max_size=max_body_bytes)
+    app = web.Application(
+        middlewares=[errors_middleware, security_middleware(state.security), auth_middleware],
+        client_max_size=max_body_bytes,
+    )
     app.on_response_prepare.append(cors_hook(state.security))
     app[STATE] = state
     r = app.router
@@ -143,8 +177,9 @@ def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Applicat
     return app
 
 
-async def serve(state: ServerState, host: str, port: int, on_ready: Callable[[], None],
-                max_body_bytes: int = 8 << 20) -> None:
+async def serve(
+    state: ServerState, host: str, port: int, on_ready: Callable[[], None], max_body_bytes: int = 8 << 20
+) -> None:
     """Bind, start the engine, call ``on_ready``, and serve until SIGINT/SIGTERM."""
     runner = web.AppRunner(build_app(state, max_body_bytes), handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -1,4 +1,5 @@
 """``/v1/chat/completions`` and ``/v1/completions``: JSON replies and SSE chunk streams."""
+
 from __future__ import annotations
 
 import time
@@ -64,8 +65,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = state.served_model(body.model)
     offered = convert.tool_names(convert.chat_tools(body))
     parser = fmt.parser(with_tools=bool(offered), declared=offered)
-    base = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": model,
-            "system_fingerprint": state.fingerprint}
+    base = {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": state.fingerprint,
+    }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _stream_chat(request, state, step, base, parser, include_usage)
@@ -76,10 +81,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         message["reasoning_content"] = out.reasoning
     if out.calls:
         message["tool_calls"] = out.calls
-    choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": finish_reason(result, bool(out.calls))}
-    return web.json_response({**base, "object": "chat.completion", "choices": [choice], "usage": usage(result),
-                              "kvmem": kvmem_info(result)})
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(result, bool(out.calls))}
+    return web.json_response(
+        {**base, "object": "chat.completion", "choices": [choice], "usage": usage(result), "kvmem": kvmem_info(result)}
+    )
 
 
 def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
@@ -89,8 +94,9 @@ def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"tool_calls": [head]}, {"tool_calls": [{"index": index, "function": {"arguments": fn["arguments"]}}]}]
 
 
-async def _stream_chat(request: web.Request, state: ServerState, step: Any, base: dict[str, Any],
-                       parser: OutputParser, include_usage: bool) -> web.StreamResponse:
+async def _stream_chat(
+    request: web.Request, state: ServerState, step: Any, base: dict[str, Any], parser: OutputParser, include_usage: bool
+) -> web.StreamResponse:
     chunk = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
 

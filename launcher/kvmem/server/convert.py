@@ -1,4 +1,5 @@
 """Validated request bodies -> ``StepRequest``: messages, tools, sampling and KVMem overrides."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,9 +17,18 @@ from kvmem_core.errors import ConfigError
 
 _DEFAULT = SamplingParams()
 EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096}  # think tokens; high and above: no limit
-_OVERRIDE_FIELDS = {"method": "method", "retrieval_method": "scorer", "budget": "budget", "gen_budget": "gen_budget",
-                    "sink_tokens": "sink_tokens", "recent_tokens": "recent_tokens", "retrieval_heads": "retrieval_heads",
-                    "groups": "groups", "relevance": "relevance", "speculative": "speculative"}
+_OVERRIDE_FIELDS = {
+    "method": "method",
+    "retrieval_method": "scorer",
+    "budget": "budget",
+    "gen_budget": "gen_budget",
+    "sink_tokens": "sink_tokens",
+    "recent_tokens": "recent_tokens",
+    "retrieval_heads": "retrieval_heads",
+    "groups": "groups",
+    "relevance": "relevance",
+    "speculative": "speculative",
+}
 
 
 def overrides(options: S.KVMemOptions | None, config: KVMemConfig, messages: int = 0, shift: int = 0) -> dict[str, Any]:
@@ -50,9 +60,12 @@ def pins(indexes: list[int], messages: int, shift: int) -> tuple[int, ...]:
     without a system message); 400 for an index past the request's messages."""
     bad = sorted({i for i in indexes if i >= messages})
     if bad:
-        raise invalid(f"kvmem.pin names messages {bad} but the request has {messages} "
-                      f"({'indexes 0 to ' + str(messages - 1) if messages else 'a raw prompt has none'})",
-                      "kvmem.pin", "invalid_kvmem_options")
+        raise invalid(
+            f"kvmem.pin names messages {bad} but the request has {messages} "
+            f"({'indexes 0 to ' + str(messages - 1) if messages else 'a raw prompt has none'})",
+            "kvmem.pin",
+            "invalid_kvmem_options",
+        )
     return tuple(i + shift for i in indexes)
 
 
@@ -108,8 +121,9 @@ def chat_messages(messages: list[S.ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def engine_transcript(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      fmt: ChatFormat) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
+def engine_transcript(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ChatFormat
+) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]:
     """Messages and tools as the engine gets them: native when its template knows tools, else plain text."""
     if fmt.tools is not None:
         return tuple(tools_format.native_messages(messages, fmt.tools)), tuple(tools) if tools else None
@@ -121,7 +135,9 @@ def tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
     return [t["function"]["name"] for t in tools or ()]
 
 
-def thinking(effort: str | None, kwargs: dict[str, Any] | None, budget: int | None) -> tuple[dict[str, Any], int | None]:
+def thinking(
+    effort: str | None, kwargs: dict[str, Any] | None, budget: int | None
+) -> tuple[dict[str, Any], int | None]:
     """A request's thinking controls as template kwargs and a think-token budget.
 
     ``effort`` reaches the template as ``reasoning_effort`` (templates without it ignore
@@ -153,10 +169,15 @@ def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat, default
     kwargs, budget = thinking(body.reasoning_effort, body.chat_template_kwargs, body.reasoning_budget_tokens)
     max_tokens = body.max_completion_tokens or body.max_tokens or default_max  # each at least 1 when set
     grammar, trigger = formats.grammar(formats.requested(body.response_format), tools, body.tool_choice, fmt.tools)
-    return StepRequest(messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-                       sampling=formats.constrained(sampling(body, max_tokens), grammar, trigger),
-                       overrides=overrides(body.kvmem, config, len(client), len(messages) - len(client)),
-                       cache_key=body.prompt_cache_key)
+    return StepRequest(
+        messages=messages,
+        tools=engine_tools,
+        template_kwargs=kwargs,
+        reasoning_budget=budget,
+        sampling=formats.constrained(sampling(body, max_tokens), grammar, trigger),
+        overrides=overrides(body.kvmem, config, len(client), len(messages) - len(client)),
+        cache_key=body.prompt_cache_key,
+    )
 
 
 def completion_step(body: S.CompletionRequest, config: KVMemConfig, default_max: int | None = None) -> StepRequest:
@@ -166,5 +187,6 @@ def completion_step(body: S.CompletionRequest, config: KVMemConfig, default_max:
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     if not prompt:
         raise invalid("prompt is empty", "prompt")
-    return StepRequest(prompt=prompt, sampling=sampling(body, body.max_tokens or default_max),
-                       overrides=overrides(body.kvmem, config))
+    return StepRequest(
+        prompt=prompt, sampling=sampling(body, body.max_tokens or default_max), overrides=overrides(body.kvmem, config)
+    )

@@ -7,6 +7,7 @@ step never races an old one. A request frame that cannot be sent fails its reque
 and frees the slot (the engine never saw it). When the process exits, in-flight requests fail with 503
 and a fresh engine is spawned on new sockets; requests meanwhile get 503 with ``Retry-After``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +84,9 @@ class EngineClient:
         self._ctx.destroy(linger=0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def generate(self, request: StepRequest,
-                       on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+    async def generate(
+        self, request: StepRequest, on_start: Callable[[str], None] | None = None
+    ) -> AsyncIterator[str | StepResult]:
         """Yield text pieces as the engine makes them, then the ``StepResult``; APIError on failure.
         ``on_start`` learns the step's workspace id before its first piece."""
         req_id = uuid.uuid4().hex
@@ -111,8 +113,9 @@ class EngineClient:
             if not finished:
                 self._send(P.Abort(id=req_id))
 
-    async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None,
-                   path: str | None = None) -> Any:
+    async def call(
+        self, op: str, arg: str | None = None, request: StepRequest | None = None, path: str | None = None
+    ) -> Any:
         """Run one non-generating engine call (``protocol.CALL_OPS``) and return its value. Calls queue with
         the steps (429 past ``max_queue``): tokenizing a large body ties the engine up as a step does."""
         assert op in P.CALL_OPS
@@ -130,10 +133,16 @@ class EngineClient:
 
     async def _take_slot(self) -> None:
         if self.state != "ready":
-            raise engine_unavailable(f"the engine is {self.state}" + (f": {self._last_dead}" if self._last_dead else ""))
+            raise engine_unavailable(
+                f"the engine is {self.state}" + (f": {self._last_dead}" if self._last_dead else "")
+            )
         if self.waiting >= self.max_queue and self._slot.locked():
-            raise APIError(429, f"server busy: {self.waiting} requests queued (--max-queue {self.max_queue})",
-                           "queue_full", headers={"Retry-After": "1"})
+            raise APIError(
+                429,
+                f"server busy: {self.waiting} requests queued (--max-queue {self.max_queue})",
+                "queue_full",
+                headers={"Retry-After": "1"},
+            )
         self.waiting += 1
         try:
             await self._slot.acquire()
@@ -181,7 +190,15 @@ class EngineClient:
         self.state = "starting" if self._generation == 1 else "restarting"
         spec_json = msgspec.json.encode(self.spec).decode()
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvmem.engine_proc", in_addr, out_addr, spec_json, env=self.env, start_new_session=True)
+            sys.executable,
+            "-m",
+            "kvmem.engine_proc",
+            in_addr,
+            out_addr,
+            spec_json,
+            env=self.env,
+            start_new_session=True,
+        )
         self.pid = self._proc.pid
         self._tasks = [asyncio.create_task(self._read(self._pull)), asyncio.create_task(self._watch(self._proc))]
 
@@ -205,7 +222,11 @@ class EngineClient:
 
     def _dispatch(self, msg: P.Message) -> None:
         if isinstance(msg, P.Ready):
-            self.model_id, self.chat_format, self.metrics = msg.model_id, P.from_wire_format(msg.chat_format), msg.metrics
+            self.model_id, self.chat_format, self.metrics = (
+                msg.model_id,
+                P.from_wire_format(msg.chat_format),
+                msg.metrics,
+            )
             self.state = "ready"
             self._last_dead = ""
             self._ready.set()
@@ -240,7 +261,7 @@ class EngineClient:
             return
         log.error("engine process exited with code %s; restarting", code)
         self._crashes = 0 if was_ready else self._crashes + 1
-        await asyncio.sleep(min(0.5 * 2 ** self._crashes, 10.0) if self._crashes else 0)
+        await asyncio.sleep(min(0.5 * 2**self._crashes, 10.0) if self._crashes else 0)
         self.restarts += 1
         await self._spawn()
 

@@ -3,6 +3,7 @@
 ``{"error": {"message", "type", "param", "code"}}`` is what the ``openai`` SDK parses into
 its ``APIStatusError`` subclasses; ``to_api_error`` is the only place that decides status.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,14 @@ from aiohttp import web
 
 from kvmem_core.errors import KVMemError
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 log = logging.getLogger("kvmem.server")
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
@@ -23,8 +30,14 @@ _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 class APIError(Exception):
     """An error with its HTTP status; ``headers`` carries e.g. ``Retry-After``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

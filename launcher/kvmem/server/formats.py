@@ -12,6 +12,7 @@ JSON is written as ``json.dumps`` writes it (``", "`` and ``": "``, no other bla
 spend its tokens on whitespace. A schema that does not compile is a 400 (``invalid_response_format``) before any
 work; a strict schema with a keyword the compiler does not know is refused, a non-strict one ignores it.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ class CallText:
 
 
 CALL_TEXT = {
-    "hermes": CallText("<tool_call>", 'one_call ("\\n" one_call)*\none_call: "<tool_call>" after_marker',
-                       '"\\n" call_json "\\n</tool_call>"'),
+    "hermes": CallText(
+        "<tool_call>",
+        'one_call ("\\n" one_call)*\none_call: "<tool_call>" after_marker',
+        '"\\n" call_json "\\n</tool_call>"',
+    ),
     "llama3": CallText("<|python_tag|>", '"<|python_tag|>"? call_json ("; " call_json)*', "call_json", "parameters"),
     "mistral": CallText("[TOOL_CALLS]", '"[TOOL_CALLS]" after_marker', '"[" call_json (", " call_json)* "]"'),
 }
@@ -56,8 +60,14 @@ def call_schema(tools: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
     for tool in tools:
         fn = tool["function"]
         params = fn.get("parameters") or {"type": "object"}
-        options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: params},
-                        "required": ["name", args_key], "additionalProperties": False})
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, args_key: params},
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -78,8 +88,9 @@ def call_rules(tools: list[dict[str, Any]], text: CallText) -> str:
 Format = tuple[dict[str, Any] | None, bool]  # a JSON response format: its schema (None: any object), strict
 
 
-def grammar(fmt: Format | None, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-            syntax: str | None) -> tuple[str | None, str | None]:
+def grammar(
+    fmt: Format | None, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, syntax: str | None
+) -> tuple[str | None, str | None]:
     """(grammar, trigger) of a request's answer (see the module docstring): ``fmt`` its JSON response format
     (None: text), ``tools`` the chat-style tools it offers (None: none), ``syntax`` the model's tool syntax.
     (None, None) when nothing constrains the answer; ``GrammarError`` when a schema does not compile."""

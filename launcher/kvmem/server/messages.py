@@ -4,6 +4,7 @@ Text, ``system``, tools (``tool_use`` / ``tool_result`` blocks) and streaming ov
 engine step as chat. Usage follows Anthropic's split: ``input_tokens`` counts only the
 tokens not read from the cache, ``cache_read_input_tokens`` the prefix hits.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,13 @@ def _turn(role: str, blocks: list[S.AnthropicBlock], where: str) -> list[dict[st
         elif block.type == "thinking" and role == "assistant" and block.thinking is not None:
             thoughts.append(block.thinking)
         elif block.type == "tool_use" and role == "assistant" and block.id and block.name:
-            calls.append({"id": block.id, "type": "function",
-                          "function": {"name": block.name, "arguments": json.dumps(block.input or {})}})
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": json.dumps(block.input or {})},
+                }
+            )
         elif block.type == "tool_result" and role == "user" and block.tool_use_id:
             content = convert.text_content(block.content, at) if block.content is not None else ""
             results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
@@ -61,33 +67,62 @@ def _turn(role: str, blocks: list[S.AnthropicBlock], where: str) -> list[dict[st
             raise invalid(f"{at}: a {block.type!r} block is not supported in a {role} turn", at)
     turn: list[dict[str, Any]] = []
     if texts or calls:
-        turn.append({"role": role, "content": "".join(texts), **({"tool_calls": calls} if calls else {}),
-                     **({"reasoning_content": "".join(thoughts)} if thoughts else {})})
+        turn.append(
+            {
+                "role": role,
+                "content": "".join(texts),
+                **({"tool_calls": calls} if calls else {}),
+                **({"reasoning_content": "".join(thoughts)} if thoughts else {}),
+            }
+        )
     return results + turn
 
 
 def chat_tools(body: S.CountTokensRequest) -> list[dict[str, Any]] | None:
     if not body.tools or (body.tool_choice or {}).get("type") == "none":
         return None
-    return [{"type": "function", "function": {k: v for k, v in (("name", t.name), ("description", t.description),
-                                                                  ("parameters", t.input_schema), ("strict", t.strict))
-                                              if v is not None}}
-            for t in body.tools]
+    return [
+        {
+            "type": "function",
+            "function": {
+                k: v
+                for k, v in (
+                    ("name", t.name),
+                    ("description", t.description),
+                    ("parameters", t.input_schema),
+                    ("strict", t.strict),
+                )
+                if v is not None
+            },
+        }
+        for t in body.tools
+    ]
 
 
 def step_of(body: S.CountTokensRequest, state: ServerState) -> StepRequest:
     """The engine step for a Messages body (``count_tokens`` bodies carry no sampling)."""
     turns = chat_messages(body)
     messages, tools = convert.engine_transcript(turns, chat_tools(body), state.engine.chat_format)
-    kwargs, budget = convert.thinking(None, thinking_kwargs(body.thinking), body.thinking and body.thinking.budget_tokens)
+    kwargs, budget = convert.thinking(
+        None, thinking_kwargs(body.thinking), body.thinking and body.thinking.budget_tokens
+    )
     if isinstance(body, S.MessagesRequest):
         knobs = convert.overrides(body.kvmem, state.config, len(turns), len(messages) - len(turns))
         offered = chat_tools(body)
-        grammar, trigger = formats.grammar(formats.requested(body.output_format), offered, anthropic_choice(body.tool_choice),
-                                           state.engine.chat_format.tools)
-        return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs, reasoning_budget=budget,
-                           sampling=formats.constrained(convert.sampling(body, body.max_tokens), grammar, trigger),
-                           overrides=knobs)
+        grammar, trigger = formats.grammar(
+            formats.requested(body.output_format),
+            offered,
+            anthropic_choice(body.tool_choice),
+            state.engine.chat_format.tools,
+        )
+        return StepRequest(
+            messages=messages,
+            tools=tools,
+            template_kwargs=kwargs,
+            reasoning_budget=budget,
+            sampling=formats.constrained(convert.sampling(body, body.max_tokens), grammar, trigger),
+            overrides=knobs,
+        )
     return StepRequest(messages=messages, tools=tools, template_kwargs=kwargs)
 
 
@@ -105,8 +140,12 @@ def thinking_kwargs(thinking: S.AnthropicThinking | None) -> dict[str, Any]:
 
 
 def usage(result: StepResult) -> dict[str, Any]:
-    return {"input_tokens": result.prompt_tokens - result.cached_tokens, "output_tokens": result.completion_tokens,
-            "cache_read_input_tokens": result.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": result.prompt_tokens - result.cached_tokens,
+        "output_tokens": result.completion_tokens,
+        "cache_read_input_tokens": result.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def tool_block(call: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +175,16 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         return await _stream(request, state, step, head, parser)
     result = await state.run(step)
     out = parse_output(result.text, parser)
-    return web.json_response({**head, "content": content_blocks(out), "stop_sequence": None,
-                              "stop_reason": stop_reason(result, bool(out.calls)),
-                              "usage": usage(result), "kvmem": kvmem_info(result)})
+    return web.json_response(
+        {
+            **head,
+            "content": content_blocks(out),
+            "stop_sequence": None,
+            "stop_reason": stop_reason(result, bool(out.calls)),
+            "usage": usage(result),
+            "kvmem": kvmem_info(result),
+        }
+    )
 
 
 async def count_tokens(request: web.Request) -> web.Response:
@@ -168,8 +214,11 @@ class Blocks:
             await self._stop()
             block = tool_block(value)
             await self.send("content_block_start", index=self.count, content_block={**block, "input": {}})
-            await self.send("content_block_delta", index=self.count,
-                            delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+            await self.send(
+                "content_block_delta",
+                index=self.count,
+                delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+            )
             await self.send("content_block_stop", index=self.count)
             self.count, self.calls, self.answered = self.count + 1, self.calls + 1, True
             return
@@ -193,8 +242,9 @@ class Blocks:
             self.open, self.count = None, self.count + 1
 
 
-async def _stream(request: web.Request, state: ServerState, step: StepRequest, head: dict[str, Any],
-                  parser: OutputParser) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, state: ServerState, step: StepRequest, head: dict[str, Any], parser: OutputParser
+) -> web.StreamResponse:
     gen = state.stream(step)
     first = await first_item(gen)
     resp = await sse.open_stream(request)
@@ -203,7 +253,10 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
         await resp.write(sse.frame({"type": kind, **fields}, event=kind))
 
     start_usage = {"input_tokens": 0, "output_tokens": 0}
-    await send("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage})
+    await send(
+        "message_start",
+        message={**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage},
+    )
     blocks = Blocks(send)
     try:
         item = await sse.relay(gen, first, blocks.write, parser)
@@ -220,7 +273,9 @@ async def _stream(request: web.Request, state: ServerState, step: StepRequest, h
 
 def anthropic_error(err: APIError) -> dict[str, Any]:
     """Anthropic's error body for an API error (``to_api_error`` maps exceptions once, logging a 500 once)."""
-    kind = {413: "request_too_large", 503: "overloaded_error"}.get(err.status, err.type if err.status < 500 else "api_error")
+    kind = {413: "request_too_large", 503: "overloaded_error"}.get(
+        err.status, err.type if err.status < 500 else "api_error"
+    )
     return {"type": "error", "error": {"type": kind, "message": err.message, "code": err.code}}
 
 

@@ -6,6 +6,7 @@ latencies are seen from the API process: queue time runs from the request until 
 starts the step, time to first token from the request until its first text, step time from
 the step's start until its result.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,18 +53,30 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvmem_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.tokens = Counter("kvmem_tokens", "prompt, cached (prefix hits) and completion tokens", ["kind"], registry=r)
+        self.tokens = Counter(
+            "kvmem_tokens", "prompt, cached (prefix hits) and completion tokens", ["kind"], registry=r
+        )
         for kind in TOKEN_KINDS:
             self.tokens.labels(kind)
         self.steps = Counter("kvmem_steps", "engine steps completed", registry=r)
-        self.phases = Counter("kvmem_step_seconds", "time spent per step phase (selection, prefill, decode, ...)",
-                              ["phase"], registry=r)
-        self.queue_time = Histogram("kvmem_queue_time_seconds", "wait from the request until the engine starts its step",
-                                    buckets=BUCKETS, registry=r)
-        self.ttft = Histogram("kvmem_time_to_first_token_seconds", "from the request until its first text",
-                              buckets=BUCKETS, registry=r)
-        self.step_time = Histogram("kvmem_step_duration_seconds", "from the step's start in the engine until its result",
-                                   buckets=BUCKETS, registry=r)
+        self.phases = Counter(
+            "kvmem_step_seconds", "time spent per step phase (selection, prefill, decode, ...)", ["phase"], registry=r
+        )
+        self.queue_time = Histogram(
+            "kvmem_queue_time_seconds",
+            "wait from the request until the engine starts its step",
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvmem_time_to_first_token_seconds", "from the request until its first text", buckets=BUCKETS, registry=r
+        )
+        self.step_time = Histogram(
+            "kvmem_step_duration_seconds",
+            "from the step's start in the engine until its result",
+            buckets=BUCKETS,
+            registry=r,
+        )
 
     def watch(self, engine: EngineClient | ReplicaSet) -> None:
         """Report ``engine``'s queue, restarts, readiness and own metrics with every scrape."""

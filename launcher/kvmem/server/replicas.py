@@ -13,6 +13,7 @@ conversation adopts its blocks from disk (``kvmem_core.store``), so a moved conv
 keeps its prefix hits. Non-generating calls go to the replica holding the workspace they
 name (every replica is asked when the table does not know it), or to the least-loaded one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,7 +80,7 @@ def _opening_hash(request: StepRequest) -> str:
         opening: Any = (request.prompt or "")[:OPENING_CHARS]
     else:
         first_user = next((i for i, m in enumerate(request.messages) if m.get("role") == "user"), len(request.messages))
-        opening = [list(request.messages[:first_user + 1]), request.tools]
+        opening = [list(request.messages[: first_user + 1]), request.tools]
     blob = json.dumps(opening, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
@@ -129,8 +130,17 @@ class ReplicaSet:
 
     def describe(self) -> list[dict[str, Any]]:
         """Each replica's state, engine pid, queue, restarts and workspaces as of its last step (``/health``)."""
-        return [{"replica": i, "state": c.state, "engine_pid": c.pid, "busy": c.busy, "restarts": c.restarts,
-                 "workspaces": int(c.metrics.get("store_workspaces", 0))} for i, c in enumerate(self.clients)]
+        return [
+            {
+                "replica": i,
+                "state": c.state,
+                "engine_pid": c.pid,
+                "busy": c.busy,
+                "restarts": c.restarts,
+                "workspaces": int(c.metrics.get("store_workspaces", 0)),
+            }
+            for i, c in enumerate(self.clients)
+        ]
 
     async def start(self) -> None:
         """Start every replica; ``RuntimeError`` if any fails to load."""
@@ -139,8 +149,9 @@ class ReplicaSet:
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients))
 
-    async def generate(self, request: StepRequest,
-                       on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+    async def generate(
+        self, request: StepRequest, on_start: Callable[[str], None] | None = None
+    ) -> AsyncIterator[str | StepResult]:
         """``EngineClient.generate`` on the replica the routing picks, retried on another while nothing has
         streamed and the replica was full or died; the table learns where the step ran."""
         keys = routing_keys(request)
@@ -165,8 +176,9 @@ class ReplicaSet:
                 if streamed or exc.status not in RETRY_STATUSES or len(tried) == len(self.clients):
                     raise
 
-    async def call(self, op: str, arg: str | None = None, request: StepRequest | None = None,
-                   path: str | None = None) -> Any:
+    async def call(
+        self, op: str, arg: str | None = None, request: StepRequest | None = None, path: str | None = None
+    ) -> Any:
         """``EngineClient.call`` routed: listings merged over the ready replicas, workspace calls to the replica
         holding the workspace, the rest to the least-loaded replica."""
         if op == "list_workspaces":
@@ -217,8 +229,13 @@ class ReplicaSet:
 
         def rank(i: int) -> tuple[bool, bool, bool, int, int]:
             client = self.clients[i]
-            return (client.state != "ready", client.busy > client.max_queue, i != home, client.busy,
-                    (i - self._turn) % count)
+            return (
+                client.state != "ready",
+                client.busy > client.max_queue,
+                i != home,
+                client.busy,
+                (i - self._turn) % count,
+            )
 
         candidates = [i for i in range(count) if i not in tried]
         if not candidates:

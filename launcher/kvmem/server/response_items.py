@@ -7,6 +7,7 @@ deltas; message text inside an ``output_text`` content part; reasoning as
 ``response.reasoning_text.delta`` / ``done``; a function call's arguments in one
 ``function_call_arguments.delta`` once the call is complete).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -39,8 +40,14 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 def call_item(call: dict[str, Any]) -> dict[str, Any]:
     fn = call["function"]
-    return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "call_id": call["id"],
-            "name": fn["name"], "arguments": fn["arguments"], "status": "completed"}
+    return {
+        "id": "fc_" + call["id"].removeprefix("call_"),
+        "type": "function_call",
+        "call_id": call["id"],
+        "name": fn["name"],
+        "arguments": fn["arguments"],
+        "status": "completed",
+    }
 
 
 def output_items(out: Parsed) -> list[dict[str, Any]]:
@@ -108,8 +115,13 @@ class OutputWriter:
         self.text = ""
         await self.ev.send("response.output_item.added", output_index=len(self.items), item=self.open)
         if kind == "message":
-            await self.ev.send("response.content_part.added", item_id=self.open["id"], output_index=len(self.items),
-                               content_index=0, part=output_text(""))
+            await self.ev.send(
+                "response.content_part.added",
+                item_id=self.open["id"],
+                output_index=len(self.items),
+                content_index=0,
+                part=output_text(""),
+            )
 
     async def _finish_open(self) -> None:
         item, self.open = self.open, None
@@ -128,9 +140,18 @@ class OutputWriter:
 
     async def _call(self, item: dict[str, Any]) -> None:
         index = len(self.items)
-        await self.ev.send("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-        await self.ev.send("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"])
-        await self.ev.send("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                           arguments=item["arguments"], name=item["name"])
+        await self.ev.send(
+            "response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}
+        )
+        await self.ev.send(
+            "response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"]
+        )
+        await self.ev.send(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=index,
+            arguments=item["arguments"],
+            name=item["name"],
+        )
         await self.ev.send("response.output_item.done", output_index=index, item=item)
         self.items.append(item)

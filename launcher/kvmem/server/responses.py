@@ -6,6 +6,7 @@ transcript, which renders to the same tokens as before, and the engine reuses th
 the previous response's workspace (and under its ``prompt_cache_key``, unless the request
 names another).
 """
+
 from __future__ import annotations
 
 import time
@@ -34,7 +35,9 @@ def input_messages(items: str | list[S.InputItem]) -> list[dict[str, Any]]:
     thought = ""
     for i, item in enumerate(items):
         if item.type == "reasoning":
-            thought += "".join(p.text or "" for p in (item.content if isinstance(item.content, list) else item.summary or []))
+            thought += "".join(
+                p.text or "" for p in (item.content if isinstance(item.content, list) else item.summary or [])
+            )
             continue
         msg = _input_message(item, f"input[{i}]", out)
         if msg is None:
@@ -57,7 +60,11 @@ def _input_message(item: S.InputItem, where: str, out: list[dict[str, Any]]) -> 
     if item.type == "function_call":
         if not item.call_id or not item.name:
             raise invalid(f"{where}: a function_call needs call_id and name", where)
-        call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments or "{}"}}
+        call = {
+            "id": item.call_id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments or "{}"},
+        }
         if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
             out[-1]["tool_calls"].append(call)
             return None
@@ -99,8 +106,12 @@ class Turn:
     def __init__(self, body: S.ResponsesRequest, state: ServerState) -> None:
         previous = state.responses.get(body.previous_response_id) if body.previous_response_id else None
         if body.previous_response_id and previous is None:
-            raise APIError(404, f"previous response {body.previous_response_id!r} not found (was it stored?)",
-                           "previous_response_not_found", "previous_response_id")
+            raise APIError(
+                404,
+                f"previous response {body.previous_response_id!r} not found (was it stored?)",
+                "previous_response_not_found",
+                "previous_response_id",
+            )
         self.body = body
         new = input_messages(body.input)
         if not new:
@@ -117,41 +128,70 @@ class Turn:
         before = previous["response"] if previous else {}
         self.cache_key = body.prompt_cache_key or before.get("prompt_cache_key")  # a chain keeps its key
         self.format = body.text.format if body.text else None
-        grammar, trigger = formats.grammar(formats.requested(self.format), self.tools, body.tool_choice,
-                                           state.engine.chat_format.tools)
+        grammar, trigger = formats.grammar(
+            formats.requested(self.format), self.tools, body.tool_choice, state.engine.chat_format.tools
+        )
         sampling = convert.sampling(body, body.max_output_tokens or state.max_tokens_default)
         self.step = StepRequest(
-            messages=messages, tools=engine_tools, template_kwargs=kwargs, reasoning_budget=budget,
-            sampling=formats.constrained(sampling, grammar, trigger), overrides=knobs,
-            cache_key=self.cache_key, workspace_id=before.get("kvmem", {}).get("workspace_id"))
+            messages=messages,
+            tools=engine_tools,
+            template_kwargs=kwargs,
+            reasoning_budget=budget,
+            sampling=formats.constrained(sampling, grammar, trigger),
+            overrides=knobs,
+            cache_key=self.cache_key,
+            workspace_id=before.get("kvmem", {}).get("workspace_id"),
+        )
         self.model = state.served_model(body.model)
-        self.parser = state.engine.chat_format.parser(with_tools=self.tools is not None, declared=convert.tool_names(self.tools))
+        self.parser = state.engine.chat_format.parser(
+            with_tools=self.tools is not None, declared=convert.tool_names(self.tools)
+        )
         self.id = "resp_" + uuid.uuid4().hex
         self.created = time.time()
 
     def response(self, status: str, output: list[dict[str, Any]], result: StepResult | None) -> dict[str, Any]:
         b = self.body
         out = {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
-            "output": output, "parallel_tool_calls": True, "tool_choice": b.tool_choice or "auto",
-            "tools": _builtins(b.tools), "error": None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": b.tool_choice or "auto",
+            "tools": _builtins(b.tools),
+            "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": b.instructions, "metadata": b.metadata or {}, "temperature": b.temperature, "top_p": b.top_p,
-            "max_output_tokens": b.max_output_tokens, "previous_response_id": b.previous_response_id, "store": b.store,
-            "text": {"format": echoed(self.format)}, "truncation": "disabled", "usage": None,
+            "instructions": b.instructions,
+            "metadata": b.metadata or {},
+            "temperature": b.temperature,
+            "top_p": b.top_p,
+            "max_output_tokens": b.max_output_tokens,
+            "previous_response_id": b.previous_response_id,
+            "store": b.store,
+            "text": {"format": echoed(self.format)},
+            "truncation": "disabled",
+            "usage": None,
             "prompt_cache_key": self.cache_key,
         }
         if result is not None:
             out["usage"] = {
                 "input_tokens": result.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": cache_writes(result)},
-                "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
+                "input_tokens_details": {
+                    "cached_tokens": result.cached_tokens,
+                    "cache_write_tokens": cache_writes(result),
+                },
+                "output_tokens": result.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": reasoning_tokens(result)},
                 "total_tokens": result.prompt_tokens + result.completion_tokens,
             }
             out["kvmem"] = kvmem_info(result)
         return out
 
-    def finish(self, state: ServerState, result: StepResult, out: Parsed, output: list[dict[str, Any]]) -> dict[str, Any]:
+    def finish(
+        self, state: ServerState, result: StepResult, out: Parsed, output: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """The final response object; stores it (with the grown transcript) when ``store`` is set."""
         status = "incomplete" if result.finish_reason == "length" else "completed"
         response = self.response(status, output, result)

@@ -4,6 +4,7 @@ Fields OpenAI clients send that KVMem does not use are accepted and ignored (cli
 many); the request-level ``kvmem`` object forbids unknown fields, since a misspelt knob
 would silently compare the wrong thing. Checks a schema cannot express live in ``check_*``.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -270,5 +271,6 @@ def openapi_components() -> dict[str, Any]:
     """JSON schemas of the request bodies, for ``/openapi.json``."""
     _, components = msgspec.json.schema_components(
         [ChatRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, MessagesRequest, CountTokensRequest],
-        ref_template="#/components/schemas/{name}")
+        ref_template="#/components/schemas/{name}",
+    )
     return components

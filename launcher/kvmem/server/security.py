@@ -15,6 +15,7 @@ A browser lets any web page send requests to ``localhost``; these checks keep su
 
 Refusals raise ``APIError``, so they leave as the route's error JSON.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -35,9 +36,11 @@ FILE_TYPES = ("application/x-tar", "application/octet-stream")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_CORS_HEADERS = {"Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-                 "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Api-Key",
-                 "Access-Control-Max-Age": "600"}
+_CORS_HEADERS = {
+    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Api-Key",
+    "Access-Control-Max-Age": "600",
+}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -140,8 +143,10 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     """The warning to print when ``host`` lets other machines in and no API key guards the API."""
     if api_key or Security(bind_host=host).is_loopback:
         return None
-    return (f"serving on {host or '0.0.0.0'}, reachable from other machines, without --api-key: "
-            "anyone who can reach this port can run the model and read every workspace's text")
+    return (
+        f"serving on {host or '0.0.0.0'}, reachable from other machines, without --api-key: "
+        "anyone who can reach this port can run the model and read every workspace's text"
+    )
 
 
 def security_middleware(security: Security) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
@@ -151,18 +156,32 @@ def security_middleware(security: Security) -> Callable[[web.Request, Handler], 
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host")
         if host is not None and not security.host_allowed(host):
-            raise APIError(403, f"Host {host!r} is not this server's; start it with --allowed-hosts to accept it",
-                           "host_not_allowed")
+            raise APIError(
+                403,
+                f"Host {host!r} is not this server's; start it with --allowed-hosts to accept it",
+                "host_not_allowed",
+            )
         origin = request.headers.get("Origin")
         cross = origin is not None and not same_origin(origin, host or "")
         if cross and not security.cors_allowed(origin):
-            raise APIError(403, f"cross-origin requests from {origin!r} are refused; start the server with "
-                           "--cors-origins to allow them", "origin_not_allowed")
+            raise APIError(
+                403,
+                f"cross-origin requests from {origin!r} are refused; start the server with "
+                "--cors-origins to allow them",
+                "origin_not_allowed",
+            )
         if cross and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return web.Response(status=204, headers=_CORS_HEADERS)
-        if request.method == "POST" and request.path.startswith(API_PREFIXES) and request.content_type not in _types(request):
-            raise APIError(415, f"Content-Type must be {' or '.join(_types(request))}, not {request.content_type!r}",
-                           "unsupported_media_type")
+        if (
+            request.method == "POST"
+            and request.path.startswith(API_PREFIXES)
+            and request.content_type not in _types(request)
+        ):
+            raise APIError(
+                415,
+                f"Content-Type must be {' or '.join(_types(request))}, not {request.content_type!r}",
+                "unsupported_media_type",
+            )
         return await handler(request)
 
     return check

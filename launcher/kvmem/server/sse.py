@@ -1,4 +1,5 @@
 """Server-sent events: the framing both OpenAI streaming APIs use."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,9 @@ def frame(data: dict[str, Any], event: str | None = None) -> bytes:
 
 async def open_stream(request: web.Request) -> web.StreamResponse:
     """Start an SSE response; the status is 200 from here on, so later errors travel as events."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     await resp.prepare(request)
     return resp
 
@@ -43,9 +45,9 @@ def parse(body: bytes) -> list[tuple[str | None, str]]:
     return events
 
 
-
-async def relay(gen: AsyncIterator[Any], first: Any, emit: Callable[[Item], Awaitable[Any]],
-                parser: OutputParser | None = None) -> StepResult:
+async def relay(
+    gen: AsyncIterator[Any], first: Any, emit: Callable[[Item], Awaitable[Any]], parser: OutputParser | None = None
+) -> StepResult:
     """Pass a step stream's text to ``emit`` until its ``StepResult``, and return that.
 
     ``first`` is the stream's first item (already awaited). With ``parser`` the text is

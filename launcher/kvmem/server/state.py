@@ -1,4 +1,5 @@
 """What every route shares: the engine client, the config, counters, stored responses."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,10 @@ class ResponseStore:
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None)  # autocommit
-        db.execute("CREATE TABLE IF NOT EXISTS responses (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE,"
-                   " body TEXT NOT NULL)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE,"
+            " body TEXT NOT NULL)"
+        )
         return db
 
     def put(self, response_id: str, response: dict[str, Any], transcript: list[dict[str, Any]]) -> None:
@@ -96,12 +99,17 @@ class ServerState:
         if not requested:
             return names[0]
         if requested not in names:
-            raise APIError(404, f"model {requested!r} is not served here; this server serves {', '.join(map(repr, names))}",
-                           "model_not_found", "model")
+            raise APIError(
+                404,
+                f"model {requested!r} is not served here; this server serves {', '.join(map(repr, names))}",
+                "model_not_found",
+                "model",
+            )
         return requested
 
-    async def stream(self, step: StepRequest,
-                     on_start: Callable[[str], None] | None = None) -> AsyncIterator[str | StepResult]:
+    async def stream(
+        self, step: StepRequest, on_start: Callable[[str], None] | None = None
+    ) -> AsyncIterator[str | StepResult]:
         """The engine's pieces and result for ``step``, counted and timed in the metrics; ``on_start`` gets
         the workspace id before the first piece."""
         clock = StepClock()

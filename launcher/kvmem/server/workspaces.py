@@ -5,6 +5,7 @@ the same model: the engine writes or reads it in a temporary folder of this mach
 file streams to or from the client in pieces, so its size is bounded by the store, not by
 ``--max-body-mb``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -78,9 +79,13 @@ async def export_workspace(request: web.Request) -> web.StreamResponse:
         path = Path(tmp) / "workspace.tar"
         if await request.app[STATE].engine.call("export_workspace", ws_id, path=str(path)) is None:
             raise not_found(ws_id)
-        resp = web.StreamResponse(headers={
-            "Content-Type": "application/x-tar", "Content-Length": str(path.stat().st_size),
-            "Content-Disposition": f'attachment; filename="{ws_id}.kvmem.tar"'})
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "application/x-tar",
+                "Content-Length": str(path.stat().st_size),
+                "Content-Disposition": f'attachment; filename="{ws_id}.kvmem.tar"',
+            }
+        )
         await resp.prepare(request)
         with open(path, "rb") as f:
             while chunk := await asyncio.to_thread(f.read, CHUNK):
