@@ -3,8 +3,9 @@
 A request's grammar (``SamplingParams.grammar``) is Lark text in llguidance's dialect, where
 ``%json {...}`` embeds a JSON schema; the server writes it (response formats, strict tool
 calls). llguidance (Rust, no torch) computes the mask over the engine's own vocabulary, read
-once through the calls both adapters have (``token_bytes``, ``is_eog``, ``tokenize``), so the
-one decode loop (``kvmem_core.sampling.decode``) serves every backend. It is imported only
+once through the calls both adapters have (``token_bytes``, ``is_eog``, ``tokenize``) into a
+``kvmem_core.vocabulary.Vocabulary`` that also keeps each grammar compiled, so the one decode
+loop (``kvmem_core.sampling.decode``) serves every backend. It is imported only
 when a step carries a grammar: ``kvmem_core`` imports without it.
 
 A grammar with a ``trigger`` (``SamplingParams.grammar_trigger``) is lazy: the text is free
@@ -14,18 +15,17 @@ complete, and the text is free again until the next trigger.
 
 from __future__ import annotations
 
-import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.contract import SamplingParams
 from kvmem_core.errors import GrammarError
+from kvmem_core.vocabulary import Vocabulary
 
-_CONTROL = re.compile(rb"<\|[^|<>]{1,64}\|>")  # <|im_end|>, <|eot_id|>: control tokens, never grammar text
 # each byte of llguidance's bitmask as the eight logit offsets it means: 0 where a token is allowed, -inf where not
 _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(np.float32)
 
@@ -34,74 +34,6 @@ _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.in
 def _planner() -> ThreadPoolExecutor:
     """The one thread that plans next steps' masks while the model computes (llguidance drops the GIL)."""
     return ThreadPoolExecutor(1, thread_name_prefix="kvmem-grammar")
-
-
-class Vocabulary:
-    """An engine's vocabulary as llguidance's tokenizer, built on first use (one pass over the token bytes)."""
-
-    def __init__(
-        self,
-        n_vocab: int,
-        token_bytes: Callable[[int], bytes],
-        is_eog: Callable[[int], bool],
-        tokenize: Callable[[str], Sequence[int]],
-    ) -> None:
-        self.n_vocab = n_vocab
-        self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
-        self._tokenizer: Any = None
-        self._closers: dict[str, int] | None = None
-        self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._token_bytes(token)
-
-    @property
-    def ends(self) -> list[int]:
-        """The end-of-generation tokens."""
-        return self.tokenizer.eos_tokens
-
-    def closers(self) -> dict[str, int]:
-        """The token of each of ``Constraint.CLOSERS`` that is one token, in that order."""
-        if self._closers is None:
-            ids = {text: self._tokenize(text) for text in Constraint.CLOSERS}
-            self._closers = {text: t[0] for text, t in ids.items() if len(t) == 1}
-        return self._closers
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = self._build()
-        return self._tokenizer
-
-    def _build(self) -> Any:
-        import llguidance
-
-        eog = [t for t in range(self.n_vocab) if self._is_eog(t)]
-        ends = set(eog)
-        tokens = [self._marked(t, ends) for t in range(self.n_vocab)]
-        self.lengths = np.array([len(b) if b[:1] != b"\xff" else 1 << 20 for b in tokens], dtype=np.int64)
-        wrapper = _Wrapper(tokens, eog, self._tokenize)
-        return llguidance.LLTokenizer(wrapper, n_vocab=self.n_vocab, eos_token=eog)  # type: ignore[arg-type]
-
-    def _marked(self, token: int, eog: set[int]) -> bytes:
-        """A token's bytes, with llguidance's 0xFF prefix on control tokens (no grammar text may use them)."""
-        data = self._token_bytes(token)
-        return b"\xff" + data if token in eog or _CONTROL.fullmatch(data) else data
-
-
-class _Wrapper:
-    """What ``llguidance.LLTokenizer`` reads from a tokenizer: token bytes, end tokens, a text tokenizer."""
-
-    def __init__(self, tokens: list[bytes], eog: list[int], tokenize: Callable[[str], Sequence[int]]) -> None:
-        self.tokens = tokens
-        self.eos_token_id = eog[0] if eog else 0
-        self.bos_token_id = None
-        self.special_token_ids = list(eog)
-        self.is_tokenizer_wrapper = True
-        self._tokenize = tokenize
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        return list(self._tokenize(text.decode("utf-8", "replace") if isinstance(text, bytes) else text))
 
 
 class Formats:
@@ -153,28 +85,25 @@ class Constraint:
     CLOSERS = ("}", "]", ",", "0", "false", "null", '"', "[", "{", ' "', " 0", " false", " null", " [", " {")
 
     def __init__(self, grammar: str, vocab: Vocabulary, trigger: str | None = None) -> None:
-        import llguidance
-
         self.vocab = vocab
         self.trigger = trigger.encode() if trigger else b""
-        self.matcher = llguidance.LLMatcher(
-            vocab.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
-        )
-        if self.matcher.is_error():
-            raise GrammarError(f"the output format does not compile to a grammar: {self.matcher.get_error()}")
+        self.matcher = vocab.matcher(grammar)
         self.active = not self.trigger
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
         self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the step's offsets, 0 or -inf, made on demand
         self._only: int | None = None  # the planned step's one allowed token, when closing chose one
+        self._ready = False  # ``_bits`` holds the adopted step's mask
+        self._premask = True  # plans ahead make the mask, on the planner thread (off while picks are greedy)
         self.steps = self.masked = 0  # steps under the grammar, and those whose logits were masked
         self._masked = np.zeros(0, dtype=np.float32)  # what ``allow`` returns, rewritten each step
-        self._ahead: tuple[int, Future[Plan | None]] | None = None  # the next step's plan, for its ``left``, under way
+        self._ahead: tuple[int, Callable[[], Plan | None]] | None = None  # the next step's plan, for its ``left``
         self._tail = b""  # the free text's end, where a trigger may be completing
         self._restart()
 
     def _restart(self) -> None:
         self.closing = False
-        self._taken: list[int] = []  # tokens under the grammar, for loop detection
+        self._taken = 0  # tokens under the grammar
+        self._repeats = Repeats(self.LOOP_PERIOD)
         self._quotes = Quotes()
         self._need = 0  # tokens closing took at the last dry run
 
@@ -186,29 +115,52 @@ class Constraint:
         if plan is None:
             return logits
         self._adopt(plan)
+        self._premask = True
         return self._mask(logits)
 
     def choose(self, logits: np.ndarray, left: int, sample: Callable[[np.ndarray], int], greedy: bool) -> int:
         """The token ``sample`` picks from ``allow(logits, left)``. A ``greedy`` sample (the first best token)
         is tried on the unmasked logits first: when the grammar allows that token it is the masked pick too (the
-        best of all tokens is the best of the allowed ones), so the mask is made only where it changes the pick."""
+        best of all tokens is the best of the allowed ones), so the mask is made only where it changes the pick;
+        the check is a bit of the mask when a plan made it ahead, else the matcher's test of the one token."""
         plan = self._settle(left)
         if plan is None:
             return sample(logits)
         self._adopt(plan)
+        self._premask = not greedy
         if greedy and self._only is None:
             token = sample(logits)
-            if token < self._bits.size * 32 and self._bits[token >> 5] >> (token & 31) & 1:
+            if self._allows(token):
                 return token
         return sample(self._mask(logits))
 
     def _adopt(self, plan: Plan) -> None:
-        self.closing, self._need, self._only = plan
+        self.closing, self._need, self._only, self._ready = plan
         self.steps += 1
+
+    def _allows(self, token: int) -> bool:
+        """Whether the adopted step's mask allows ``token``: a bit of it when made, else ``_admits`` (a plan
+        makes the mask where the grammar forces bytes)."""
+        if self._ready:
+            return token < self._bits.size * 32 and bool(self._bits[token >> 5] >> (token & 31) & 1)
+        return self._admits(self.matcher, token)
+
+    def _admits(self, matcher: Any, token: int) -> bool:
+        """Whether ``matcher``'s mask allows ``token``, told without making it, where the grammar forces no bytes
+        next: there the mask allows exactly the tokens the grammar accepts, and the end tokens once the answer
+        is complete. (Where it forces bytes, the mask allows only their canonical tokenization's first token.)"""
+        if token >= self.vocab.n_vocab:
+            return False
+        if token in self.vocab.end_set:
+            return bool(matcher.is_accepting())
+        return matcher.validate_tokens([token]) == 1
 
     def _mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` plus the adopted plan's offsets, in the constraint's own buffer."""
         if self._only is None:
+            if not self._ready:
+                self._fill_bits(self.matcher)
+                self._ready = True
             np.take(_BYTE_BIAS, self._bits.view(np.uint8), axis=0, out=self._bias.reshape(-1, 8))
         else:
             self._bias.fill(-np.inf)
@@ -221,51 +173,56 @@ class Constraint:
     def take(self, token: int, data: bytes, left: int | None = None) -> None:
         """Advance by a sampled ``token`` (``data``: its bytes): the grammar consumes it, or, while free, the
         text is watched for the trigger. A grammar that completed frees the text. With ``left`` (the tokens the
-        next step may take), this and the next step's plan run on the planner thread, off the decode's critical
-        path, while the caller runs the model; every other call waits for them first."""
+        next step may take), the next step's plan is made too, while the caller runs the model: in line after
+        greedy picks (which rarely need the mask: the plan is a few calls, less than a thread's hand-off), else
+        on the planner thread, mask included, off the decode's critical path; every other call waits for it."""
         self._settle(None)
         if left is None:
             self._take(token, data)
+        elif self._premask:
+            self._ahead = (left, _planner().submit(self._take_and_plan, token, data, left, True).result)
         else:
-            self._ahead = (left, _planner().submit(self._take_and_plan, token, data, left))
+            plan = self._take_and_plan(token, data, left, False)
+            self._ahead = (left, lambda: plan)
 
     def _settle(self, left: int | None) -> Plan | None:
         """Wait for the plan under way; -> the plan for ``left`` (the one under way when it was for ``left``)."""
         ahead, self._ahead = self._ahead, None
-        planned = ahead[1].result() if ahead is not None else None
+        planned = ahead[1]() if ahead is not None else None
         if left is None or (ahead is not None and ahead[0] == left):
             return planned
-        return self._plan(left)
+        return self._plan(left, mask=False)
 
-    def _take_and_plan(self, token: int, data: bytes, left: int) -> Plan | None:
+    def _take_and_plan(self, token: int, data: bytes, left: int, mask: bool) -> Plan | None:
         self._take(token, data)
-        return self._plan(left)
+        return self._plan(left, mask)
 
-    def _plan(self, left: int) -> Plan | None:
+    def _plan(self, left: int, mask: bool) -> Plan | None:
         """What the next step with ``left`` tokens to go is: (closing, the closing cost, the closer when closing
-        chose one; else its mask is in ``_bits``); None while free. Reads the state only, so a plan made ahead
-        and not used changes nothing."""
+        chose one, whether its ``mask`` was made into ``_bits``); None while free. Reads the state only, so a
+        plan made ahead and not used changes nothing."""
         if not self.active:
             return None
         need = self._need
         if (
             not self.closing
             and left <= self.WATCH
-            and (left <= need + 2 * self.MARGIN or len(self._taken) % self.CHECK_EVERY == 0)
+            and (left <= need + 2 * self.MARGIN or self._taken % self.CHECK_EVERY == 0)
         ):
             need = self.closing_cost(left)
-        closing = self.closing or left <= need + self.MARGIN or self._looping()
-        closer = None
+        closing = self.closing or left <= need + self.MARGIN or self._repeats.longest() >= self.LOOP_SPAN
         if closing:
-            closer = self._closer(self.matcher, self._allowed(self.matcher), self._quotes)
-        else:  # the bool per token only the closer reads is not made
+            return closing, need, self._closer(self.matcher, self._quotes), False
+        mask = mask or bool(self.matcher.compute_ff_bytes())  # where bytes are forced, only the mask tells
+        if mask:
             self._fill_bits(self.matcher)
-        return closing, need, closer
+        return closing, need, None, mask
 
     def _take(self, token: int, data: bytes) -> None:
         if self.active:
             self.matcher.consume_token(token)
-            self._taken.append(token)
+            self._taken += 1
+            self._repeats.add(token)
             self._quotes.follow(data)
             if self.trigger and self.matcher.is_accepting():
                 self.matcher.reset()
@@ -288,7 +245,7 @@ class Constraint:
         for n in range(limit):
             if matcher.is_accepting() or matcher.is_error():
                 return n
-            token = self._closer(matcher, self._allowed(matcher), quotes)
+            token = self._closer(matcher, quotes)
             if token is None:
                 return limit
             matcher.consume_token(token)
@@ -304,32 +261,49 @@ class Constraint:
         self._fill_bits(matcher)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
 
-    def _looping(self) -> bool:
-        """The last ``LOOP_SPAN`` tokens repeat with a period of at most ``LOOP_PERIOD``."""
-        span, recent = self.LOOP_SPAN, self._taken[-self.LOOP_SPAN - self.LOOP_PERIOD :]
-        return any(
-            len(recent) >= span + p and recent[-span:] == recent[-span - p : -p] for p in range(1, self.LOOP_PERIOD + 1)
-        )
-
-    def _closer(self, matcher: Any, allowed: np.ndarray, quotes: Quotes) -> int | None:
-        """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's."""
+    def _closer(self, matcher: Any, quotes: Quotes) -> int | None:
+        """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's.
+        The candidates are tested one token each where the grammar forces no bytes; the whole mask is made
+        otherwise, and when no candidate is allowed."""
         if matcher.is_accepting() and self.vocab.ends:
             return self.vocab.ends[0]
         forced = matcher.compute_ff_tokens()
         if forced:
             return forced[0]
-        closers = self.vocab.closers()
+        closers = self.vocab.closers(self.CLOSERS)
         candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
-        chosen = next((t for t in candidates if allowed[t]), None)
+        if matcher.compute_ff_bytes():
+            allowed = self._allowed(matcher)
+            chosen = next((t for t in candidates if allowed[t]), None)
+        else:
+            chosen = next((t for t in candidates if self._admits(matcher, t)), None)
         if chosen is None:
-            rest = np.flatnonzero(allowed[: self.vocab.n_vocab])
+            rest = np.flatnonzero(self._allowed(matcher)[: self.vocab.n_vocab])
             chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
         return chosen
 
 
-Plan = tuple[bool, int, int | None]
-"""A step's plan: whether the answer is closing, the tokens closing took at the last dry run, and the one token
-closing allows (None: the grammar's mask)."""
+Plan = tuple[bool, int, int | None, bool]
+"""A step's plan: whether the answer is closing, the tokens closing took at the last dry run, the one token
+closing allows (None: the grammar's mask), and whether the mask is made (in ``_bits``)."""
+
+
+class Repeats:
+    """For each period p up to ``period``: how many of the latest tokens each equal the token p before them (the
+    last n tokens repeat with period p when that run reaches n), updated in one vector step per token."""
+
+    def __init__(self, period: int) -> None:
+        self.back = np.full(period, -1, dtype=np.int64)  # the tokens 1, 2, ... ``period`` back (-1: none yet)
+        self.runs = np.zeros(period, dtype=np.int64)
+
+    def add(self, token: int) -> None:
+        np.multiply(self.runs + 1, self.back == token, out=self.runs)
+        self.back[1:] = self.back[:-1].copy()
+        self.back[0] = token
+
+    def longest(self) -> int:
+        """The longest run over the periods: the latest tokens repeat with some period over this many."""
+        return int(self.runs.max())
 
 
 class Quotes:

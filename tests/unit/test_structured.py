@@ -14,7 +14,8 @@ from kvmem.server.formats import grammar
 from kvmem_core.contract import SamplingParams
 from kvmem_core.errors import GrammarError
 from kvmem_core.sampling import decode
-from kvmem_core.structured import Constraint, Vocabulary
+from kvmem_core.structured import Constraint
+from kvmem_core.vocabulary import Vocabulary
 
 pytest.importorskip("llguidance")
 EOS = 256

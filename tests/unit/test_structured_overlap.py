@@ -67,19 +67,26 @@ def test_planning_ahead_gives_the_same_answers_as_masking_in_line(
     jsonschema.validate(json.loads(ahead[0]), CITY)
 
 
-def test_the_masks_are_made_on_the_planner_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_sampled_picks_plan_on_the_planner_thread_and_greedy_ones_in_line(
+    monkeypatch: pytest.MonkeyPatch, temperature: float
+) -> None:
+    """A sampled pick needs each step's mask: it is made on the planner thread. A greedy pick rarely does: its
+    plan is made in line, after the step's launch, as a thread's hand-off would cost more than the plan."""
     threads: list[str] = []
     plan = Constraint._plan
 
-    def watched(self: Constraint, left: int) -> Any:
+    def watched(self: Constraint, left: int, mask: bool) -> Any:
         threads.append(threading.current_thread().name)
-        return plan(self, left)
+        return plan(self, left, mask)
 
     monkeypatch.setattr(Constraint, "_plan", watched)
-    text, ids, _ = answer(Constraint(schema_grammar(CITY), VOCAB), np.zeros((1, 257), np.float32), 200, 0.0)
+    rows = np.zeros((1, 257), np.float32)
+    text, ids, _ = answer(Constraint(schema_grammar(CITY), VOCAB), rows, 200, temperature)
     assert len(threads) == len(ids) + 1  # one plan per token sampled under the mask, the end token's included
-    assert threads[0] == threading.current_thread().name  # the first step's: nothing ran ahead of it
-    assert all(name.startswith("kvmem-grammar") for name in threads[1:])
+    here = threading.current_thread().name
+    assert threads[0] == here  # the first step's: nothing ran ahead of it
+    assert all(name.startswith("kvmem-grammar") if temperature else name == here for name in threads[1:])
 
 
 def test_the_next_mask_is_started_after_the_step_is_launched() -> None:
@@ -143,3 +150,34 @@ def test_a_greedy_pick_the_grammar_allows_makes_no_mask() -> None:
     )
     assert got == (data.decode(), list(data), "stop")
     assert constraint.steps == len(data) + 1 and constraint.masked == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-6])
+def test_each_pick_is_checked_against_the_grammar_after_the_token_before_it(temperature: float) -> None:
+    """In ``ab | ba`` the second token depends on the first: logits preferring ``a`` twice must give ``ab`` (a
+    check of the second pick against the state before the first was taken would allow ``a`` again)."""
+    rows = np.zeros((3, 257), np.float32)
+    rows[:2, ord("a")], rows[:2, ord("b")], rows[2, EOS] = 2.0, 1.0, 1.0
+    feed, constraint = iter(rows), Constraint('start: "ab" | "ba"', VOCAB)
+    got = decode(
+        SamplingParams(temperature=temperature, max_tokens=10, seed=7),
+        next(feed),
+        VOCAB._token_bytes,
+        VOCAB._is_eog,
+        lambda t: lambda: next(feed),
+        lambda piece: True,
+        None,
+        constraint,
+    )
+    assert got == ("ab", [ord("a"), ord("b")], "stop")
+    assert constraint.steps == 3
+
+
+def test_a_format_compiled_once_serves_each_answer_afresh() -> None:
+    """The vocabulary keeps a grammar compiled: each constraint takes a copy, so one answer leaves nothing behind
+    for the next, and an answer from the kept grammar equals one from a grammar compiled anew."""
+    text, rows = schema_grammar(CITY), np.random.default_rng(3).standard_normal((5, 257)).astype(np.float32)
+    first = answer(Constraint(text, VOCAB), rows, 150, 0.0)
+    assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first and text in VOCAB._compiled
+    VOCAB._compiled.clear()
+    assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first
