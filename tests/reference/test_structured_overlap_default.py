@@ -1,5 +1,6 @@
 """Structured output's planning ahead on the default model (152K vocabulary): the answers with the mask planned while
-the model computes equal those with every mask made in line, and they validate against their schema."""
+the model computes equal those with every mask made in line and those with every step's logits masked, and they
+validate against their schema; the one-token checks that stand in for the mask agree with it."""
 
 from __future__ import annotations
 
@@ -18,9 +19,35 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 TAKE = Constraint.take
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "sights": {"type": "array", "items": {"type": "string"}},
+        "people": {"type": "integer"},
+    },
+    "required": ["city", "sights", "people"],
+    "additionalProperties": False,
+}
+
+
 def take_in_line(self: Constraint, token: int, data: bytes, left: int | None = None) -> None:
     """``Constraint.take`` without planning ahead: every mask made in line (the reference)."""
     TAKE(self, token, data)
+
+
+def choose_masked(self: Constraint, logits: Any, left: int, sample: Any, greedy: bool) -> int:
+    """``Constraint.choose`` with every step's logits masked before the pick (the reference for greedy picks)."""
+    return sample(self.allow(logits, left))
+
+
+def rome(max_tokens: int) -> StepRequest:
+    from kvmem.server.formats import grammar
+
+    sampling = SamplingParams(
+        temperature=0, max_tokens=max_tokens, grammar=grammar((SCHEMA, True), None, None, None)[0]
+    )
+    return StepRequest(messages=({"role": "user", "content": "Describe Rome as JSON."},), sampling=sampling)
 
 
 @pytest.fixture(scope="module")
@@ -44,26 +71,34 @@ def engine() -> Iterator[Any]:
 def test_the_default_model_answers_the_same_with_and_without_planning_ahead(
     engine: Any, max_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvmem.server.formats import grammar
-
-    schema = {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string"},
-            "sights": {"type": "array", "items": {"type": "string"}},
-            "people": {"type": "integer"},
-        },
-        "required": ["city", "sights", "people"],
-        "additionalProperties": False,
-    }
-    request = StepRequest(
-        messages=({"role": "user", "content": "Describe Rome as JSON."},),
-        sampling=SamplingParams(
-            temperature=0, max_tokens=max_tokens, grammar=grammar((schema, True), None, None, None)[0]
-        ),
-    )
+    request = rome(max_tokens)
     ahead = engine.step(request, lambda piece: True)
     monkeypatch.setattr(Constraint, "take", take_in_line)
     in_line = engine.step(request, lambda piece: True)
-    assert ahead.token_ids == in_line.token_ids and ahead.text == in_line.text
-    jsonschema.validate(json.loads(ahead.text), schema)
+    monkeypatch.setattr(Constraint, "choose", choose_masked)
+    masked = engine.step(request, lambda piece: True)
+    assert ahead.token_ids == in_line.token_ids == masked.token_ids and ahead.text == in_line.text == masked.text
+    jsonschema.validate(json.loads(ahead.text), SCHEMA)
+
+
+@pytest.mark.llamacpp
+def test_the_one_token_check_allows_what_the_mask_allows_where_no_bytes_are_forced(engine: Any) -> None:
+    """At each state of an answer where the grammar forces no bytes, ``_admits`` (the matcher's one-token check)
+    agrees with the mask on every fifth token, the end tokens and the closers."""
+    request = rome(60)
+    answer = engine.step(request, lambda piece: True)
+    vocabulary = engine.formats.vocabulary
+    constraint = Constraint(request.sampling.grammar, vocabulary)
+    tokens = sorted(
+        {*range(0, vocabulary.n_vocab, 5), *vocabulary.ends, *vocabulary.closers(Constraint.CLOSERS).values()}
+    )
+    checked = 0
+    for taken in [*answer.token_ids, None]:
+        matcher = constraint.matcher
+        if not matcher.compute_ff_bytes():
+            allowed = constraint._allowed(matcher)
+            assert [constraint._admits(matcher, t) for t in tokens] == [bool(allowed[t]) for t in tokens]
+            checked += 1
+        if taken is not None:
+            constraint.take(taken, vocabulary.token_bytes(taken))
+    assert checked > len(answer.token_ids) // 3
