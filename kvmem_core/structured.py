@@ -290,20 +290,36 @@ closing allows (None: the grammar's mask), and whether the mask is made (in ``_b
 
 class Repeats:
     """For each period p up to ``period``: how many of the latest tokens each equal the token p before them (the
-    last n tokens repeat with period p when that run reaches n), updated in one vector step per token."""
+    last n tokens repeat with period p when that run reaches n). Only the periods with a run are kept: a token
+    extends the runs of the periods at which it occurred before, and ends the others."""
 
     def __init__(self, period: int) -> None:
-        self.back = np.full(period, -1, dtype=np.int64)  # the tokens 1, 2, ... ``period`` back (-1: none yet)
-        self.runs = np.zeros(period, dtype=np.int64)
+        self.period = period
+        self.recent: list[int] = []  # the latest ``period`` tokens, oldest first
+        self.runs: dict[int, int] = {}
 
     def add(self, token: int) -> None:
-        np.multiply(self.runs + 1, self.back == token, out=self.runs)
-        self.back[1:] = self.back[:-1].copy()
-        self.back[0] = token
+        recent, runs, at = self.recent, {}, -1
+        if token in recent:  # most tokens did not occur in the last ``period``
+            while (at := _index(recent, token, at + 1)) >= 0:
+                period = len(recent) - at
+                runs[period] = self.runs.get(period, 0) + 1
+        self.runs = runs
+        recent.append(token)
+        if len(recent) > self.period:
+            del recent[0]
 
     def longest(self) -> int:
         """The longest run over the periods: the latest tokens repeat with some period over this many."""
-        return int(self.runs.max())
+        return max(self.runs.values(), default=0)
+
+
+def _index(items: list[int], item: int, start: int) -> int:
+    """Where ``item`` next occurs in ``items`` from ``start``; -1 where it does not."""
+    try:
+        return items.index(item, start)
+    except ValueError:
+        return -1
 
 
 class Quotes:

@@ -32,9 +32,10 @@ class Vocabulary:
         self._closers: dict[str, int] | None = None
         self._compiled: dict[str, Any] = {}  # grammar text -> its fresh matcher, the latest used last
         self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
+        self._bytes: list[bytes] = []  # each token's bytes, once built
 
     def token_bytes(self, token: int) -> bytes:
-        return self._token_bytes(token)
+        return self._bytes[token] if token < len(self._bytes) else self._token_bytes(token)
 
     @property
     def ends(self) -> list[int]:
@@ -81,6 +82,7 @@ class Vocabulary:
 
         eog = [t for t in range(self.n_vocab) if self._is_eog(t)]
         ends = set(eog)
+        self._bytes = [self._token_bytes(t) for t in range(self.n_vocab)]
         tokens = [self._marked(t, ends) for t in range(self.n_vocab)]
         self.lengths = np.array([len(b) if b[:1] != b"\xff" else 1 << 20 for b in tokens], dtype=np.int64)
         wrapper = _Wrapper(tokens, eog, self._tokenize)
@@ -88,7 +90,7 @@ class Vocabulary:
 
     def _marked(self, token: int, eog: set[int]) -> bytes:
         """A token's bytes, with llguidance's 0xFF prefix on control tokens (no grammar text may use them)."""
-        data = self._token_bytes(token)
+        data = self._bytes[token]
         return b"\xff" + data if token in eog or _CONTROL.fullmatch(data) else data
 
 

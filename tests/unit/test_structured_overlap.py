@@ -18,7 +18,7 @@ from test_structured import CITY, EOS, VOCAB, schema_grammar
 
 from kvmem_core.contract import SamplingParams
 from kvmem_core.sampling import decode
-from kvmem_core.structured import Constraint
+from kvmem_core.structured import Constraint, Repeats
 
 pytest.importorskip("llguidance")
 
@@ -181,3 +181,27 @@ def test_a_format_compiled_once_serves_each_answer_afresh() -> None:
     assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first and text in VOCAB._compiled
     VOCAB._compiled.clear()
     assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=60),
+    pattern=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    span=st.integers(2, 12),
+    period=st.integers(1, 6),
+)
+def test_repeats_tell_a_loop_as_comparing_the_last_tokens_does(
+    tokens: list[int], pattern: list[int], span: int, period: int
+) -> None:
+    """``Repeats`` (a run per period, kept as tokens come) finds the last ``span`` tokens repeating with a period of
+    at most ``period`` exactly where comparing them with the ``span`` tokens p before does."""
+    taken, repeats = [], Repeats(period)
+    for i, token in enumerate(tokens):
+        token = pattern[i % len(pattern)] if token else token  # mostly the pattern: loops happen
+        taken.append(token)
+        repeats.add(token)
+        recent = taken[-span - period :]
+        expected = any(
+            len(recent) >= span + p and recent[-span:] == recent[-span - p : -p] for p in range(1, period + 1)
+        )
+        assert (repeats.longest() >= span) == expected
