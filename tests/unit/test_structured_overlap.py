@@ -158,18 +158,8 @@ def test_each_pick_is_checked_against_the_grammar_after_the_token_before_it(temp
     check of the second pick against the state before the first was taken would allow ``a`` again)."""
     rows = np.zeros((3, 257), np.float32)
     rows[:2, ord("a")], rows[:2, ord("b")], rows[2, EOS] = 2.0, 1.0, 1.0
-    feed, constraint = iter(rows), Constraint('start: "ab" | "ba"', VOCAB)
-    got = decode(
-        SamplingParams(temperature=temperature, max_tokens=10, seed=7),
-        next(feed),
-        VOCAB._token_bytes,
-        VOCAB._is_eog,
-        lambda t: lambda: next(feed),
-        lambda piece: True,
-        None,
-        constraint,
-    )
-    assert got == ("ab", [ord("a"), ord("b")], "stop")
+    constraint = Constraint('start: "ab" | "ba"', VOCAB)
+    assert answer(constraint, rows, 10, temperature) == ("ab", [ord("a"), ord("b")], "stop")
     assert constraint.steps == 3
 
 
