@@ -11,6 +11,7 @@ between two step launches where no mask is built, all of it exposed where the de
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from kvmem_core.structured import Constraint
 from kvmem_core.vocabulary import Vocabulary
 
 GOAL_SHARE = 0.05
+_FRESH = itertools.count(1)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -64,6 +66,7 @@ def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 3) -> dict[
         "steps": steps,
         "masked_share": round(masked / max(steps, 1), 4),
         "host_ms_per_token": round(host_ms(vocabulary, text, result.token_ids, max_tokens), 4),
+        "compile_ms": round(compile_ms(vocabulary, text), 3),
         "mask_ms_per_token": round(mask_ms, 4),
         "decode_ms_per_token": round(constrained_ms, 3),
         "free_decode_ms_per_token": round(free_ms, 3),
@@ -113,6 +116,15 @@ def host_ms(vocabulary: Vocabulary, text: str, tokens: list[int], max_tokens: in
             best[constrained] = min(best[constrained], time.process_time() - t)
             assert ids == list(tokens), "the replay left the answer"
     return 1e3 * (best[True] - best[False]) / max(len(tokens), 1)
+
+
+def compile_ms(vocabulary: Vocabulary, text: str) -> float:
+    """Compiling the grammar ``text`` anew (ms): what an answer in a format the engine has not kept pays once, in
+    its decode time (blank lines, more each call, make it a text the vocabulary has not compiled)."""
+    fresh = text + "\n" * next(_FRESH)
+    t = time.perf_counter()
+    Constraint(fresh, vocabulary)
+    return 1e3 * (time.perf_counter() - t)
 
 
 def _decode_ms(engine: Any, sampling: SamplingParams) -> tuple[Any, float]:
