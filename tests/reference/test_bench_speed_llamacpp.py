@@ -37,6 +37,10 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
         and out["parses"]
         and out["vocab"] == 49152
         and 0 < out["mask_ms_per_token"] < out["decode_ms_per_token"]
+        and out["steps"] >= out["tokens"]
+        and 0 <= out["masked_share"] <= 1
+        and out["host_ms_per_token"] < out["decode_ms_per_token"]
+        and out["compile_ms"] > 0
     )
     exposed = out["decode_ms_per_token"] - out["free_decode_ms_per_token"]  # what the grammar adds to a step
     assert out["exposed_ms_per_token"] == pytest.approx(exposed, abs=1e-3)
