@@ -62,7 +62,8 @@ def run(
         adapter.close()
     for row in rows:
         log(
-            f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, decode {row['decode_tok_s']:.1f} tok/s"
+            f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, "
+            f"decode {row['decode_tok_s']:.1f} tok/s"
         )
     for row in busy:
         log(f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s")

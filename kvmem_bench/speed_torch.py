@@ -231,7 +231,8 @@ def plain_engine(
         return dense
     plain = stateless(model, ids, plan["decode"], chunk, block_tokens)
     log(
-        f"workspace {len(ids)}: re-prefill {plain['reprefill_ttft_s']:.2f} s, full decode {plain['full_tok_s']:.1f} tok/s"
+        f"workspace {len(ids)}: re-prefill {plain['reprefill_ttft_s']:.2f} s, "
+        f"full decode {plain['full_tok_s']:.1f} tok/s"
     )
     return plain
 
@@ -259,8 +260,8 @@ def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_t
 
 def stateless(model: Any, ids: list[int], decode: int, chunk: int, block_tokens: int) -> dict[str, float]:
     """A plain torch engine over ``model`` (``kvmem_torch.plain_engine``, no KVMem): prefill ``ids`` from empty in
-    ``chunk``-token chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3 tokens; the
-    first decode step, which captures the CUDA graph, is not timed)."""
+    ``chunk``-token chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3
+    tokens; the first decode step, which captures the CUDA graph, is not timed)."""
     from kvmem_torch import plain_engine
 
     runner = plain_engine(model, len(ids) + decode, block_tokens)

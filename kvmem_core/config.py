@@ -39,7 +39,8 @@ FIELD_HELP = {
     "cpu_gb": "host-RAM tier capacity in GiB",
     "nvme_dir": "directory of the NVMe tier (unset: no disk tier)",
     "nvme_gb": "NVMe tier capacity in GiB",
-    "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, keep-all refuses new history",
+    "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, "
+    "keep-all refuses new history",
     "retrieval_heads": "retrieval heads as L:H,... (overrides the calibrated profile)",
     "recurrent": "hybrid models' recurrent state when selection drops blocks: keep the full-history state, "
     "or recompute it over the selected view",

@@ -1,7 +1,8 @@
 """Parse and synthesize llama.cpp sequence-state blobs (``llama_state_seq_get_data``).
 
 Format (llama-kv-cache.cpp ``state_write``), all little-endian:
-u32 magic 0xAF143CD8, i32 seq id, u32 n_stream; per stream: u32 cell_count; per cell {i32 pos, u32 n_seq_id = 1, i32 seq_id};
+u32 magic 0xAF143CD8, i32 seq id, u32 n_stream; per stream: u32 cell_count;
+per cell {i32 pos, u32 n_seq_id = 1, i32 seq_id};
 u32 v_trans, u32 n_layer; K per layer {i32 type, u64 row_bytes, cell_count rows};
 V per layer {i32 type, u64 row_bytes, rows} (v_trans 0) or
 {i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements} (v_trans 1).

@@ -1,4 +1,5 @@
-"""GGUF files (``llama``, ``qwen2``, ``qwen35``) to the internal layout: one fast header pass, tensors dequantized lazily.
+"""GGUF files (``llama``, ``qwen2``, ``qwen35``) to the internal layout: one fast header pass, tensors dequantized
+lazily.
 
 The header (key/values, vocabulary included, and tensor infos) is parsed once with
 ``struct`` over a memory map; tensor bytes are read only when a tensor is loaded and

@@ -1,4 +1,5 @@
-"""HF checkpoints (``llama``, ``qwen2``, ``qwen3_5_text``, the ``qwen3_5`` wrapper's language part) to the internal layout."""
+"""HF checkpoints (``llama``, ``qwen2``, ``qwen3_5_text``, the ``qwen3_5`` wrapper's language part) to the internal
+layout."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Triton kernels for one decode token: paged attention, and what every decode kernel shares (the launch).
 
-Attention (split-K "flash decoding" over the paged cache): one new token attends to the view's ``S`` slots. The eager path gathers every K/V row into
-a contiguous copy, rotates all keys and runs two matmuls: about five passes over the view.
+Attention (split-K "flash decoding" over the paged cache): one new token attends to the view's
+``S`` slots. The eager path gathers every K/V row into a contiguous copy, rotates all keys and
+runs two matmuls: about five passes over the view.
 This kernel reads each K and V row once, applies RoPE to the keys in registers from the
 cache's per-slot cos/sin rows, and keeps an online softmax per split of the keys; a second
 kernel merges the splits. Queries of one GQA group share a program, so K/V rows
@@ -15,8 +16,9 @@ The Gated DeltaNet step's kernels are in ``deltanet_kernels``. ``add_rms_norm`` 
 residual add with the next norm and the MLP's activation for forwards of several tokens; at one token both
 ride in the next projection (``gemv``).
 
-On Hopper and later every decode kernel (here, ``gemv``, ``deltanet_kernels``) launches as a programmatic dependent of the kernel
-before it: its programs are placed while the previous kernel's last ones run and wait for its results at
+On Hopper and later every decode kernel (here, ``gemv``, ``deltanet_kernels``) launches as a
+programmatic dependent of the kernel before it: its programs are placed while the previous
+kernel's last ones run and wait for its results at
 ``wait_previous``. What a program reads that no kernel of the step writes (a projection's first weight chunk,
 a DeltaNet layer's state, which only its own step kernel writes) it loads before that wait.
 

@@ -61,7 +61,8 @@ class DocScores:
     gold: np.ndarray
 
     def margin(self, summed: np.ndarray) -> np.ndarray:
-        """Log margin of the best fact block over the best other candidate, per leading index of ``summed`` [..., blocks]."""
+        """Log margin of the best fact block over the best other candidate, per leading index of ``summed``
+        [..., blocks]."""
         cand = np.ones(summed.shape[-1], dtype=bool)
         cand[0] = False  # the sink block is always in view
         eps = 1e-12

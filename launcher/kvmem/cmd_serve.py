@@ -87,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gpu",
         type=int,
         default=_int_or_none(env("KVMEM_GPU")),
-        help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; env KVMEM_GPU)",
+        help="GPU index when several (default: CUDA_VISIBLE_DEVICES, else the one with most free memory; "
+        "env KVMEM_GPU)",
     )
     p.add_argument("--model", default=env("KVMEM_MODEL"), help=f"{MODEL_HELP} (env KVMEM_MODEL)")
     add_chat_template_flag(p)
@@ -95,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--replicas",
         type=int,
         default=_int_or_none(env("KVMEM_REPLICAS")),
-        help="engine processes, each with its own queue; conversations stay on theirs (default: one per --gpus, else 1; env KVMEM_REPLICAS)",
+        help="engine processes, each with its own queue; conversations stay on theirs "
+        "(default: one per --gpus, else 1; env KVMEM_REPLICAS)",
     )
     add_list_flag(p, "--gpus", "KVMEM_GPUS", "GPU indexes, one engine replica on each")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting for each engine before 429 (default 16)")
@@ -238,16 +240,18 @@ def describe(
 ) -> str:
     """The ``--dry-run`` text: placement, model, every knob with its source."""
     gpu = placement.gpu
+    gpu_text = f"{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})" if gpu else "none"
     lines = [
         f"backend   {placement.backend}",
         f"device    {placement.device}",
-        f"gpu       {f'{gpu.index}: {gpu.name} ({gpu.free_mib} MiB free of {gpu.total_mib})' if gpu else 'none'} [{placement.reason}]",
+        f"gpu       {gpu_text} [{placement.reason}]",
         f"replicas  {replica_count(args)}{' on GPUs ' + ','.join(args.gpus) if args.gpus else ''}",
         f"model     {args.model or DEFAULT_MODEL}",
         f"template  {args.chat_template or 'from the model'}",
         f"compute   {describe_compute(replica_opts(args, placement, False))}",
         f"listen    http://{args.host}:{args.port} (auth {'on' if args.api_key else 'off'}, queue {args.max_queue})",
-        f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; CORS {', '.join(args.cors_origins) or 'off'}",
+        f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; "
+        f"CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
         f"answers   up to {args.max_tokens_default or 'the room left in the workspace'} tokens without max_tokens",
         f"web UI    {_ui_dir(args) or 'off'}",

@@ -66,7 +66,8 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
 
 
 def parse_rocm_smi(text: str) -> list[Gpu]:
-    """``rocm-smi --showmeminfo vram --json``: ``{"card0": {"VRAM Total Memory (B)": "...", "VRAM Total Used Memory (B)": "..."}}``."""
+    """``rocm-smi --showmeminfo vram --json``:
+    ``{"card0": {"VRAM Total Memory (B)": "...", "VRAM Total Used Memory (B)": "..."}}``."""
     gpus = []
     for card, fields in json.loads(text).items():
         if not card.startswith("card"):
@@ -78,7 +79,8 @@ def parse_rocm_smi(text: str) -> list[Gpu]:
 
 
 def parse_amd_smi(text: str) -> list[Gpu]:
-    """``amd-smi metric --mem-usage --json``: a list of ``{"gpu": N, "mem_usage": {"total_vram": {"value", "unit"}, "free_vram": ...}}``.
+    """``amd-smi metric --mem-usage --json``: a list of
+    ``{"gpu": N, "mem_usage": {"total_vram": {"value", "unit"}, "free_vram": ...}}``.
 
     Older releases give bare numbers in MB instead of ``{"value", "unit"}`` objects.
     """

@@ -1,4 +1,5 @@
-"""What ``./kvmem`` installs on this machine: the llama.cpp build and its wheel-cache key, and torch only when asked for.
+"""What ``./kvmem`` installs on this machine: the llama.cpp build and its wheel-cache key, and torch only when asked
+for.
 
 Runs before the virtual environment exists (``python3 launcher/kvmem/install_plan.py ARGS...``), so it
 imports the standard library only. It prints shell assignments that ``./kvmem`` evaluates:

@@ -6,8 +6,9 @@ shipped next to the adapter package, then next to every other installed adapter 
 missing all, the calibration runs (a few minutes for a 0.5B model on one CPU thread) and
 its result is cached. A profile measured at another block size is passed over (version-1
 profiles record none and fit any). Documents are sized to the model's tokenizer and view: each is grown
-or shrunk (in filler lines) until it measures about ``DOC_TOKENS`` tokens and fits. A profile holds (attention layer, query head) pairs of
-the weights, so it serves every backend that loads the same file: both engines number
+or shrunk (in filler lines) until it measures about ``DOC_TOKENS`` tokens and fits. A profile holds
+(attention layer, query head) pairs of the weights, so it serves every backend that loads the same
+file: both engines number
 attention layers and heads alike, and a permutation inside a head (llama.cpp's rotary row
 order) changes no q·k product.
 """

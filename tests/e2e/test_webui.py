@@ -318,7 +318,8 @@ ERROR_CASES = [
         },
         {},
         "too_long",
-        "This conversation is too long for the server (400): prompt of 1500 tokens exceeds --ctx 1024. Start a new chat or delete this one.",
+        "This conversation is too long for the server (400): prompt of 1500 tokens exceeds --ctx 1024. "
+        "Start a new chat or delete this one.",
     ),
     (
         413,
@@ -332,7 +333,8 @@ ERROR_CASES = [
         },
         {},
         "too_long",
-        "This conversation is too long for the server (413): mandatory spans exceed the budget. Start a new chat or delete this one.",
+        "This conversation is too long for the server (413): mandatory spans exceed the budget. "
+        "Start a new chat or delete this one.",
     ),
     (
         401,

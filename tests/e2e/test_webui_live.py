@@ -38,6 +38,12 @@ SERVER_FLAGS = [
     "17:3,17:4,21:8",  # SmolLM2's calibrated heads: no calibration at start
 ]
 STATS = re.compile(r"^(\d+) tokens · ([\d.]+) tok/s · (\d+) cache-hit tokens · prompt (\d+)")
+# clicks Stop as soon as the streaming answer shows its first text
+STOP_AT_FIRST_TEXT = """() => { const box = document.getElementById('messages');
+    const obs = new MutationObserver(() => {
+        const a = document.querySelector('#messages .msg-assistant.streaming .markdown');
+        if (a && a.textContent.trim()) { obs.disconnect(); document.getElementById('stop').click(); } });
+    obs.observe(box, {subtree: true, childList: true, characterData: true}); }"""
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +139,7 @@ def test_second_turn_hits_the_cache(page) -> None:
 
 def test_stop_aborts_the_answer_and_the_server_keeps_serving(page) -> None:
     set_setting(page, "maxTokens", "32")
-    page.evaluate("""() => { const box = document.getElementById('messages');
-        const obs = new MutationObserver(() => { const a = document.querySelector('#messages .msg-assistant.streaming .markdown');
-            if (a && a.textContent.trim()) { obs.disconnect(); document.getElementById('stop').click(); } });
-        obs.observe(box, {subtree: true, childList: true, characterData: true}); }""")
+    page.evaluate(STOP_AT_FIRST_TEXT)
     assert ask(page, "Tell me a long story about a dragon.").endswith("stopped")
     assert last_answer(page).locator(".markdown").inner_text().strip()
     expect(page.locator("#send")).to_be_visible()
@@ -214,10 +217,7 @@ def test_delete_offers_to_free_the_server_workspace(page, server) -> None:
 
 def test_stopping_a_new_conversations_first_answer_still_links_its_workspace(page, server) -> None:
     page.click("#new-chat")
-    page.evaluate("""() => { const box = document.getElementById('messages');
-        const obs = new MutationObserver(() => { const a = document.querySelector('#messages .msg-assistant.streaming .markdown');
-            if (a && a.textContent.trim()) { obs.disconnect(); document.getElementById('stop').click(); } });
-        obs.observe(box, {subtree: true, childList: true, characterData: true}); }""")
+    page.evaluate(STOP_AT_FIRST_TEXT)
     assert ask(page, "Tell me a long story about a castle.").endswith("stopped")
     ws_id = current_workspace(page)
     assert ws_id and api_get(server, f"/v1/kvmem/workspaces/{ws_id}")[0] == 200

@@ -21,13 +21,13 @@ from test_llamacpp_adapter import (
     adapter,
     ids,
     prefill,
-    test_blocks_read_out_and_written_back_restore_identical_logits,  # noqa: E402,F401
+    test_blocks_read_out_and_written_back_restore_identical_logits,
     test_query_capture_is_pre_rope,
 )
 from test_llamacpp_identity import (
     engine,
     plain,
-    test_cold_prompt_over_several_chunks_is_bit_identical,  # noqa: E402,F401
+    test_cold_prompt_over_several_chunks_is_bit_identical,
     test_second_turn_prefills_only_its_suffix_and_stays_identical,
 )
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.llamacpp
 # Gemma-like: turns must alternate from a user turn (a system prompt joins the first one), so an
 # assistant message alone does not render; assistant turns are numbered, so they render differently alone.
 ALTERNATING = (
-    "{% if messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] + '\\n\\n' %}{% set rest = messages[1:] %}"
+    "{% if messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] + '\\n\\n' %}"
+    "{% set rest = messages[1:] %}"
     "{% else %}{% set sys = '' %}{% set rest = messages %}{% endif %}"
     "{% for m in rest %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
@@ -34,7 +35,8 @@ ALTERNATING = (
 )
 # Tools in a system block before everything; a template variable from chat_template_kwargs.
 TOOLS_HEADER = (
-    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + tools | map(attribute='name') | join(', ') + '<|im_end|>\\n' }}{% endif %}"
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + tools | map(attribute='name') | join(', ') + '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' + ('<think>\\n' if thinking else '') }}{% endif %}"
 )

@@ -40,10 +40,12 @@ for heads, kv, hd, rd, S, n_keys in ((6, 2, 64, 16, 150, 131), (20, 1, 16, 16, 7
     out[f"eager keys {heads}x{kv}x{hd}"] = (eager - k).abs().max().item()
 qkv = torch.randn((4 + 2 * 2) * 64) * 5
 cache = PagedKV(2, 4, 16, 2, 64, torch.float32, "cpu", torch.ones(8), kv_fp8=True)
-kernels.attention_prologue(qkv, None, None, torch.ones(16), torch.zeros(16), cache, 1, torch.tensor([5]), 1e-6, 4, False)
-row = cache.base_rows(torch.tensor([5]))
-out["prologue codes differing"] = int((cache.rows[row + cache.k_offset(1)][0] != fp8.quantize(qkv[256:384].view(2, 64))).sum()
-                                      + (cache.rows[row + cache.v_offset(1)][0] != fp8.quantize(qkv[384:].view(2, 64))).sum())
+norms, cos, sin, slot = None, torch.ones(16), torch.zeros(16), torch.tensor([5])
+kernels.attention_prologue(qkv, norms, norms, cos, sin, cache, 1, slot, 1e-6, 4, False)
+row = cache.base_rows(slot)
+k_codes, v_codes = cache.rows[row + cache.k_offset(1)][0], cache.rows[row + cache.v_offset(1)][0]
+out["prologue codes differing"] = int((k_codes != fp8.quantize(qkv[256:384].view(2, 64))).sum()
+                                      + (v_codes != fp8.quantize(qkv[384:].view(2, 64))).sum())
 print(__import__("json").dumps(out))
 """
 

@@ -112,7 +112,10 @@ def test_without_tools_in_the_request_calls_are_text() -> None:
 
 
 def test_a_call_to_a_tool_the_request_did_not_offer_is_text() -> None:
-    text = 'Sure.\n<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    text = (
+        'Sure.\n<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    )
     out = parse_output(text, ChatFormat("hermes").parser(with_tools=True, declared=["f"]))
     assert (
         calls_of(out) == [("f", {})]

@@ -1,5 +1,5 @@
-"""``kvmem.pin``, ``kvmem.groups`` and ``kvmem.relevance`` in requests: the engine's message indexes, and every bad value a 400 with
-the OpenAI error JSON before the engine is needed."""
+"""``kvmem.pin``, ``kvmem.groups`` and ``kvmem.relevance`` in requests: the engine's message indexes, and every bad
+value a 400 with the OpenAI error JSON before the engine is needed."""
 
 from __future__ import annotations
 

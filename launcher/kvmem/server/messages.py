@@ -156,7 +156,8 @@ def tool_block(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def content_blocks(out: Parsed) -> list[dict[str, Any]]:
-    """A whole answer's blocks: its thinking, its text (also an empty one, unless it only calls tools), its tool uses."""
+    """A whole answer's blocks: its thinking, its text (also an empty one, unless it only calls tools), its tool
+    uses."""
     blocks = [{"type": "thinking", "thinking": out.reasoning, "signature": ""}] if out.reasoning else []
     if out.content or not out.calls:
         blocks.append({"type": "text", "text": out.content})
