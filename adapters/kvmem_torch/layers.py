@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from kvmem_torch import kernels
+from kvmem_torch import attention_kernels, kernels
 from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.paged import PagedKV
 from kvmem_torch.spec import ModelSpec
@@ -165,7 +165,7 @@ class Attention:
 
     def decode_fused(self, qkv: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """One token from its projection row to the gated attention output [heads * hd], in three kernels."""
-        q = kernels.attention_prologue(
+        q = attention_kernels.attention_prologue(
             qkv,
             self.w.get("q_norm"),
             self.w.get("k_norm"),
@@ -179,7 +179,8 @@ class Attention:
             self.gated,
         )
         gate = qkv[self.hd :] if self.gated else None
-        return kernels.decode_attention(q, cache, self.cache_layer, ctx.key_slots, ctx.n_keys, gate).reshape(-1)
+        out = attention_kernels.decode_attention(q, cache, self.cache_layer, ctx.key_slots, ctx.n_keys, gate)
+        return out.reshape(-1)
 
     def attend(self, q: torch.Tensor, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         """softmax(q·k/√d) v over the view's keys, RoPE applied at each slot's stored position."""

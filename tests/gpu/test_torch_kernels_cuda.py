@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from attention_reference import decode_attention_f64, gated_heads_model, rope_angles  # noqa: E402
 from kvmem_torch.gemv import NormedSum, output_projection  # noqa: E402
 from kvmem_torch.layers import interleave_rows  # noqa: E402
-from kvmem_torch.kernels import decode_attention  # noqa: E402
+from kvmem_torch.attention_kernels import decode_attention  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import PagedKV  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402

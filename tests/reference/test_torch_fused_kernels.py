@@ -22,7 +22,7 @@ ATTENTION_VS_FLOAT64 = """
 import torch
 from attention_reference import decode_attention_f64, rope_angles
 from kvmem_torch.paged import PagedKV
-from kvmem_torch.kernels import decode_attention
+from kvmem_torch.attention_kernels import decode_attention
 torch.manual_seed(0)
 out = {}
 for heads, kv, hd, rd, S, n_keys in ((6, 2, 64, 16, 150, 131), (4, 2, 16, 16, 700, 131), (20, 1, 16, 16, 700, 690)):

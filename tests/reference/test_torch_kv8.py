@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 FP8_DECODE_VS_FLOAT64 = """
 import torch
 from attention_reference import decode_attention_f64, rope_angles
-from kvmem_torch import fp8, kernels
+from kvmem_torch import attention_kernels, fp8
 from kvmem_torch.layers import Attention
 from kvmem_torch.paged import PagedKV
 torch.manual_seed(0)
@@ -34,14 +34,14 @@ for heads, kv, hd, rd, S, n_keys in ((6, 2, 64, 16, 150, 131), (20, 1, 16, 16, 7
     k = fp8.dequantize(cache.rows[rows + cache.k_offset(layer)][:n_keys], torch.float64)
     v = fp8.dequantize(cache.rows[rows + cache.v_offset(layer)][:n_keys], torch.float64)
     want = decode_attention_f64(q, k, v, angles[:n_keys])
-    got = kernels.decode_attention(q, cache, layer, slots, torch.tensor([n_keys]))
+    got = attention_kernels.decode_attention(q, cache, layer, slots, torch.tensor([n_keys]))
     out[f"kernel {heads}x{kv}x{hd}"] = (got.double() - want).abs().max().item()
     eager = cache.read_rows(rows[:n_keys] + cache.k_offset(layer)).double()
     out[f"eager keys {heads}x{kv}x{hd}"] = (eager - k).abs().max().item()
 qkv = torch.randn((4 + 2 * 2) * 64) * 5
 cache = PagedKV(2, 4, 16, 2, 64, torch.float32, "cpu", torch.ones(8), kv_fp8=True)
 norms, cos, sin, slot = None, torch.ones(16), torch.zeros(16), torch.tensor([5])
-kernels.attention_prologue(qkv, norms, norms, cos, sin, cache, 1, slot, 1e-6, 4, False)
+attention_kernels.attention_prologue(qkv, norms, norms, cos, sin, cache, 1, slot, 1e-6, 4, False)
 row = cache.base_rows(slot)
 k_codes, v_codes = cache.rows[row + cache.k_offset(1)][0], cache.rows[row + cache.v_offset(1)][0]
 out["prologue codes differing"] = int((k_codes != fp8.quantize(qkv[256:384].view(2, 64))).sum()
