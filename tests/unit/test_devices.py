@@ -155,7 +155,7 @@ def test_resolve_refuses_impossible_combinations(kwargs: dict[str, object], matc
     [("torch", "cpu", "cpu"), ("torch", "cuda", "cuda"), ("torch", "hip", "cuda"), ("llama.cpp", "cpu", None)],
 )
 def test_the_engine_runs_on_the_resolved_device(backend, device, expected):
-    from kvmem.cmd_serve import engine_opts
+    from kvmem.serve_config import engine_opts
 
     args = argparse.Namespace(device=device, threads=3, threads_batch=2, n_gpu_layers=None)
     opts = engine_opts(args, D.Placement(backend, device, None, "test"), progress=False)
@@ -166,7 +166,7 @@ def test_the_engine_runs_on_the_resolved_device(backend, device, expected):
 @pytest.mark.parametrize("asked, expected", [("cpu", 0), ("cuda", -1), ("hip", -1), ("auto", None)])
 def test_llamacpp_offloads_to_the_gpu_the_user_named(asked: str, expected: int | None) -> None:
     """An explicit --device cuda/hip requires every layer on the GPU; an automatic choice lets the adapter decide."""
-    from kvmem.cmd_serve import engine_opts
+    from kvmem.serve_config import engine_opts
 
     args = argparse.Namespace(device=asked, threads=None, threads_batch=None, n_gpu_layers=None)
     placement = D.Placement("llama.cpp", "cuda" if asked == "auto" else asked, None, "test")

@@ -161,11 +161,11 @@ def test_routing_keys_and_replica_environments():
 
 def test_replicas_on_the_cpu_split_its_cores_unless_told(monkeypatch: pytest.MonkeyPatch):
     from kvmem import devices
-    from kvmem.cmd_serve import replica_opts
+    from kvmem.serve_config import replica_opts
 
     monkeypatch.delenv("KVMEM_THREADS", raising=False)
     monkeypatch.delenv("KVMEM_THREADS_BATCH", raising=False)
-    monkeypatch.setattr("kvmem.cmd_serve.usable_cores", lambda: 8)
+    monkeypatch.setattr("kvmem.serve_config.usable_cores", lambda: 8)
     args = argparse.Namespace(device="cpu", threads=None, threads_batch=None, n_gpu_layers=None, replicas=4, gpus=[])
     cpu = devices.Placement("llama.cpp", "cpu", None, "test")
     assert (replica_opts(args, cpu, False)["n_threads"], replica_opts(args, cpu, False)["n_threads_batch"]) == (2, 2)
