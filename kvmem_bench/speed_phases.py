@@ -1,7 +1,7 @@
 """Where a KVMem turn's time to first token goes, phase by phase (``kvmem bench speed --backend torch``).
 
 ``PhaseClock`` wraps one engine's step phases (instance attributes over its bound methods, as
-``speed_llamacpp.ForwardClock`` wraps the adapter's ``forward``) and times, up to the first decoded token of
+``speed_session.ForwardClock`` wraps the adapter's ``forward``) and times, up to the first decoded token of
 every step: the prefill and select phases as wholes (``_prefill``, ``_select``), materialization
 (``_materialize``: the streaming view before the prefill, room made during it, the selected view after it),
 recurrent-state checkpoints (taken and restored), and the host time of archiving (``_archive``; on a GPU it

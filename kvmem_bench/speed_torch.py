@@ -2,14 +2,14 @@
 ``kvmem serve --backend torch`` runs) on random qwen35 weights, with the tokenizer and chat template of a real
 GGUF (default: the default model's), so every figure is the product's.
 
-The session is the llama.cpp bench's (``speed_llamacpp.session``): the transcript grows by one
+The session is the llama.cpp bench's (``speed_session.session``): the transcript grows by one
 tool result per turn and is sent whole every turn; at the first turn past each workspace size
 the step's TTFT (prefill, selection, materialization, state restore and replay, as the engine
 times them) and decode tok/s at the fixed budget are recorded. Then a plain torch engine (a
 ``Runner`` over the same weights, no KVMem) prefills the same token ids from empty (stateless
 re-prefill TTFT) and decodes over the whole transcript (dense decode). Block transfers host→view
 and NVMe→view are timed against a raw copy / file read of the same bytes
-(``speed_llamacpp.transfers``). Decode figures come with their floor: the bytes a step reads
+(``speed_session.transfers``). Decode figures come with their floor: the bytes a step reads
 (weights + view or whole-transcript KV) over the copy bandwidth measured in the same run.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kvmem_bench.speed_common import floor_s, headline, ratio
-from kvmem_bench.speed_llamacpp import baseline_ratios, session, transfers
+from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_phases import PhaseClock, phase_figures
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.speed_torch_baselines import point_goals, turn_baselines
@@ -142,7 +142,7 @@ def run(
 
 def add_fair(point: dict[str, Any], phases: dict[str, float], baselines: dict[str, Any]) -> None:
     """The turn's TTFT split (``speed_phases``), its fair baselines (``speed_torch_baselines``), KVMem's TTFT
-    against each (``speed_llamacpp.baseline_ratios``) and item 4's goals at this point (``goals``)."""
+    against each (``speed_session.baseline_ratios``) and item 4's goals at this point (``goals``)."""
     point.update(phase_figures(point, phases), **baselines)
     point.update(baseline_ratios(point))
     point["engine_prefill_vs_plain"] = ratio(point["engine_prefill_tok_s"], point["plain_prefill_tok_s"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvmem_bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
-from kvmem_bench.speed_llamacpp import ForwardClock, baseline_ratios
+from kvmem_bench.speed_session import ForwardClock, baseline_ratios
 from kvmem_core.adapter import ForwardOut
 
 CONTRACT = {"backend", "model", "ttft_speedup", "decode_flatness", "nvme_vs_raw", "host_vs_raw"}
