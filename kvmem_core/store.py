@@ -15,7 +15,7 @@ conversation moves between replicas without prefilling again.
 One caller thread drives a store (the engine serializes steps); background threads only
 do file I/O and hand results back through a queue.
 
-``BlockStore`` is this module's façade over mixins that share its state: ``store_capacity``
+``BlockStore`` is this module's façade over mixins that share its state (``store_state``): ``store_capacity``
 (budgets, eviction), ``store_disk`` (write-through, disk faults, restart), ``store_side``
 (side data in the budgets) and ``store_load`` (loads, lost blocks, adopted blocks).
 """

@@ -11,41 +11,24 @@ when they fill it, retention evicts idle workspaces holding them.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Callable
 
 from kvmem_core.config import GIB
 from kvmem_core.errors import CapacityError
 from kvmem_core.policy import plan_workspace_eviction
 
-if TYPE_CHECKING:
-    from kvmem_core.host import HostTier
-    from kvmem_core.layout import BlockMeta
-    from kvmem_core.nvme import NvmeTier
-    from kvmem_core.policy import EvictionPolicy
-    from kvmem_core.workspace import WorkspaceRegistry
+from kvmem_core.store_state import StoreState
 
 log = logging.getLogger("kvmem.store")
 
 
-class CapacityMixin:
+class CapacityMixin(StoreState):
     """Eviction and budget checks of ``BlockStore`` (see module docstring)."""
 
-    host: HostTier
-    nvme: NvmeTier | None
-    policy: EvictionPolicy
     retention: str
-    workspaces: WorkspaceRegistry
-    _metas: dict[str, BlockMeta]
-    _pins: Counter[str]
-    _writing: dict[str, tuple[int, int]]
-    _pending: int
     _active: str | None
-    _counts: Counter[str]
-    _events: list[dict[str, Any]]
     _drain: Callable[..., None]
     _maybe_free: Callable[[str], None]
-    _side: dict[str, tuple[str, int]]
     _side_entries: Callable[[str], list[str]]
     _side_size: Callable[[str, str], int]
     _drop_sides: Callable[[str], None]

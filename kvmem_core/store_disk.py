@@ -19,19 +19,17 @@ in flight is.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvmem_core.blockfile import EncodedHeader, encode_header
 from kvmem_core.workspace import Workspace
 
+from kvmem_core.store_state import StoreState
+
 if TYPE_CHECKING:
-    from kvmem_core.host import HostTier
-    from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
+    from kvmem_core.layout import BlockKV
     from kvmem_core.nvme import NvmeTier, WriteDone
-    from kvmem_core.policy import EvictionPolicy
-    from kvmem_core.workspace import WorkspaceRegistry
 
 log = logging.getLogger("kvmem.store")
 NVME_RETRY_S = 30.0  # how long the tier stays off after a disk fault before writes are tried again
@@ -48,25 +46,13 @@ class DiskState:
     retry_at: float = 0.0
 
 
-class WriteThroughMixin:
+class WriteThroughMixin(StoreState):
     """The NVMe side of ``BlockStore`` (see module docstring)."""
 
-    layout: BlockLayout
-    host: HostTier
-    nvme: NvmeTier | None
-    policy: EvictionPolicy
-    workspaces: WorkspaceRegistry
-    _metas: dict[str, BlockMeta]
-    _writing: dict[str, tuple[int, int]]
     _gen: Any
-    _pending: int
-    _counts: Counter[str]
-    _events: list[dict[str, Any]]
     _disk: DiskState
     _retry_s: float
     _orphan_grace_s: float
-    _foreign: bool
-    _others_ws: set[str] | None
     _clock: Callable[[], float]
     _maybe_free: Callable[[str], None]
 

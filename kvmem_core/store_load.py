@@ -14,22 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockMeta
 
+from kvmem_core.store_state import StoreState
+
 if TYPE_CHECKING:
-    from kvmem_core.host import HostTier
-    from kvmem_core.layout import BlockLayout
-    from kvmem_core.nvme import NvmeTier
-    from kvmem_core.policy import EvictionPolicy
-    from kvmem_core.workspace import PrefixMatch, WorkspaceRegistry
+    from kvmem_core.workspace import PrefixMatch
 
 log = logging.getLogger("kvmem.store")
 
@@ -51,19 +48,9 @@ class LoadResult:
     missing: tuple[str, ...]
 
 
-class LoadMixin:
+class LoadMixin(StoreState):
     """The read side of ``BlockStore`` (see module docstring)."""
 
-    layout: BlockLayout
-    host: HostTier
-    nvme: NvmeTier | None
-    policy: EvictionPolicy
-    workspaces: WorkspaceRegistry
-    _metas: dict[str, BlockMeta]
-    _pins: Counter[str]
-    _counts: Counter[str]
-    _events: list[dict[str, Any]]
-    _foreign: bool
     _drain: Callable[..., None]
     _maybe_free: Callable[[str], None]
     _evict_one: Callable[[], bool]

@@ -16,26 +16,18 @@ refuses (``on_side_shed(tier, key)`` tells its owner), so it never costs a step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from kvmem_core.errors import CapacityError
 
-if TYPE_CHECKING:
-    from kvmem_core.host import HostTier
-    from kvmem_core.nvme import NvmeTier
-    from kvmem_core.workspace import WorkspaceRegistry
+from kvmem_core.store_state import StoreState
 
 TIERS = ("host", "nvme")
 
 
-class SideDataMixin:
+class SideDataMixin(StoreState):
     """The side-data ledger of ``BlockStore`` (see module docstring)."""
 
-    host: HostTier
-    nvme: NvmeTier | None
-    workspaces: WorkspaceRegistry
-    _side: dict[str, tuple[str, int]]  # "<tier>:<key>" -> (workspace id, bytes)
-    _others_ws: set[str] | None
     on_side_dropped: Callable[[str], None] | None
     on_side_shed: Callable[[str, str], None] | None
     _ensure_capacity: Callable[[int], None]

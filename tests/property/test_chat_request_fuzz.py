@@ -156,15 +156,18 @@ def fuzz_engine_path(
     check_engine_reply(engine_reply(loop, box, body, tools))
 
 
-@pytest.mark.llamacpp
-@given(
+# a chat request, the template it meets (the model's own, or one reading kwargs) and the tool-call syntax asked for
+ENGINE_PATH_CASES = dict(
     body=chat_body,
     template=st.sampled_from(["smollm2", "kwargs template"]),
     tools=st.sampled_from([None, "hermes", "llama3", "mistral"]),
 )
-@settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
+SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@pytest.mark.llamacpp
+@given(**ENGINE_PATH_CASES)
+@settings(max_examples=400, deadline=None, suppress_health_check=SLOW_OK)
 def test_any_chat_request_fails_alone_or_renders(
     loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str, tools: str | None
 ) -> None:
@@ -173,16 +176,8 @@ def test_any_chat_request_fails_alone_or_renders(
 
 @pytest.mark.slow
 @pytest.mark.llamacpp
-@given(
-    body=chat_body,
-    template=st.sampled_from(["smollm2", "kwargs template"]),
-    tools=st.sampled_from([None, "hermes", "llama3", "mistral"]),
-)
-@settings(
-    max_examples=10_000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@given(**ENGINE_PATH_CASES)
+@settings(max_examples=10_000, deadline=None, suppress_health_check=SLOW_OK)
 def test_ten_thousand_chat_requests_fail_alone_or_render(
     loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], template: str, tools: str | None
 ) -> None:
@@ -191,9 +186,7 @@ def test_ten_thousand_chat_requests_fail_alone_or_render(
 
 @pytest.mark.llamacpp
 @given(body=chat_body.map(lambda b: {**b, "max_tokens": 2}), stops=st.lists(texts, max_size=2))
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
+@settings(max_examples=25, deadline=None, suppress_health_check=SLOW_OK)
 def test_fuzzed_chat_steps_run_or_fail_alone(
     loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], stops: list[str]
 ) -> None:
