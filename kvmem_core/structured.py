@@ -69,7 +69,8 @@ def check(grammar: str) -> None:
 
 class Constraint:
     """One step's grammar over its decode loop: ``choose`` picks a token the grammar allows next (``allow``
-    masks the logits to them), ``take`` advances by the token taken. Free (no mask) before a lazy grammar's trigger and after it completes.
+    masks the logits to them), ``take`` advances by the token taken. Free (no mask) before a lazy grammar's
+    trigger and after it completes.
 
     A small model can loop inside a JSON string or list until its tokens run out, which would cut the answer
     short of its closing brackets. So the grammar closes the answer itself once the tokens left come near what
