@@ -39,6 +39,7 @@ class Capabilities:
     # host) and ``read_block`` of each hands it out later, after forwards and drops in between (the prefill
     # archives a chunk's blocks while the next chunk computes)
     staged_reads: bool = False
+    draft_head: bool = False  # True: the model carries MTP layers and ``draft_head()`` makes a drafter from them
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "key-direction", "pe
 POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
 RECURRENT_MODES = ("keep", "recompute")
-SPECULATIVE_MODES = ("off", "lookup")
+SPECULATIVE_MODES = ("off", "lookup", "mtp")
 KV_DTYPES = ("auto", "f16", "bf16", "fp8", "q8_0")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
@@ -49,8 +49,9 @@ FIELD_HELP = {
     "groups": "whole-message selection: a block retrieval takes brings the rest of its message (a tool call with "
     "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
     "speculative": "speculative decoding of greedy steps without an output format: lookup drafts tokens from n-gram "
-    "matches in the workspace's transcript and verifies them in one forward (lossless; llama.cpp "
-    "engine); " + "|".join(SPECULATIVE_MODES),
+    "matches in the workspace's transcript, mtp from the model's own multi-token-prediction layers (torch "
+    "engine, qwen35 checkpoints that carry them), and either is verified in one forward (lossless); "
+    + "|".join(SPECULATIVE_MODES),
     "kv_dtype": "KV dtype in the view and every tier: auto (16-bit: f16 on llama.cpp, the run dtype on torch), f16, "
     "bf16 (torch), fp8 (torch: e4m3 with a scale per token and kv head), q8_0 (llama.cpp); 8-bit halves "
     "the bytes per token; " + "|".join(KV_DTYPES),

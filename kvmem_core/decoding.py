@@ -2,7 +2,7 @@
 ``_archive``, ``_make_room`` and ``_mode``).
 
 Tokens are sampled into the generation reserve one at a time, or, for greedy steps where it is lossless, with
-prompt-lookup drafts verified in one forward (``kvmem_core.speculative``).
+drafts (prompt lookup or the model's MTP layers) verified in one forward (``kvmem_core.speculative``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnText, SamplingParams
 from kvmem_core.reasoning import Thinking
 from kvmem_core.sampling import decode
-from kvmem_core.speculative import ViewVerifier, lookup_advance
+from kvmem_core.speculative import ViewVerifier, speculative_advance
 from kvmem_core.step import ViewState, append_computed
 from kvmem_core.structured import Formats
 from kvmem_core.workspace import Workspace
@@ -51,8 +51,8 @@ class DecodeOps:
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet
         archived: exporting a block is kept off the token path (the caller archives them once the answer is out),
         except where the view must make room, which drops only archived blocks; and the tokens drafted and accepted
-        (empty unless ``cfg.speculative`` lookup drafted from ``history``, the transcript, where that is lossless:
-        ``kvmem_core.speculative``)."""
+        (empty unless ``cfg.speculative`` drafted: lookup from ``history``, the transcript, or mtp from the model's
+        MTP layers, where that is lossless: ``kvmem_core.speculative``)."""
         self.last_logits = logits.copy()  # the adapter's logits live until its next forward
         mode, adapter = self._mode(cfg), self.adapter
         pending: list[int] = []
@@ -71,7 +71,7 @@ class DecodeOps:
             return lambda: cast(np.ndarray, out.logits)  # asked for: never None
 
         constraint = self.formats.constraint(sampling, logits.size)
-        spec = lookup_advance(
+        spec = speculative_advance(
             cfg.speculative,
             adapter,
             sampling,

@@ -39,6 +39,7 @@ from kvmem_core.retrieval import (
 )
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
 from kvmem_core.sampling import within
+from kvmem_core.speculative import check_mode
 from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.structured import Formats
@@ -68,6 +69,7 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
     ) -> None:
         config.validate_view(adapter.caps.max_view_tokens)
         config.validate_capacity(adapter.layout)
+        check_mode(config.speculative, adapter)
         self.adapter, self.config, self.layout = adapter, config, adapter.layout
         self.model_id = adapter.model_id
         self.heads = tuple(config.retrieval_heads or heads)

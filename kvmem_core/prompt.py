@@ -27,6 +27,7 @@ from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
 from kvmem_core.groups import Span, covered, token_groups
 from kvmem_core.layout import BlockLayout
+from kvmem_core.speculative import check_mode
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
 MAX_QUERY_TOKENS = 512
@@ -230,6 +231,7 @@ def admit(
     oracle = knobs.pop("blocks", None)
     pins = knobs.pop("pin", ())
     cfg = config.replace(**knobs) if knobs else config
+    check_mode(cfg.speculative, adapter)
     prompt = pin(build_prompt(adapter, request), pins)
     check_prompt(cfg, prompt, adapter.layout, adapter.caps.max_view_tokens, has_prototypes)
     if oracle is not None and not all(0 <= b < len(prompt.ids) // adapter.layout.block_tokens for b in oracle):

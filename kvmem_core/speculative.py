@@ -1,5 +1,8 @@
 """Lossless speculative decoding for greedy steps: each token runs with a draft, verified in the same forward.
 
+Drafts come from a ``Drafter``: prompt lookup (``kvmem_core.lookup``, any engine) or the model's own MTP layers
+(``mtp``: the adapter's ``draft_head()``, on models that carry them: ``Capabilities.draft_head``).
+
 ``LookupAdvance`` is an ``Advance`` (``kvmem_core.sampling.decode``'s per-token callback), so the decode loop,
 its stop strings, end-of-generation tokens and length limit see every token exactly as without speculation.
 When the loop hands it a token, it asks the drafter (``kvmem_core.lookup``) for the tokens likely to follow,
@@ -21,6 +24,7 @@ import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.contract import SamplingParams
+from kvmem_core.errors import ConfigError
 from kvmem_core.lookup import LookupDrafter
 from kvmem_core.step import ViewState, append_computed
 
@@ -46,6 +50,18 @@ class Verifier(Protocol):
         ...
 
 
+class Drafter(Protocol):
+    """Guesses of the next tokens: told each token the loop advances, asked for a draft before each verification."""
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The loop advanced these tokens (the newest was just chosen; its draft is asked for next)."""
+        ...
+
+    def propose(self, limit: int | None = None) -> list[int]:
+        """Up to ``limit`` tokens likely to follow the tokens so far ([] for no guess)."""
+        ...
+
+
 @dataclass
 class DraftStats:
     """Tokens drafted and accepted in one step (``accepted <= drafted``)."""
@@ -57,8 +73,8 @@ class DraftStats:
 class LookupAdvance:
     """Greedy decoding's ``Advance`` with prompt-lookup drafts (see module docstring)."""
 
-    def __init__(self, verifier: Verifier, drafter: LookupDrafter, max_tokens: int) -> None:
-        """``drafter`` holds the transcript; ``max_tokens``: the step's limit (no draft runs past it)."""
+    def __init__(self, verifier: Verifier, drafter: Drafter, max_tokens: int) -> None:
+        """``drafter``: lookup's holds the transcript; ``max_tokens``: the step's limit (no draft runs past it)."""
         self.verifier, self.drafter, self.max_tokens = verifier, drafter, max_tokens
         self.stats = DraftStats()
         self._ready: deque[tuple[int, np.ndarray]] = deque()  # accepted draft tokens not yet taken, with their logits
@@ -123,7 +139,7 @@ class ViewVerifier:
         self.adapter.drop(self.view.next_pos + keep, -1)  # the tail is the view's last span: nothing lies past it
 
 
-def lookup_advance(
+def speculative_advance(
     mode: str,
     adapter: EngineAdapter,
     sampling: SamplingParams,
@@ -133,8 +149,20 @@ def lookup_advance(
 ) -> LookupAdvance | None:
     """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off,
     a sampled step (temperature above 0), a step ``shaped`` by an output format, an adapter without
-    ``forward_every``. ``history``: the transcript the request sent."""
-    if mode != "lookup" or sampling.temperature > 0 or shaped or not hasattr(adapter, "forward_every"):
+    ``forward_every``. ``history``: the transcript the request sent (``lookup`` drafts from it; ``mtp`` asks the
+    adapter's ``draft_head``, which ``check_mode`` made sure it has)."""
+    if mode == "off" or sampling.temperature > 0 or shaped or not hasattr(adapter, "forward_every"):
         return None
     assert sampling.max_tokens is not None
-    return LookupAdvance(verifier(), LookupDrafter(history), sampling.max_tokens)
+    drafter = adapter.draft_head() if mode == "mtp" else LookupDrafter(history)  # type: ignore[attr-defined]
+    return LookupAdvance(verifier(), drafter, sampling.max_tokens)
+
+
+def check_mode(mode: str, adapter: EngineAdapter) -> None:
+    """ConfigError for ``mtp`` on a model without MTP layers (at load for ``--speculative``, per request for
+    ``kvmem.speculative``)."""
+    if mode == "mtp" and not adapter.caps.draft_head:
+        raise ConfigError(
+            f"speculative mode mtp needs a model with MTP layers (mtp.* tensors, a GGUF's nextn tensors); "
+            f"{adapter.model_id} has none (use lookup or off)"
+        )

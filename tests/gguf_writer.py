@@ -3,7 +3,9 @@
 Used to build test models (tiny random weights, tokenizer model ``no_vocab``) that both
 this engine and llama.cpp load: Llama Q/K rows permuted for interleaved RoPE (qwen2 keeps
 them: llama.cpp runs it with NeoX RoPE); qwen35 V
-heads tiled, ``ssm_a = -exp(A_log)``, ``+1`` on the norms that compute ``1 + w``.
+heads tiled, ``ssm_a = -exp(A_log)``, ``+1`` on the norms that compute ``1 + w``. A qwen35 MTP layer (``mtp.*``)
+becomes block N (N = the main layers' count) with its ``nextn.*`` tensors, as llama.cpp names next-token-prediction
+layers (``{arch}.nextn_predict_layers`` = 1, ``block_count`` = N + 1).
 """
 
 from __future__ import annotations
@@ -47,9 +49,21 @@ _LAYER = {
 }
 
 
+_NEXTN = {
+    "mtp.fc.weight": "eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "hnorm.weight",
+    "mtp.norm.weight": "shared_head_norm.weight",
+}
+
+
 def gguf_name(spec: ModelSpec, hf_name: str) -> str:
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
+    if hf_name in _NEXTN:
+        return f"blk.{spec.n_layers}.nextn.{_NEXTN[hf_name]}"
+    if hf_name.startswith("mtp.layers.0."):
+        return gguf_name(spec, f"model.layers.{spec.n_layers}.{hf_name.removeprefix('mtp.layers.0.')}")
     index, _, sub = hf_name[len("model.layers.") :].partition(".")
     if spec.arch == "qwen35" and sub == "post_attention_layernorm.weight":
         return f"blk.{index}.post_attention_norm.weight"
@@ -80,7 +94,7 @@ def to_gguf_tensor(spec: ModelSpec, hf_name: str, t: torch.Tensor) -> torch.Tens
         return t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
     if spec.arch != "qwen35":
         return t
-    if hf_name.endswith("norm.weight") and "linear_attn" not in hf_name:
+    if (hf_name.endswith("norm.weight") and "linear_attn" not in hf_name) or hf_name.startswith("mtp.pre_fc_norm"):
         t = t + 1.0
     if hf_name.endswith("A_log"):
         t = -t.exp()
@@ -121,7 +135,7 @@ def write_gguf(
 
     spec = spec_from_hf(config)
     writer = gguf.GGUFWriter(str(path), spec.arch)
-    _write_meta(writer, spec)
+    _write_meta(writer, spec, mtp=any(name.startswith("mtp.") for name in state))
     if sentencepiece:
         _write_sentencepiece(writer, sentencepiece)
     else:
@@ -144,8 +158,10 @@ def write_gguf(
     return spec
 
 
-def _write_meta(w: Any, spec: ModelSpec) -> None:
-    w.add_block_count(spec.n_layers)
+def _write_meta(w: Any, spec: ModelSpec, mtp: bool = False) -> None:
+    w.add_block_count(spec.n_layers + mtp)
+    if mtp:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(spec.max_context)
     w.add_embedding_length(spec.hidden_size)
     w.add_feed_forward_length(spec.intermediate_size)

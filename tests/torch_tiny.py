@@ -91,6 +91,33 @@ def tiny_hf_model(
     return model.to(dtype)
 
 
+def tiny_mtp_state(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights of a qwen35 MTP layer for ``config`` (an HF ``qwen3_5_text`` dict), named as Qwen3.5
+    checkpoints name them (``mtp.*``; norms store w for 1 + w, centred on 0)."""
+    h, i, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    layer = "mtp.layers.0."
+    shapes = {
+        "mtp.fc.weight": (h, 2 * h),
+        "mtp.pre_fc_norm_embedding.weight": (h,),
+        "mtp.pre_fc_norm_hidden.weight": (h,),
+        "mtp.norm.weight": (h,),
+        layer + "input_layernorm.weight": (h,),
+        layer + "post_attention_layernorm.weight": (h,),
+        layer + "self_attn.q_proj.weight": (2 * heads * hd, h),
+        layer + "self_attn.k_proj.weight": (kv * hd, h),
+        layer + "self_attn.v_proj.weight": (kv * hd, h),
+        layer + "self_attn.o_proj.weight": (h, heads * hd),
+        layer + "self_attn.q_norm.weight": (hd,),
+        layer + "self_attn.k_norm.weight": (hd,),
+        layer + "mlp.gate_proj.weight": (i, h),
+        layer + "mlp.up_proj.weight": (i, h),
+        layer + "mlp.down_proj.weight": (h, i),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    return {name: _random_like(name, torch.zeros(shape), gen) for name, shape in shapes.items()}
+
+
 def _random_like(name: str, p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if name.endswith("A_log"):
         return torch.empty(p.shape).uniform_(0.01, 4.0, generator=gen).log()

@@ -6,7 +6,9 @@ The header (key/values, vocabulary included, and tensor infos) is parsed once wi
 dequantized with the ``gguf`` package (F32, F16, BF16, Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K ...).
 llama.cpp's converter quirks are undone here: Llama Q/K rows are un-permuted, qwen35
 DeltaNet V heads go from tiled back to grouped order. Its ``+1`` on norms and
-``ssm_a = -exp(A_log)`` already match the internal layout. MTP layers are skipped.
+``ssm_a = -exp(A_log)`` already match the internal layout. The first MTP layer (block N = the main layers' count,
+its ``nextn.*`` tensors beside the layer's own; ``{arch}.nextn_predict_layers`` counts them) loads as ``mtp.*``
+(``kvmem_torch.mtp``); later ones are skipped.
 """
 
 from __future__ import annotations
@@ -46,17 +48,23 @@ _LAYER = {
     "ssm_norm": "ssm_norm",
 }
 _BIAS = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # qwen2; ssm_dt.bias is dt_bias above
+_NEXTN = {"eh_proj": "fc", "enorm": "enorm", "hnorm": "hnorm", "shared_head_norm": "norm"}  # embed, head: shared
 
 
 def internal_name(gguf_name: str, n_layers: int) -> str | None:
-    """Internal name for a GGUF tensor, None for tensors not used (MTP layers, unknown extras)."""
+    """Internal name for a GGUF tensor, None for tensors not used (MTP layers past the first, unknown extras)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
     parts = gguf_name.split(".")
-    if parts[0] != "blk" or int(parts[1]) >= n_layers or parts[2] not in _LAYER:
+    if parts[0] != "blk" or int(parts[1]) > n_layers:
+        return None
+    mtp = int(parts[1]) == n_layers
+    if mtp and parts[2] == "nextn":
+        return f"mtp.{_NEXTN[parts[3]]}" if parts[3] in _NEXTN else None
+    if parts[2] not in _LAYER:
         return None
     leaf = _BIAS[parts[2]] if parts[-1] == "bias" and parts[2] in _BIAS else _LAYER[parts[2]]
-    return f"layers.{parts[1]}.{leaf}"
+    return f"mtp.layers.0.{leaf}" if mtp else f"layers.{parts[1]}.{leaf}"
 
 
 def convert_tensor(spec: ModelSpec, name: str, t: torch.Tensor) -> torch.Tensor:

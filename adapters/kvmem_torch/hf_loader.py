@@ -40,13 +40,30 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"embed_tokens.weight": "embed", "norm.weight": "norm"}
 _PREFIXES = ("model.language_model.", "model.")
-_OFFSET_NORMS = {"attn_norm", "mlp_norm", "q_norm", "k_norm", "norm"}  # qwen35 stores w, computes 1+w
+_MTP_NAMES = {  # qwen35's MTP layer (``kvmem_torch.mtp``); its decoder layer's tensors are named as the main ones
+    "mtp.fc.weight": "mtp.fc",
+    "mtp.pre_fc_norm_embedding.weight": "mtp.enorm",
+    "mtp.pre_fc_norm_hidden.weight": "mtp.hnorm",
+    "mtp.norm.weight": "mtp.norm",
+}
+_OFFSET_NORMS = {"attn_norm", "mlp_norm", "q_norm", "k_norm", "norm", "enorm", "hnorm"}  # qwen35: w stored, 1+w used
+
+
+def _mtp_name(hf_name: str) -> str | None:
+    """Internal name of an MTP tensor (the first MTP layer only: qwen35 checkpoints carry one)."""
+    if hf_name in _MTP_NAMES:
+        return _MTP_NAMES[hf_name]
+    sub = hf_name.removeprefix("mtp.layers.0.")
+    return f"mtp.layers.0.{_LAYER_NAMES[sub]}" if sub != hf_name and sub in _LAYER_NAMES else None
 
 
 def internal_name(hf_name: str) -> str | None:
-    """Internal name of an HF tensor, or None for tensors the engine does not use (MTP, vision)."""
+    """Internal name of an HF tensor, or None for tensors the engine does not use (vision, MTP layers past the
+    first)."""
     if hf_name == "lm_head.weight":
         return "lm_head"
+    if hf_name.startswith("mtp."):
+        return _mtp_name(hf_name)
     for prefix in _PREFIXES:
         if hf_name.startswith(prefix):
             rest = hf_name[len(prefix) :]

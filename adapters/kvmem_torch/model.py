@@ -27,6 +27,7 @@ from kvmem_torch.layers import (
     rms_norm,
     rope_inv_freq,
 )
+from kvmem_torch.mtp import MTPHead, has_mtp
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
 
@@ -85,6 +86,8 @@ class Model:
                 attn_i += 1
             else:
                 self.layers.append((kind, DeltaNet(spec, w), w))
+        self.mtp = MTPHead(spec, weights, self.embed, self.lm_head, self.inv_freq) if has_mtp(weights) else None
+        self.hidden: torch.Tensor | None = None  # with an MTP head: final-normed hidden states of the last forward
 
     def use_kernels(self, on: bool) -> None:
         """Run single-token decode, and every forward's residual norms and MLP activations, through the Triton
@@ -158,7 +161,8 @@ class Model:
     def forward(
         self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState, last_only: bool = True
     ) -> torch.Tensor:
-        """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``).
+        """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``); with an MTP
+        head, ``hidden`` holds the final-normed hidden states of the rows with logits (its input).
         One token with the kernels on folds each residual add + norm into the next projection and the MLP
         activation into the gate/up projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
         x = F.embedding(tokens, self.embed)
@@ -175,7 +179,11 @@ class Model:
             if isinstance(h, NormedSum):
                 x = h.total
             x, h = self.mlp_block(x, out, w, next_norm, fold)
-        return project(h if fold or not last_only else h[-1:], self.lm_head)
+        h = h if fold or not last_only else h[-1:]
+        logits = project(h, self.lm_head)
+        if self.mtp is not None:
+            self.hidden = rms_norm(h.total, h.weight, self.spec.rms_eps) if isinstance(h, NormedSum) else h
+        return logits
 
     def mlp_block(
         self, x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], next_norm: torch.Tensor, fold: bool

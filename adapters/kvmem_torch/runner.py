@@ -138,6 +138,7 @@ class Runner:
             self.graphs[bucket] = self._capture(bucket)
         graph, out = self.graphs[bucket]
         graph.replay()
+        self.model.hidden = None  # the graph's hidden states are the capture's tensors: not this token's
         return out
 
     def drop_graphs(self) -> None:

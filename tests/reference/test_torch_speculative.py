@@ -1,9 +1,11 @@
-"""Prompt-lookup speculative decoding on the torch engine is lossless, on a tiny random Llama and a tiny random
-qwen35 (Gated DeltaNet + attention): greedy answers with ``speculative: lookup`` equal those without, token for
-token, with the workspace's own drafts, with a drafter that knows the answer (every draft accepted) and with one
-that knows it but guesses its second token wrong (every draft cut back after one token). Afterwards the view
-holds exactly the committed tokens and a hybrid model's recurrent state is the one plain decoding leaves (the
-state is rewound to a checkpoint before the verification and rebuilt for the accepted tokens)."""
+"""Speculative decoding on the torch engine is lossless, on a tiny random Llama and a tiny random qwen35 (Gated
+DeltaNet + attention): greedy answers with ``speculative: lookup`` equal those without, token for token, with the
+workspace's own drafts, with a drafter that knows the answer (every draft accepted) and with one that knows it but
+guesses its second token wrong (every draft cut back after one token); the same for ``speculative: mtp`` on a tiny
+qwen35 with a random MTP layer (its own drafts, then the head's guesses replaced by the answer's tokens). Afterwards
+the view holds exactly the committed tokens and a hybrid model's recurrent state is the one plain decoding leaves
+(the state is rewound to a checkpoint before the verification and rebuilt for the accepted tokens). A model
+without MTP layers refuses ``mtp`` by name, at load and per request."""
 
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import kvmem_core.speculative as speculative  # noqa: E402
+import kvmem_torch.adapter  # noqa: E402
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
+from kvmem_core.errors import ConfigError  # noqa: E402
 from kvmem_core.lookup import LookupDrafter  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
+from kvmem_torch.mtp import MTPDrafter  # noqa: E402
 from gguf_writer import write_gguf  # noqa: E402
-from torch_tiny import tiny_hf_config, tiny_hf_model  # noqa: E402
+from torch_tiny import tiny_hf_config, tiny_hf_model, tiny_mtp_state  # noqa: E402
 
 B = 16
 CFG = KVMemConfig(
@@ -45,14 +50,23 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
+def mtp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny qwen35 of ``model_path`` with a random MTP layer."""
+    config = tiny_hf_config("qwen35")
+    path = tmp_path_factory.mktemp("spec") / "qwen35-mtp.gguf"
+    write_gguf(path, config, {**tiny_hf_model("qwen35", seed=11).state_dict(), **tiny_mtp_state(config, seed=12)})
+    return path
+
+
+@pytest.fixture(scope="module")
 def plain(model_path: Path) -> tuple[StepResult, KVMemEngine]:
     engine = make_engine(model_path)
     return greedy(engine, "off"), engine
 
 
-def make_engine(path: Path) -> KVMemEngine:
-    adapter = TorchAdapter(path, view_tokens=CFG.view_tokens, block_tokens=B, device="cpu", progress=False)
-    return KVMemEngine(adapter, CFG, heads=((0, 0),))
+def make_engine(path: Path, cfg: KVMemConfig = CFG) -> KVMemEngine:
+    adapter = TorchAdapter(path, view_tokens=cfg.view_tokens, block_tokens=B, device="cpu", progress=False)
+    return KVMemEngine(adapter, cfg, heads=((0, 0),))
 
 
 def greedy(engine: KVMemEngine, mode: str) -> StepResult:
@@ -101,9 +115,71 @@ def test_lookup_answers_as_greedy_decoding_does(
         assert accepted == drafted >= len(off.token_ids) // 2, "every draft of the answer itself is accepted"
     if drafter == "wrong":
         assert 0 < accepted < drafted, "each wrong draft is cut back after its first token"
+    assert_same_state(engine, off_engine)
+    engine.close()
+
+
+def assert_same_state(engine: KVMemEngine, other: KVMemEngine) -> None:
+    """A hybrid model's recurrent state is the same in both engines."""
     if engine.adapter.caps.recurrent_state:
-        for mine, theirs in zip(
-            vars(engine.adapter.runner.state).values(), vars(off_engine.adapter.runner.state).values()
-        ):
+        for mine, theirs in zip(vars(engine.adapter.runner.state).values(), vars(other.adapter.runner.state).values()):
             torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+def mtp_oracle(answer: Sequence[int], wrong_at: int | None) -> type[MTPDrafter]:
+    """The MTP drafter, its head run as ever, with each guess replaced by the answer's token at its place (the
+    second one changed when ``wrong_at`` is 1)."""
+
+    class Oracle(MTPDrafter):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            self.done = 0
+
+        def extend(self, tokens: Sequence[int]) -> None:
+            super().extend(tokens)
+            self.done += len(tokens)
+
+        def propose(self, limit: int | None = None) -> list[int]:
+            guess = super().propose(limit)
+            draft = list(answer[self.done : self.done + len(guess)])
+            if wrong_at is not None and len(draft) > wrong_at:
+                draft[wrong_at] = (draft[wrong_at] + 1) % 160
+            return draft
+
+    return Oracle
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "oracle", "wrong"])
+def test_mtp_answers_as_greedy_decoding_does(mtp_path: Path, drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    off_engine = make_engine(mtp_path)
+    off = greedy(off_engine, "off")
+    if drafter != "mtp":
+        monkeypatch.setattr(
+            kvmem_torch.adapter, "MTPDrafter", mtp_oracle(off.token_ids, 1 if drafter == "wrong" else None)
+        )
+    engine = make_engine(mtp_path, CFG.replace(speculative="mtp"))
+    assert engine.adapter.caps.draft_head
+    on = greedy(engine, "mtp")
+    assert on.token_ids == off.token_ids and on.text == off.text
+    drafted, accepted = on.timings["draft_tokens"], on.timings["draft_accepted"]
+    assert 0 <= accepted <= drafted and drafted >= len(off.token_ids) // 2, "the head drafts at every verification"
+    if drafter == "oracle":
+        assert accepted == drafted, "every draft of the answer itself is accepted"
+    if drafter == "wrong":
+        assert 0 < accepted < drafted, "each wrong draft is cut back after its first token"
+    assert_same_state(engine, off_engine)
+    engine.close()
+    off_engine.close()
+
+
+def test_mtp_is_refused_without_mtp_layers(model_path: Path) -> None:
+    """``--speculative mtp`` at load and ``speculative: mtp`` per request, on a model without MTP layers: a
+    ConfigError that names the missing layers; the engine serves on afterwards."""
+    with pytest.raises(ConfigError, match="needs a model with MTP layers"):
+        make_engine(model_path, CFG.replace(speculative="mtp"))
+    engine = make_engine(model_path)
+    assert not engine.adapter.caps.draft_head
+    with pytest.raises(ConfigError, match="needs a model with MTP layers"):
+        greedy(engine, "mtp")
+    assert greedy(engine, "off").token_ids
     engine.close()
