@@ -1,10 +1,14 @@
-"""Decode speed with prompt-lookup speculative decoding against without, on two greedy turns.
+"""Decode speed with speculative decoding (prompt lookup, or a qwen35 model's MTP layer) against without, on two
+greedy turns.
 
-``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most drafts
-are right); ``story`` asks for new text with nothing to copy. Each round runs both modes on the same engine, off
-first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the share of drafted
+``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most lookup
+drafts are right); ``story`` asks for new text with nothing to copy. Each round runs both modes on the same engine,
+off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the share of drafted
 tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH]
-[--device D] [--tokens N] [--rounds R]``; rows are JSON lines.
+[--speculative lookup|mtp] [--random SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are JSON lines.
+``--random SHAPE`` (torch) runs random qwen35 weights of a ``kvmem_bench.torch_device`` shape with ``--model``'s
+tokenizer, with a random MTP layer for ``mtp``: its drafts are as random as its weights, so such a row measures
+what drafting and verifying cost, not what MTP gains (acceptance needs trained weights).
 """
 
 from __future__ import annotations
@@ -43,11 +47,11 @@ def turns() -> dict[str, tuple[dict[str, str], ...]]:
     }
 
 
-def measure(engine: KVMemEngine, tokens: int, rounds: int) -> list[dict[str, Any]]:
-    """One row per turn: median decode tok/s off and with lookup, their ratio, drafted and accepted tokens."""
+def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup") -> list[dict[str, Any]]:
+    """One row per turn: median decode tok/s off and with ``mode``, their ratio, drafted and accepted tokens."""
     rows = []
     for name, messages in turns().items():
-        rates: dict[str, list[float]] = {"off": [], "lookup": []}
+        rates: dict[str, list[float]] = {"off": [], mode: []}
         drafted = accepted = 0.0
         for _ in range(rounds):
             for mode in rates:
@@ -60,12 +64,12 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int) -> list[dict[str, Any
                 rates[mode].append(t["decode_tokens"] / t["decode_s"])
                 drafted += t.get("draft_tokens", 0.0)
                 accepted += t.get("draft_accepted", 0.0)
-        off, on = statistics.median(rates["off"]), statistics.median(rates["lookup"])
+        off, on = statistics.median(rates["off"]), statistics.median(rates[mode])
         rows.append(
             {
                 "turn": name,
                 "off_tok_s": round(off, 2),
-                "lookup_tok_s": round(on, 2),
+                f"{mode}_tok_s": round(on, 2),
                 "speedup": round(on / off, 3),
                 "accepted_share": round(accepted / drafted, 3) if drafted else 0.0,
                 "drafted_per_round": drafted / rounds,
@@ -74,11 +78,24 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int) -> list[dict[str, Any
     return rows
 
 
-def load(backend: str, model: str, threads: int | None, device: str | None) -> KVMemEngine:
-    """The engine of ``backend`` over ``model`` (a known model's name or a path), with the whole prompt in its view."""
+def load(
+    backend: str, model: str, threads: int | None, device: str | None, random: str | None = None, mtp: bool = False
+) -> KVMemEngine:
+    """The engine of ``backend`` over ``model`` (a known model's name or a path), with the whole prompt in its view;
+    ``random``: torch over random qwen35 weights of that shape (``mtp``: with an MTP layer), ``model``'s tokenizer."""
     from kvmem.models import resolve_model
 
     path = str(resolve_model(model))
+    if random:
+        import torch
+
+        from kvmem_bench.torch_device import random_adapter
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        adapter = random_adapter(
+            random, path, device=device, mtp=mtp, view_tokens=CFG.view_tokens, block_tokens=CFG.block_tokens
+        )
+        return KVMemEngine(adapter, CFG)
     if backend == "torch":
         from kvmem_torch import create_adapter as torch_adapter
 
@@ -96,11 +113,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--backend", choices=("llamacpp", "torch"), default="llamacpp")
     parser.add_argument("--device", default=None, help="torch only: cuda or cpu (default: cuda when present)")
+    parser.add_argument("--speculative", choices=("lookup", "mtp"), default="lookup", help="the mode set against off")
+    parser.add_argument("--random", default=None, help="torch: random qwen35 weights of this shape (27b, 9b, ...)")
     args = parser.parse_args(argv)
-    engine = load(args.backend, args.model, args.threads, args.device)
+    backend = "torch" if args.random else args.backend
+    engine = load(backend, args.model, args.threads, args.device, args.random, args.speculative == "mtp")
     try:
-        for row in measure(engine, args.tokens, args.rounds):
-            print(json.dumps({"backend": args.backend, **row}), flush=True)
+        for row in measure(engine, args.tokens, args.rounds, args.speculative):
+            extra = {"weights": f"random {args.random}"} if args.random else {}
+            print(json.dumps({"backend": backend, **extra, **row}), flush=True)
     finally:
         engine.close()
 

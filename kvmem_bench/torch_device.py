@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvmem_bench.torch_weights import random_weights
+from kvmem_bench.torch_weights import random_mtp_weights, random_weights
 from kvmem_core.gguf_file import GGUFFile
 from kvmem_torch import (
     BlockStager,
@@ -97,9 +97,12 @@ def qwen35_spec(shape: str, min_vocab: int = 0) -> ModelSpec:
     )
 
 
-def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed: int = 0, **opts: Any) -> TorchAdapter:
+def random_adapter(
+    shape: str, tokenizer_gguf: str | Path, *, device: str, seed: int = 0, mtp: bool = False, **opts: Any
+) -> TorchAdapter:
     """A ``TorchAdapter`` (``opts``: its view and block sizes, threads) over random qwen35 weights of ``shape``
-    (bf16 on CUDA, fp32 on the CPU) with the tokenizer and chat template of ``tokenizer_gguf``. The vocabulary
+    (bf16 on CUDA, fp32 on the CPU) with the tokenizer and chat template of ``tokenizer_gguf``; ``mtp``: with a
+    random MTP layer. The vocabulary
     is the larger of the shape's and the tokenizer's. The LM-head rows of end-of-generation tokens are zero:
     their logit 0 loses to the largest of the other random logits, so greedy steps decode to ``max_tokens``."""
     f = GGUFFile(tokenizer_gguf)
@@ -108,6 +111,8 @@ def random_adapter(shape: str, tokenizer_gguf: str | Path, *, device: str, seed:
     spec = qwen35_spec(shape, tokenizer.vocab_size)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     weights = random_weights(spec, dtype, device, seed)
+    if mtp:
+        weights |= random_mtp_weights(spec, dtype, device, seed + 1)
     weights["lm_head"][sorted(tokenizer.eog_ids)] = 0
     name = f"random-qwen35-{shape}"
     return TorchAdapter(

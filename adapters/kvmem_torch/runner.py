@@ -38,7 +38,8 @@ class Runner:
         self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # bucket -> (graph, its logits, its hidden states for an MTP head or None): outputs the replays rewrite
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         # a decode graph's inputs (token, position, slot, view index) in one device tensor, sent in one copy
         self.args = torch.zeros(len(GRAPH_ARGS), dtype=torch.long, device=model.device)
         self.static = {name: self.args[i : i + 1] for i, name in enumerate(GRAPH_ARGS)}
@@ -136,9 +137,8 @@ class Runner:
         bucket = self._bucket(len(self.cells))
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
-        graph, out = self.graphs[bucket]
+        graph, out, self.model.hidden = self.graphs[bucket]
         graph.replay()
-        self.model.hidden = None  # the graph's hidden states are the capture's tensors: not this token's
         return out
 
     def drop_graphs(self) -> None:
@@ -146,7 +146,7 @@ class Runner:
         self.graphs.clear()
         self._pool = None
 
-    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         s, snap = self.static, self.state.snapshot()
 
         def step() -> torch.Tensor:
@@ -165,7 +165,7 @@ class Runner:
             with torch.cuda.graph(graph, pool=self._pool):
                 out = step()
             self._pool = graph.pool()
-        return graph, out
+        return graph, out, self.model.hidden
 
     def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:
         """Write a block's pre-RoPE K/V [layers, >= n, kv, hd] into a new block; its first n = len(positions)

@@ -246,6 +246,16 @@ def test_workspace_info_shows_block_text_view_and_budget(server: LiveServer, cli
             400,
             "invalid_kvmem_options",
         ),
+        (  # the model has no MTP layers: refused by the engine, which serves on
+            lambda c, m: c.chat.completions.create(
+                model=m,
+                messages=[{"role": "user", "content": "hi"}],
+                temperature=0,
+                extra_body={"kvmem": {"speculative": "mtp"}},
+            ),
+            400,
+            "invalid_config",
+        ),
     ],
 )
 def test_request_errors_are_typed_and_leave_the_engine_serving(
