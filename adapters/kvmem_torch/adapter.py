@@ -23,7 +23,7 @@ from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch import fp8
 from kvmem_torch.model import Model, RecurrentState
-from kvmem_torch.mtp import MTPDrafter
+from kvmem_torch.mtp import Forwarded, MTPDrafter
 from kvmem_torch.runner import Runner
 from kvmem_torch.scoring import TorchRetrievalHeads
 from kvmem_torch.spec import ModelSpec
@@ -107,7 +107,7 @@ class TorchAdapter:
             staged_reads=True,
             draft_head=self.model.mtp is not None,
         )
-        self._hidden: torch.Tensor | None = None  # with an MTP head: hidden states of the last forward with logits
+        self._forwarded: Forwarded | None = None  # with an MTP head: the last forward's rows (``draft_head``)
         self._staged: dict[tuple[int, int], Callable[[], BlockKV]] = {}  # (start, n) -> its read (``stage_reads``)
 
     # ---- text ---------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class TorchAdapter:
                     torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a) :]
                 )
         queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
-        self._hidden = self.model.hidden
+        self._keep_rows(tokens[a:b], positions[a:b])
         if not want_logits:
             return ForwardOut(queries=queries)
         last = logits[-1]
@@ -175,15 +175,20 @@ class TorchAdapter:
         self.stager.wait()
         before = self.runner.state.snapshot() if self.caps.recurrent_state else None
         logits, _ = self.runner.forward(list(tokens), list(positions), last_only=False)
-        self._hidden = self.model.hidden
+        self._keep_rows(tokens, positions)
         self._verified = None if before is None else Verified(before, list(tokens), list(positions))
         return _to_host(logits.float()).numpy()
 
     def draft_head(self) -> MTPDrafter:
         """A drafter from the model's MTP layer (``caps.draft_head``) for a step whose prefill just ran: it pairs the
-        hidden states of each forward with logits with the tokens that followed them (``kvmem_torch.mtp``)."""
+        hidden states of each forward's committed rows with the tokens that followed them (``kvmem_torch.mtp``)."""
         assert self.model.mtp is not None, "the model has no MTP layer"
-        return MTPDrafter(self.model.mtp, lambda: self._hidden, self.runner.positions[-1])
+        return MTPDrafter(self.model.mtp, lambda: self._forwarded)
+
+    def _keep_rows(self, tokens: Sequence[int], positions: Sequence[int]) -> None:
+        """With an MTP head: the forward just run, its rows' hidden states (None where the model kept none)."""
+        hidden = self.model.hidden
+        self._forwarded = None if hidden is None else Forwarded(list(tokens), list(positions), hidden)
 
     def view_free(self) -> int:
         return min(self.caps.max_view_tokens - self.runner.length, self.runner.view_free())
@@ -253,7 +258,7 @@ class TorchAdapter:
         self.stager.wait()
         self._staged.clear()
         self.runner.clear()
-        self._verified = self._hidden = None
+        self._verified = self._forwarded = None
 
     def make_scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> TorchRetrievalHeads | None:
         """``retrieval-heads`` on the GPU when the model runs on one (None: the core's numpy scorer)."""

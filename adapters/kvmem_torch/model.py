@@ -162,7 +162,7 @@ class Model:
         self, tokens: torch.Tensor, ctx: StepContext, cache: PagedKV, state: RecurrentState, last_only: bool = True
     ) -> torch.Tensor:
         """Run T tokens through every layer. -> logits [T, vocab] (or [1, vocab] with ``last_only``); with an MTP
-        head, ``hidden`` holds the final-normed hidden states of the rows with logits (its input).
+        head, ``hidden`` holds the final-normed hidden states of all T rows (its input).
         One token with the kernels on folds each residual add + norm into the next projection and the MLP
         activation into the gate/up projection (``gemv``): a sublayer's input then travels as a ``NormedSum``."""
         x = F.embedding(tokens, self.embed)
@@ -179,8 +179,7 @@ class Model:
             if isinstance(h, NormedSum):
                 x = h.total
             x, h = self.mlp_block(x, out, w, next_norm, fold)
-        h = h if fold or not last_only else h[-1:]
-        logits = project(h, self.lm_head)
+        logits = project(h if fold or not last_only else h[-1:], self.lm_head)
         if self.mtp is not None:
             self.hidden = rms_norm(h.total, h.weight, self.spec.rms_eps) if isinstance(h, NormedSum) else h
         return logits

@@ -9,12 +9,14 @@ position t and the token ``x_{t+1}`` after it,
     draft_hidden = rms_norm(u) * norm;   logits = lm_head(draft_hidden)   (embedding and LM head shared)
 
 predicts ``x_{t+2}``; fed its own ``draft_hidden`` and that guess, it predicts the token after, and so on. The layer
-attends over its own keys (it has its own KV), here those of the pairs this step committed: the answer so far,
-not the prompt (the prompt's hidden states are not kept), which can only lower acceptance, never change output.
+attends over its own keys (it has its own KV): here those of the pairs this step committed, from the last forward
+before decoding (the prompt's last chunk: earlier hidden states are not kept, which can only lower acceptance,
+never change the output) to the answer so far.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -25,7 +27,7 @@ from kvmem_torch.paged import rope_cos_sin
 from kvmem_torch.spec import ModelSpec
 
 MTP_DRAFT_TOKENS = 3  # each guess feeds the next, so later ones are right less often (vLLM's default is 1-3)
-MTP_KV_POSITIONS = 4096  # the head's own KV; a longer answer starts it over
+MTP_KV_POSITIONS = 8192  # the head's own KV (up to half of it from the prompt); a longer answer starts it over
 PREFIX = "mtp."
 NORMS = ("enorm", "hnorm", "norm", "layers.0.attn_norm", "layers.0.mlp_norm", "layers.0.q_norm", "layers.0.k_norm")
 
@@ -102,16 +104,25 @@ class MTPHead:
         return F.linear(out, w["o"])
 
 
-class MTPDrafter:
-    """A ``kvmem_core.speculative.Drafter`` over an ``MTPHead``: before each draft, the pairs committed since the
-    last one (the main model's hidden states of its last forward with logits, ``hidden()``, each with the token
-    that followed) join the head's KV; then the head guesses ``k`` tokens, each from its own last output."""
+@dataclass(frozen=True)
+class Forwarded:
+    """A forward's tokens, their positions and the final-normed hidden states of its rows [len(tokens), H]."""
 
-    def __init__(
-        self, head: MTPHead, hidden: Callable[[], torch.Tensor | None], position: int, k: int = MTP_DRAFT_TOKENS
-    ) -> None:
-        """``position``: that of the first hidden state ``hidden()`` holds now (the prompt's last token)."""
-        self.head, self.hidden, self.position, self.k = head, hidden, position, k
+    tokens: list[int]
+    positions: list[int]
+    hidden: torch.Tensor
+
+
+class MTPDrafter:
+    """A ``kvmem_core.speculative.Drafter`` over an ``MTPHead``. Before each draft, the pairs committed since the
+    last one join the head's KV: each committed row of the adapter's last forward (``last()``) with the token that
+    followed it; at the first draft these are the rows of the forward before decoding (the prompt's last chunk,
+    at most half the head's KV), later the kept rows of the last verification. Then the head guesses ``k`` tokens,
+    each from its own last output."""
+
+    def __init__(self, head: MTPHead, last: Callable[[], Forwarded | None], k: int = MTP_DRAFT_TOKENS) -> None:
+        self.head, self.last, self.k = head, last, k
+        self.context = last()  # the forward before decoding: all its rows are committed
         self.new: list[int] = []  # tokens advanced since the last draft
         head.truncate(0)
 
@@ -120,21 +131,23 @@ class MTPDrafter:
 
     @torch.inference_mode()
     def propose(self, limit: int | None = None) -> list[int]:
-        """Up to ``min(k, limit)`` guesses; [] where the hidden states of the new tokens are not at hand (a forward
-        that kept none, a CUDA graph's decode), and then the head's KV skips those positions."""
-        rows, new = self.hidden(), self.new
-        self.new, start = [], self.position
-        self.position += len(new)
+        """Up to ``min(k, limit)`` guesses; [] where the hidden states of the new tokens are not at hand (then the
+        head's KV skips them)."""
+        last, new, first = self.last(), self.new, self.context is not None
+        self.new, self.context = [], None
         k = self.k if limit is None else min(self.k, limit)
-        if rows is None or rows.shape[0] < len(new) or not new or k <= 0:
+        committed = len(last.tokens) if first and last is not None else len(new)
+        if last is None or not new or k <= 0 or last.hidden.shape[0] < committed:
             return []
-        if self.head.length + len(new) + k > self.head.k.shape[0]:
+        start = max(0, committed - self.head.k.shape[0] // 2)
+        following = [*last.tokens[start + 1 : committed], new[-1]]
+        if self.head.length + len(following) + k > self.head.k.shape[0]:
             self.head.truncate(0)
-        out = self.head.forward(rows[: len(new)], new, range(start, self.position))
-        committed, draft = self.head.length, []
+        out = self.head.forward(last.hidden[start:committed], following, last.positions[start:committed])
+        kept, draft, position = self.head.length, [], last.positions[committed - 1] + 1
         for i in range(k):
             draft.append(int(self.head.logits(out[-1:]).argmax(-1)))
             if i + 1 < k:
-                out = self.head.forward(out[-1:], draft[-1:], [self.position + i])
-        self.head.truncate(committed)  # guesses' K/V came from the head's own states: not kept
+                out = self.head.forward(out[-1:], draft[-1:], [position + i])
+        self.head.truncate(kept)  # guesses' K/V came from the head's own states: not kept
         return draft

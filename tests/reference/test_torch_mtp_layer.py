@@ -17,7 +17,7 @@ from gguf_writer import write_gguf  # noqa: E402
 from kvmem_torch.gguf_loader import load_gguf  # noqa: E402
 from kvmem_torch.hf_loader import load_hf_dir, weights_from_hf  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
-from kvmem_torch.mtp import MTPDrafter, has_mtp  # noqa: E402
+from kvmem_torch.mtp import Forwarded, MTPDrafter, has_mtp  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
 from torch_tiny import tiny_hf_config, tiny_hf_model, tiny_mtp_state, tiny_spec_weights  # noqa: E402
 
@@ -104,31 +104,30 @@ def test_mtp_forward_matches_the_float64_reference(tiny) -> None:
 
 
 def test_drafter_pairs_hidden_states_with_the_next_tokens(tiny) -> None:
-    """After a forward over a prompt, the drafter pairs the main model's final-normed hidden state of the last
-    prompt token with the token chosen after it, then feeds each guess back with the head's own output: its three
-    guesses are the reference's argmax chain."""
+    """After a forward over a prompt, the drafter pairs the main model's final-normed hidden state of each prompt
+    token with the token after it (the last one with the token chosen after the prompt), then feeds each guess
+    back with the head's own output: its three guesses are the reference's argmax chain."""
     hf, mtp = tiny
     spec, weights = tiny_spec_weights(hf)
     weights.update(weights_from_hf(spec, mtp, torch.float32))
     model = Model(spec, weights)
     prompt = torch.randint(0, CONFIG["vocab_size"], (10,), generator=torch.Generator().manual_seed(8))
-    cache = model.new_cache(4, 16)
-    model.run(prompt, torch.arange(10), cache, View(), model.new_state(), last_only=False)
+    model.run(prompt, torch.arange(10), model.new_cache(4, 16), View(), model.new_state())
     with torch.no_grad():
         want_hidden = hf.model(prompt[None]).last_hidden_state[0]
     torch.testing.assert_close(model.hidden, want_hidden, rtol=1e-4, atol=1e-4)  # the hidden states MTP reads
-    drafter = MTPDrafter(model.mtp, lambda: model.hidden[-1:], 9)
+    drafter = MTPDrafter(model.mtp, lambda: Forwarded(prompt.tolist(), list(range(10)), model.hidden))
     drafter.extend([77])
     draft = drafter.propose()
     state = hf.state_dict()
     embed, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
-    hidden, tokens, want = model.hidden[-1:].double(), [77], []
+    hidden, tokens, want = model.hidden.double(), [*prompt[1:].tolist(), 77], []
     for i in range(3):
-        out = reference_hidden(mtp, embed, hidden, torch.tensor(tokens), torch.arange(9, 10 + i))
+        out = reference_hidden(mtp, embed, hidden, torch.tensor(tokens), torch.arange(10 + i))
         want.append(int((out[-1] @ head.double().T).argmax()))
         hidden, tokens = torch.cat([hidden, out[-1:]]), [*tokens, want[-1]]
     assert draft == want
-    assert model.mtp.length == 1, "the guesses' K/V are not kept"
+    assert model.mtp.length == 10, "the prompt's pairs are kept, the guesses' K/V are not"
 
 
 def test_hf_directory_and_gguf_load_the_mtp_layer(tiny, tmp_path: Path) -> None:
