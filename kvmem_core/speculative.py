@@ -5,7 +5,7 @@ Drafts come from a ``Drafter``: prompt lookup (``kvmem_core.lookup``, any engine
 
 ``LookupAdvance`` is an ``Advance`` (``kvmem_core.sampling.decode``'s per-token callback), so the decode loop,
 its stop strings, end-of-generation tokens and length limit see every token exactly as without speculation.
-When the loop hands it a token, it asks the drafter (``kvmem_core.lookup``) for the tokens likely to follow,
+When the loop hands it a token, it asks the drafter for the tokens likely to follow,
 runs the token and the draft in one forward with logits at every position, and keeps the longest draft prefix
 that greedy decoding would have chosen itself (each draft token the argmax of the logits before it). The cells
 of the rejected tokens leave the view at once. The logits of the kept positions then answer the loop's next
@@ -71,7 +71,7 @@ class DraftStats:
 
 
 class LookupAdvance:
-    """Greedy decoding's ``Advance`` with prompt-lookup drafts (see module docstring)."""
+    """Greedy decoding's ``Advance`` with a ``Drafter``'s drafts (prompt lookup or MTP; see module docstring)."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter, max_tokens: int) -> None:
         """``drafter``: lookup's holds the transcript; ``max_tokens``: the step's limit (no draft runs past it)."""
