@@ -65,8 +65,9 @@ def test_q8_0_gguf_matches_hf_rebuilt_from_dequantized(arch: str, ids: torch.Ten
     assert (ours - ref).abs().max().item() <= 1e-4
 
 
-def test_mtp_layers_are_skipped(tmp_path: Path) -> None:
-    """block_count includes nextn_predict_layers; those blocks are not loaded as decoder layers."""
+def test_mtp_block_loads_as_the_mtp_layer(tmp_path: Path) -> None:
+    """block_count includes nextn_predict_layers; that block is not loaded as a decoder layer but as the MTP
+    layer (its nextn tensors and its decoder tensors under ``mtp.``)."""
     import gguf
 
     path = tmp_path / "mtp.gguf"
@@ -84,7 +85,7 @@ def test_mtp_layers_are_skipped(tmp_path: Path) -> None:
 
     f = GGUFFile(path)
     n_layers = f.meta["qwen35.block_count"] - f.meta["qwen35.nextn_predict_layers"]
-    assert [gguf_internal_name(n, n_layers) for n in f.tensors] == [None, None]
+    assert [gguf_internal_name(n, n_layers) for n in f.tensors] == ["mtp.fc", "mtp.layers.0.q"]
     assert gguf_internal_name("blk.3.attn_q.weight", n_layers) == "layers.3.q"
     f.close()
 
