@@ -5,19 +5,16 @@ prompt is prefilled into an empty view and single tokens are decoded after it. T
 a few rounds is kept (the machine may be shared). With every layer on a GPU the CPU threads
 mostly feed the device, so the rows there show how little they matter.
 
-The ``busy`` rows compare decode with the default count (``auto``: every core, less those other
-processes keep busy, ``kvmem_core.thread_governor``) against each fixed count, on the machine as
-it is and while a spinning process keeps one core busy: llama.cpp's threads meet at a barrier
-after every operation, so a count that needs the busy core collapses.
+The ``busy`` rows (llama.cpp, ``kvmem_bench.speed_threads_busy``) compare decode with the default
+thread setting against fixed ones, on the machine as it is and while a spinning process keeps one
+core busy: llama.cpp's threads meet at a barrier after every operation, so a setting whose threads
+hold the cores while they wait collapses.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import UnsupportedModelError
@@ -56,48 +53,25 @@ def run(
             measure(adapter, n, prompt=256 if quick else 1024, decode=16 if quick else 64, rounds=2)
             for n in thread_counts(usable_cores())
         ]
-        busy = busy_rows(adapter, decode=16 if quick else 64, repeats=1 if quick else 3)
         device = adapter.caps.devices[0]
     finally:
         adapter.close()
+    result = {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows}
+    if backend == "llama.cpp":
+        from kvmem_bench.speed_threads_busy import busy_rows
+
+        busy = busy_rows(str(path), decode=16 if quick else 32, rounds=1 if quick else 3, cores=usable_cores())
+        result.update(busy=busy["rows"], default_vs_best_fixed=busy["default_vs_best_fixed"])
     for row in rows:
         log(
             f"threads {row['threads']:3d}: prefill {row['prefill_tok_s']:.1f} tok/s, "
             f"decode {row['decode_tok_s']:.1f} tok/s"
         )
-    for row in busy:
-        log(f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s")
-    return {"model": path.name, "device": device, "usable_cores": usable_cores(), "rows": rows, "busy": busy}
-
-
-def busy_rows(adapter: Any, *, decode: int, repeats: int) -> list[dict[str, Any]]:
-    """Decode tok/s (each repeat's best of 2 rounds) of the default count and of every fixed count, on the machine
-    as it is and while another process keeps one core busy."""
-    cores = usable_cores()
-    counts: list[tuple[str, Threads]] = [("auto", Threads(cores, cores, auto=True))]
-    counts += [(str(n), Threads(n, n)) for n in thread_counts(cores)]
-    rows = []
-    for condition, load in (("as is", nullcontext), ("one core busy", one_core_busy)):
-        with load():
-            for label, threads in counts:
-                speeds = [
-                    measure(adapter, threads, prompt=32, decode=decode, rounds=2)["decode_tok_s"]
-                    for _ in range(repeats)
-                ]
-                rows.append({"condition": condition, "threads": label, "decode_tok_s": speeds})
-    return rows
-
-
-@contextmanager
-def one_core_busy() -> Iterator[subprocess.Popen]:
-    """A process that spins on one core for as long as the block runs."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)  # running, and seen by the governor's next look
-        yield spinner
-    finally:
-        spinner.kill()
-        spinner.wait()
+    for row in result.get("busy", []):
+        log(
+            f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s (load {row['load_1min']})"
+        )
+    return result
 
 
 def measure(adapter: Any, n: int | Threads, *, prompt: int, decode: int, rounds: int) -> dict[str, Any]:

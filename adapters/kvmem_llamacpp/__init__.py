@@ -1,6 +1,7 @@
 """KVMem's llama.cpp binding (llama-cpp-python's low-level API, no patched llama.cpp).
 
-``create_adapter`` is the ``kvmem.adapters`` entry point named ``llama.cpp``.
+``create_adapter`` is the ``kvmem.adapters`` entry point named ``llama.cpp``. Importing the
+package shortens the spin of llama.cpp's OpenMP threads (``kvmem_llamacpp.openmp``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ConfigError
+from kvmem_llamacpp.openmp import set_spin_default
+
+set_spin_default()  # before any module of this package loads llama_cpp, and with it libgomp
 
 if TYPE_CHECKING:
     from kvmem_llamacpp.adapter import LlamaCppAdapter

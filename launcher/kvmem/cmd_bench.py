@@ -154,9 +154,5 @@ def thread_table(threads: dict[str, Any]) -> str:
     ]
     lines += [f"{r['threads']:7d}  {r['prefill_tok_s']:13.1f}  {r['decode_tok_s']:12.1f}" for r in threads["rows"]]
     if threads.get("busy"):
-        lines.append("machine        threads  decode tok/s (each repeat)")
-        lines += [
-            f"{r['condition']:13s}  {r['threads']:>7s}  {' '.join(f'{v:.1f}' for v in r['decode_tok_s'])}"
-            for r in threads["busy"]
-        ]
+        lines.append(bench_module("speed_threads_busy").table(threads["busy"], threads.get("default_vs_best_fixed")))
     return "\n".join(lines)

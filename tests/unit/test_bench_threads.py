@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pytest
 
 from kvmem_bench.speed_common import goals
-from kvmem_bench.speed_threads import busy_rows, measure, one_core_busy, thread_counts
+from kvmem_bench.speed_threads import measure, thread_counts
+from kvmem_bench.speed_threads_busy import busy_rows, candidates, one_core_busy
 from kvmem.cmd_bench import thread_table
 from kvmem_core.adapter import ForwardOut
 from kvmem_core.threads import Threads
@@ -77,19 +77,35 @@ def test_thread_table_says_why_a_sweep_was_skipped() -> None:
     assert text == "threads  not measured: tok.gguf holds no weights (a tokenizer-only GGUF)"
 
 
-def test_busy_rows_compare_the_default_with_each_count_as_is_and_with_a_core_busy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("kvmem_bench.speed_threads.usable_cores", lambda: 2)
-    adapter = FakeAdapter()
-    rows = busy_rows(adapter, decode=2, repeats=2)
-    assert [(r["condition"], r["threads"]) for r in rows] == [
-        (c, t) for c in ("as is", "one core busy") for t in ("auto", "1", "2")
+def test_busy_rows_run_every_candidate_each_round_in_a_rotated_order_and_rate_the_default() -> None:
+    calls: list[str] = []
+    speed = {"auto": (40.0, 18.0), "2": (42.0, 9.0), "1": (20.0, 19.0)}
+
+    def child(model: str, env: dict[str, str], *, decode: int) -> dict:
+        label = next(label for label, e in candidates(2) if e == env)
+        calls.append(label)
+        quiet, busy = speed.get(label, (10.0, 5.0))
+        return {"as is": quiet, "one core busy": busy, "load_1min": {"as is": 0.5, "one core busy": 1.5}}
+
+    busy = busy_rows("m.gguf", decode=2, rounds=2, cores=2, run_child=child)
+    labels = [label for label, _ in candidates(2)]
+    assert calls == labels + labels[1:] + labels[:1]  # the second round starts one later
+    assert [(r["condition"], r["threads"]) for r in busy["rows"]] == [
+        (c, t) for c in ("as is", "one core busy") for t in labels
     ]
-    assert adapter.threads[:6] == [Threads(2, 2, auto=True)] * 2 + [Threads(1, 1)] * 2 + [Threads(2, 2)] * 2
-    assert all(len(r["decode_tok_s"]) == 2 for r in rows)
-    text = thread_table({"device": "cpu", "model": "m.gguf", "usable_cores": 2, "rows": [], "busy": rows})
-    assert text.splitlines()[-1].split()[:4] == ["one", "core", "busy", "2"]
+    quiet_auto = busy["rows"][0]
+    assert quiet_auto["decode_tok_s"] == [40.0, 40.0] and quiet_auto["load_1min"] == [0.5, 0.5]
+    assert busy["default_vs_best_fixed"] == {"as is": round(40 / 42, 3), "one core busy": round(18 / 19, 3)}
+    text = thread_table({"device": "cpu", "model": "m.gguf", "usable_cores": 2, "rows": [], "busy": busy["rows"]})
+    assert text.splitlines()[-1].split()[:4] == ["one", "core", "busy", "1"]
+
+
+def test_the_default_is_compared_with_fixed_counts_and_libgomps_own_spin() -> None:
+    found = dict(candidates(4))
+    assert found["auto"] == {} and found["4"] == {"KVMEM_THREADS": "4"} and found["1"] == {"KVMEM_THREADS": "1"}
+    assert found["auto, spin 300000"] == {"GOMP_SPINCOUNT": "300000"}
+    assert found["4, passive"] == {"KVMEM_THREADS": "4", "OMP_WAIT_POLICY": "passive"}
+    assert [label for label, _ in candidates(1)].count("1") == 1  # one core: every core is one
 
 
 def test_one_core_busy_runs_a_spinning_process_only_inside_the_block() -> None:
