@@ -68,9 +68,8 @@ def run(
             f"decode {row['decode_tok_s']:.1f} tok/s"
         )
     for row in result.get("busy", []):
-        log(
-            f"{row['condition']}: threads {row['threads']}: decode {row['decode_tok_s']} tok/s (load {row['load_1min']})"
-        )
+        speed = f"decode {row['decode_tok_s']} tok/s (load {row['load_1min']})"
+        log(f"{row['condition']}: threads {row['threads']}: {speed}")
     return result
 
 
