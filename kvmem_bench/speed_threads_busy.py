@@ -5,8 +5,8 @@ Each candidate is a thread count (``KVMEM_THREADS``; unset: ``auto``, which foll
 free, ``kvmem_core.thread_governor``) and a spin setting of llama.cpp's OpenMP threads (``GOMP_SPINCOUNT`` /
 ``OMP_WAIT_POLICY``, ``kvmem_llamacpp.openmp``). libgomp reads those once, when it loads, so each candidate runs in a
 process of its own (``python -m kvmem_bench.speed_threads_busy --child``): it loads the model, decodes with the machine
-as it is, starts a spinning process, decodes again, and prints its figures with the 1-minute load average before each. The
-rounds run the candidates in a rotated order, so load that comes and goes on a shared machine falls on all of them.
+as it is, starts a spinning process, decodes again, and prints its figures with the 1-minute load average before each.
+The rounds run the candidates in a rotated order, so load that comes and goes on a shared machine falls on all of them.
 
     python -m kvmem_bench.speed_threads_busy --rounds 5       # only these rows (kvmem bench speed runs 3 rounds)
 """
