@@ -211,6 +211,8 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         return out
 
     def close(self) -> None:
+        if self._archive_pool is not None:
+            self._archive_pool.shutdown()
         if self.checkpoints is not None:
             self.checkpoints.close()
         self.store.close()
