@@ -40,6 +40,9 @@ class Capabilities:
     # archives a chunk's blocks while the next chunk computes)
     staged_reads: bool = False
     draft_head: bool = False  # True: the model carries MTP layers and ``draft_head()`` makes a drafter from them
+    # True: ``forward`` takes ``snapshot_at`` (offsets into its tokens) and hands out the recurrent state after
+    # each in ``ForwardOut.states``, so a checkpoint does not end a forward (``kvmem_core.prefill``)
+    snapshots: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,15 +59,17 @@ class ForwardOut:
 
     ``logits``: float32 ``[vocab]`` of the last token (None when not asked for); it may be a view of the
     backend's own buffer, not to be written and valid until the adapter's next ``forward``: copy it to keep it.
-    A forward may return while the device still computes them (``read``, a call that waits for them): the
-    first access of ``logits`` waits, so the caller's host work can overlap the device's. Read them before the
-    next forward.
     ``queries``: float32 pre-RoPE ``[layers, captured tokens, query heads, head dim]``
     for the tokens asked for with ``capture_from`` (None otherwise): the query projection
-    without its bias (the bias pulls every query toward the same keys, whatever it asks).
+    without its bias (the bias pulls every query toward the same keys, whatever it asks); the caller's own.
+    ``states``: the recurrent states after the tokens asked for with ``snapshot_at`` (``save_state``'s kind of
+    checkpoint), in that order (None when not asked for).
+    A forward may return while the device still computes or copies these: each may be given as a call that
+    waits for it (``read``, ``read_queries``, ``read_states``), made on its first access, so the caller's host
+    work can overlap the device's. Read the logits before the next forward; queries and states stay valid.
     """
 
-    __slots__ = ("_logits", "_read", "queries")
+    __slots__ = ("_values", "_reads")
 
     def __init__(
         self,
@@ -72,14 +77,29 @@ class ForwardOut:
         queries: np.ndarray | None = None,
         *,
         read: Callable[[], np.ndarray] | None = None,
+        read_queries: Callable[[], np.ndarray] | None = None,
+        read_states: Callable[[], list[Any]] | None = None,
     ) -> None:
-        self._logits, self._read, self.queries = logits, read, queries
+        self._values: dict[str, Any] = {"logits": logits, "queries": queries, "states": None}
+        self._reads = {k: f for k, f in (("logits", read), ("queries", read_queries), ("states", read_states)) if f}
+
+    def _get(self, name: str) -> Any:
+        read = self._reads.pop(name, None)
+        if read is not None:
+            self._values[name] = read()
+        return self._values[name]
 
     @property
     def logits(self) -> np.ndarray | None:
-        if self._read is not None:
-            self._logits, self._read = self._read(), None
-        return self._logits
+        return self._get("logits")
+
+    @property
+    def queries(self) -> np.ndarray | None:
+        return self._get("queries")
+
+    @property
+    def states(self) -> list[Any] | None:
+        return self._get("states")
 
 
 @runtime_checkable
@@ -134,7 +154,9 @@ class EngineAdapter(Protocol):
         into ``tokens`` from which pre-RoPE queries are returned. ``stop_after`` (adapters with
         ``caps.probe``; needs ``capture_from``): a *probe* that computes layers up to that one only: their
         queries are returned (deeper ones as zeros), no logits, and the new cells hold valid K and V up to that
-        layer only, so the caller drops them before anything attends to them.
+        layer only, so the caller drops them before anything attends to them. ``snapshot_at`` (adapters with
+        ``caps.snapshots``): ascending offsets inside ``tokens`` (0 < offset < len(tokens)); the recurrent state
+        after each comes back in ``ForwardOut.states``, as ``save_state`` would have taken it there.
         """
         ...
 

@@ -25,8 +25,10 @@ streaming view, so that step's logits may differ slightly.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -41,6 +43,8 @@ from kvmem_core.step import ViewState, chunk_cuts
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
 
+ARCHIVE_WORKERS = 4  # threads that checksum and summarize a chunk's blocks
+
 
 @dataclass
 class Probe:
@@ -50,6 +54,11 @@ class Probe:
     start: int
     stop_after: int
     held: dict[int, BlockKV] = field(default_factory=dict)
+
+
+def _digest(kv: BlockKV, summarize: Callable[[], dict[str, np.ndarray]]) -> tuple[int, dict[str, Any]]:
+    """A block's checksum and scoring summaries (``summarize``)."""
+    return kv.checksum(), summarize()
 
 
 def merge_layers(probed: BlockKV, full: BlockKV, stop_after: int) -> BlockKV:
@@ -72,6 +81,7 @@ class ArchiveOps:
     _view_ws: str | None
     _counts: Any
     _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
+    _archive_pool: ThreadPoolExecutor | None = None  # made on first use (``_digests``)
     _prefill_chunk: Callable[[KVMemConfig], int]
 
     def _archive(
@@ -82,13 +92,29 @@ class ArchiveOps:
         reads ``_stage`` took (they may have left the view since)."""
         bt = self.layout.block_tokens
         tagged = overlapping(mandatory, max(blocks, default=-1) + 1, bt)
-        for b in blocks:
-            if b < len(ws.hashes):  # already stored (a fully cached prompt recomputes its last block)
-                continue
-            assert len(ws.hashes) == b, "blocks must be archived in order"
-            pos = self.view.blocks[b] if staged is None else staged[b]
-            kv = self.adapter.read_block(pos, bt)
-            self._put(ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b], pos), kv)
+        todo = [b for b in blocks if b >= len(ws.hashes)]  # the others are stored (a fully cached prompt recomputes
+        assert todo == list(range(len(ws.hashes), len(ws.hashes) + len(todo))), "blocks must be archived in order"
+        positions = [self.view.blocks[b] if staged is None else staged[b] for b in todo]  # its last block)
+        reads = [self.adapter.read_block(pos, bt) for pos in positions]
+        for b, pos, kv, digest in zip(todo, positions, reads, self._digests(reads, positions)):
+            self._put(
+                ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b], pos, digest), kv
+            )
+
+    def _digests(self, reads: Sequence[BlockKV], positions: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Each block's checksum and scoring summaries, in order. Where the model computes on a device
+        (``caps.async_copies``), on ``ARCHIVE_WORKERS`` threads of the otherwise idle host (CRC32 and numpy release
+        the GIL; ~10 ms of host work per 27B-shape block); on the CPU one after another, within the engine's
+        threads."""
+        work = [
+            functools.partial(_digest, kv, functools.partial(self._summarize, kv, pos))
+            for kv, pos in zip(reads, positions)
+        ]
+        if len(work) < 2 or not self.adapter.caps.async_copies:
+            return (job() for job in work)
+        if self._archive_pool is None:
+            self._archive_pool = ThreadPoolExecutor(ARCHIVE_WORKERS, thread_name_prefix="kvmem-archive")
+        return (f.result() for f in [self._archive_pool.submit(job) for job in work])
 
     def _stage(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span]) -> dict[int, int]:
         """Archive ``blocks`` now, or, where the adapter stages reads (``caps.staged_reads``), take their reads
@@ -101,15 +127,22 @@ class ArchiveOps:
         cast(StagedReads, self.adapter).stage_reads(list(staged.values()), self.layout.block_tokens)
         return staged
 
-    def _block_meta(self, parent: str, b: int, kv: BlockKV, mandatory: bool, pos: int | None = None) -> BlockMeta:
+    def _block_meta(
+        self,
+        parent: str,
+        b: int,
+        kv: BlockKV,
+        mandatory: bool,
+        pos: int | None = None,
+        digest: tuple[int, dict[str, Any]] | None = None,
+    ) -> BlockMeta:
         """The meta of view block ``b`` (KV ``kv``, resident at its view position, or ``pos``) chained after
-        ``parent``."""
+        ``parent``; ``digest``: its checksum and summaries when they are already computed (``_digests``)."""
         bt, pos = self.layout.block_tokens, self.view.blocks[b] if pos is None else pos
         ids = np.asarray(self.view.tokens[b * bt : (b + 1) * bt], dtype=np.int32)
         tags = frozenset({MANDATORY_TAG}) if mandatory else frozenset()
-        return BlockMeta(
-            chain_hash(self.namespace, parent, ids), parent, ids, pos, kv.checksum(), self._summarize(kv, pos), tags
-        )
+        checksum, summary = digest or _digest(kv, functools.partial(self._summarize, kv, pos))
+        return BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, checksum, summary, tags)
 
     def _put(self, ws: Workspace, meta: BlockMeta, kv: BlockKV) -> None:
         self.store.append(ws.id, meta, kv)

@@ -89,13 +89,14 @@ class Checkpoints:
             if not self._charge("nvme", key, ws_id, self.files.size(key)) and not self.store.foreign_workspace(ws_id):
                 self.files.remove(key)
 
-    def take(self, tokens: Sequence[int], ws_id: str) -> None:
-        """Keep the adapter's live state as the state after exactly ``tokens`` (in RAM and on disk where it fits)."""
+    def take(self, tokens: Sequence[int], ws_id: str, state: Any = None) -> None:
+        """Keep the adapter's live state, or ``state`` (a ``save_state`` checkpoint the adapter handed out
+        otherwise: ``ForwardOut.states``), as the state after exactly ``tokens`` (in RAM and on disk where it fits)."""
         key = _key(tokens)
         if key in self._items:
             self._items.move_to_end(key)
             return
-        state = self.adapter.save_state()
+        state = self.adapter.save_state() if state is None else state
         arrays = self.adapter.state_arrays(state)
         if self._charge("host", key, ws_id, sum(a.nbytes for a in arrays.values())):
             self._keep(key, Checkpoint(len(tokens), ws_id, state))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem_core.adapter import PREFILL_CHUNK, EngineAdapter
+from kvmem_core.adapter import EngineAdapter
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
@@ -38,9 +38,10 @@ from kvmem_core.retrieval import (
     make_scorer,
 )
 from kvmem_core.planner import ViewBlock, ViewEntry, plan_view
+from kvmem_core.prefill import PrefillOps
 from kvmem_core.sampling import within
 from kvmem_core.speculative import check_mode
-from kvmem_core.step import ViewState, append_computed, chunk_cuts, materialize, refill, reset, truncate
+from kvmem_core.step import ViewState, materialize, refill, reset, truncate
 from kvmem_core.store import BlockStore
 from kvmem_core.structured import Formats
 from kvmem_core.workspace import Route, Workspace
@@ -50,9 +51,9 @@ log = logging.getLogger("kvmem.engine")
 MAX_RECOMPUTES = 16  # a step starts over at most this often for lost blocks; each time the store lost one more
 
 
-class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
+class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
     """A loaded adapter plus KVMem memory; implements ``kvmem_core.contract.Engine`` (its workspace calls come
-    from ``WorkspaceOps``, its decode phase from ``DecodeOps``).
+    from ``WorkspaceOps``, its prefill from ``PrefillOps``, its decode phase from ``DecodeOps``).
 
     ``heads`` are the retrieval heads (layer, query head) whose full keys every stored
     block indexes. ``last_logits`` holds the logits the first generated token of the last
@@ -210,6 +211,8 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         return out
 
     def close(self) -> None:
+        if self._archive_pool is not None:
+            self._archive_pool.shutdown()
         if self.checkpoints is not None:
             self.checkpoints.close()
         self.store.close()
@@ -248,21 +251,6 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
             self.checkpoints.take(ids[:cached], ws.id)
         return ws, cached
 
-    def _setup_view(self, cfg: KVMemConfig, mode: str, fits: bool, cached: int) -> None:
-        """Before the prefill: all history when it fits, else sink + recent blocks."""
-        n_blocks = cached // self.layout.block_tokens
-        if fits:
-            target = list(range(n_blocks))
-        else:
-            target = self._streaming_blocks(cfg, n_blocks)
-        self._materialize(mode, target, n_blocks)
-
-    def _streaming_blocks(self, cfg: KVMemConfig, n_blocks: int) -> list[int]:
-        bt = self.layout.block_tokens
-        sink = -(-cfg.sink_tokens // bt)
-        recent = max(1, (cfg.view_tokens - self._prefill_chunk(cfg) - cfg.sink_tokens) // bt - 1)
-        return sorted(set(range(min(sink, n_blocks))) | set(range(max(0, n_blocks - recent), n_blocks)))
-
     def _materialize(self, mode: str, target: Sequence[int], n_blocks: int) -> int:
         """Make the view hold ``target`` blocks at their ``mode`` positions, the tail right after."""
         bt = self.layout.block_tokens
@@ -274,77 +262,6 @@ class KVMemEngine(ArchiveOps, DecodeOps, WorkspaceOps):
         self._counts["blocks_loaded"] += loaded
         self._counts["blocks_dropped"] += dropped
         return loaded + dropped
-
-    def _prefill(
-        self,
-        cfg: KVMemConfig,
-        mode: str,
-        fits: bool,
-        ws: Workspace,
-        prompt: Prompt,
-        cached: int,
-        probe: Probe | None = None,
-    ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q. With a
-        ``probe``, its window is probed (no logits) and the blocks it completes are held, not archived."""
-        ids, q0 = prompt.ids, prompt.scored_from
-        queries, out = [], None
-        marks: tuple[int, ...] = ()
-        if self.checkpoints is not None:  # hybrid models checkpoint at the query, the replay start, the last block edge
-            edge = len(ids) // self.layout.block_tokens * self.layout.block_tokens
-            marks = (prompt.query_start, self._replay_start(cfg, prompt), edge)
-        cuts = chunk_cuts(cached, len(ids), self._prefill_chunk(cfg), marks)
-        room = {s: e - s for s, e in zip(cuts, cuts[1:])}  # a probe splits a chunk, not the room made for it
-        cuts = sorted({*cuts, probe.start}) if probe else cuts
-        staged: dict[int, int] = {}  # the previous chunk's blocks, read but not archived yet (``_stage``)
-        for s, e in zip(cuts, cuts[1:]):
-            chunk = ids[s:e]
-            if not fits and s in room:
-                self._make_room(cfg, mode, room[s])
-            pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
-            wants_q = not fits and cfg.method == "retrieval" and s + len(chunk) > q0
-            capture = max(0, q0 - s) if wants_q else None
-            probing = probe is not None and s >= probe.start
-            stop = {"stop_after": probe.stop_after} if probing else {}  # adapters without caps.probe lack the kwarg
-            out = self.adapter.forward(chunk, pos, want_logits=s + len(chunk) == len(ids), capture_from=capture, **stop)
-            self._archive(ws, sorted(staged), prompt.mandatory, staged)
-            if out.queries is not None:
-                queries.append(out.queries)
-            done = append_computed(self.view, chunk)
-            if probing:
-                self._hold(probe, done)
-            staged = {} if probing else self._stage(ws, done, prompt.mandatory)
-            if e in marks:
-                self.checkpoints.take(ids[:e], ws.id)
-            if self.prefill_progress is not None:
-                self.prefill_progress(s + len(chunk) - cached, len(ids) - cached)
-        self._archive(ws, sorted(staged), prompt.mandatory, staged)
-        assert out is not None and (probe is not None or out.logits is not None)
-        return out.logits, np.concatenate(queries, axis=1) if queries else None
-
-    def _prefill_chunk(self, cfg: KVMemConfig) -> int:
-        """Tokens per prefill forward: ``PREFILL_CHUNK``, or what the adapter asks for up to a quarter of the view
-        (whole blocks), so a streaming prefill still sees most of the recent history; never more than
-        ``_make_room`` can always free (the view less its sink blocks and a partial tail block). Blocks are
-        archived and progress reported between forwards."""
-        bt = self.layout.block_tokens
-        asked = max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))
-        room = cfg.view_tokens - (-(-cfg.sink_tokens // bt) + 1) * bt
-        return max(1, min(asked, room))
-
-    def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
-        """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""
-        bt = self.layout.block_tokens
-        sink = -(-cfg.sink_tokens // bt)
-        limit = self.adapter.caps.trained_ctx
-        if mode == "compact" and self.view.next_pos + n + cfg.gen_budget > limit:
-            self._materialize(mode, sorted(self.view.blocks), len(self.view.tokens) // bt)
-        droppable = sorted(b for b in self.view.blocks if b >= sink)
-        while self.adapter.view_free() < n and droppable:
-            b = droppable.pop(0)
-            pos = self.view.blocks.pop(b)
-            self.adapter.drop(pos, pos + bt)
-            self._counts["blocks_dropped"] += 1
 
     def _select(
         self,

@@ -8,6 +8,7 @@ take and apply checkpoints (the query-replay point, turn boundaries).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from dataclasses import dataclass
@@ -106,6 +107,7 @@ class TorchAdapter:
             prefill_chunk=self.prefill_chunk,
             staged_reads=True,
             draft_head=self.model.mtp is not None,
+            snapshots=bool(spec.deltanet_layers),
         )
         self._forwarded: Forwarded | None = None  # with an MTP head: the last forward's rows (``draft_head``)
         self._staged: dict[tuple[int, int], Callable[[], BlockKV]] = {}  # (start, n) -> its read (``stage_reads``)
@@ -143,28 +145,37 @@ class TorchAdapter:
         *,
         want_logits: bool = True,
         capture_from: int | None = None,
+        snapshot_at: Sequence[int] = (),
     ) -> ForwardOut:
+        """``EngineAdapter.forward``; captured queries and ``snapshot_at`` states are copied to the host behind the
+        forward (on a GPU the host does not wait for them until it reads them)."""
         assert len(tokens) == len(positions) and len(tokens) > 0
         assert len(tokens) <= self.view_free(), "view overflow: the core must make room first"
         self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
         self.stager.wait()
         self._verified = None
-        captured, logits = [], None
+        captured, logits, states = [], None, []
         for a in range(0, len(tokens), self.prefill_chunk):
             b = min(a + self.prefill_chunk, len(tokens))
             capture = capture_from is not None and b > capture_from
-            logits, q = self.runner.forward(list(tokens[a:b]), list(positions[a:b]), capture=capture)
+            snaps = [(o - a, self.model.new_state()) for o in snapshot_at if a < o < b]
+            logits, q = self.runner.forward(list(tokens[a:b]), list(positions[a:b]), capture=capture, snapshots=snaps)
+            states += [state for _, state in snaps] + ([self.runner.state.snapshot()] if b in snapshot_at else [])
             if capture:
-                captured.append(
-                    torch.stack([q[i] for i in self.model.spec.attention_layers])[:, max(0, capture_from - a) :]
-                )
-        queries = torch.cat(captured, dim=1).float().cpu().numpy() if captured else None
+                skip = max(0, capture_from - a)
+                captured.append(torch.stack([q[i][skip:] for i in self.model.spec.attention_layers]))
+        queries = _queued_to_host(torch.cat(captured, dim=1).float()) if captured else None
+        read_states = _queued_to_host(*(x for s in states for x in (s.conv, s.rec))) if states else None
+        out = {
+            "read_queries": (lambda: queries()[0].numpy()) if queries else None,
+            "read_states": (lambda: _pairs(read_states())) if read_states else None,
+        }
         self._keep_rows(tokens[a:b], positions[a:b])
         if not want_logits:
-            return ForwardOut(queries=queries)
+            return ForwardOut(**out)
         last = logits[-1]
         # page-locked on a GPU: a pageable copy of the vocabulary costs a decode step more than the bytes
-        return ForwardOut(queries=queries, read=lambda: _to_host(last.float()).numpy())
+        return ForwardOut(read=lambda: _to_host(last.float()).numpy(), **out)
 
     def forward_every(self, tokens: Sequence[int], positions: Sequence[int]) -> np.ndarray:
         """``forward`` with the logits of every token, float32 ``[len(tokens), vocab]`` (speculative decoding
@@ -214,11 +225,14 @@ class TorchAdapter:
 
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` cells from each of ``starts`` now, for ``read_block`` later (after
-        forwards and drops in between). On a GPU each block's copy to page-locked host memory is queued behind
-        the work so far, so the host may queue the next forward before it waits for them."""
+        forwards and drops in between): one gather of every block, on a GPU with one copy to page-locked host
+        memory queued behind the work so far, so the host may queue the next forward before it waits for it."""
         self.stager.wait()
-        for start in starts:
-            self._staged[(start, n_tokens)] = _staged_read(*self.runner.read_cells(start, n_tokens))
+        if not starts:
+            return
+        read = _queued_to_host(*self.runner.read_runs(starts, n_tokens))
+        for i, start in enumerate(starts):
+            self._staged[(start, n_tokens)] = functools.partial(_run_of, read, slice(i * n_tokens, (i + 1) * n_tokens))
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
@@ -323,23 +337,34 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x)
 
 
-def _staged_read(k: torch.Tensor, v: torch.Tensor) -> Callable[[], BlockKV]:
-    """A block read taken now and handed out later: on a GPU, copies to page-locked memory queued on the current
-    stream (the caller waits for them alone), then copied out to pageable arrays (the store keeps them)."""
-    if not k.is_cuda:
-        kv = BlockKV(_to_numpy(k), _to_numpy(v))
-        return lambda: kv
-    host = torch.empty((2, *k.shape), dtype=k.dtype, pin_memory=True)
-    host[0].copy_(k, non_blocking=True)
-    host[1].copy_(v, non_blocking=True)
+def _queued_to_host(*xs: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
+    """Host copies of ``xs`` (fresh tensors the caller does not write again): on a GPU, copies to page-locked
+    memory queued on the current stream now, and a call that waits for them alone; on the CPU, ``xs`` as they are."""
+    if not xs[0].is_cuda:
+        return lambda: list(xs)
+    host = [torch.empty(x.shape, dtype=x.dtype, pin_memory=True) for x in xs]
+    for h, x in zip(host, xs):
+        h.copy_(x, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
 
-    def take() -> BlockKV:
+    def wait() -> list[torch.Tensor]:
         copied.synchronize()
-        return BlockKV(np.array(_to_numpy(host[0])), np.array(_to_numpy(host[1])))
+        return host
 
-    return take
+    return wait
+
+
+def _run_of(read: Callable[[], list[torch.Tensor]], tokens: slice) -> BlockKV:
+    """One block of a staged read (``stage_reads``): its tokens of K and V as arrays of its own (the store keeps
+    them)."""
+    k, v = read()
+    return BlockKV(np.array(_to_numpy(k[:, tokens]), order="C"), np.array(_to_numpy(v[:, tokens]), order="C"))
+
+
+def _pairs(tensors: list[torch.Tensor]) -> list[RecurrentState]:
+    """(conv, rec, conv, rec, ...) as checkpoints."""
+    return [RecurrentState(conv, rec) for conv, rec in zip(tensors[::2], tensors[1::2])]
 
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ over 64-token chunks in Python, a few kernels per chunk and layer.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -130,18 +130,42 @@ class DeltaNet:
         # half-precision runs only: fp32 keeps the exact torch form (the engine's reference runs)
         self.fla = w["in_fused"].is_cuda and w["in_fused"].dtype != torch.float32 and fla_chunked_rule() is not None
 
-    def __call__(self, x: torch.Tensor | NormedSum, conv_state: torch.Tensor, rec_state: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor | NormedSum,
+        conv_state: torch.Tensor,
+        rec_state: torch.Tensor,
+        snapshots: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (),
+    ) -> torch.Tensor:
+        """The layer's output for ``x`` [T, ...]; reads and updates the state in place. ``snapshots``: (offset,
+        conv, rec) with ascending offsets inside T: the state after that many tokens is copied into conv and rec
+        (the conv and the delta rule run in pieces split there, as forwards cut there would run them)."""
         w = self.w
         mixed, z, b, a = project(x, w["in_fused"]).split(self.sizes, dim=-1)
         T = mixed.shape[0]
         if T == 1 and self.fused:
             core = deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
             return output_projection(core[None], w["out"])
+        cores, start = [], 0
+        for end, conv_copy, rec_copy in (*snapshots, (T, None, None)):
+            cores.append(self.mix(mixed[start:end], a[start:end], b[start:end], conv_state, rec_state))
+            if conv_copy is not None:
+                conv_copy.copy_(conv_state)
+                rec_copy.copy_(rec_state)
+            start = end
+        core = cores[0] if len(cores) == 1 else torch.cat(cores)
+        return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
+
+    def mix(
+        self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor
+    ) -> torch.Tensor:
+        """Conv and delta rule of T consecutive tokens' projections, from and into the state. -> [T, nv, dv]"""
+        T = mixed.shape[0]
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
-        g, beta = w["ssm_a"] * F.softplus(a.float() + w["dt_bias"]), torch.sigmoid(b.float())
+        g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
         if T > 1 and self.fla:
-            core = fla_delta_rule(
+            return fla_delta_rule(
                 q.view(T, self.nk, self.dk),
                 k.view(T, self.nk, self.dk),
                 v.view(T, self.nv, self.dv),
@@ -149,9 +173,7 @@ class DeltaNet:
                 beta,
                 rec_state,
             )
-        else:
-            core = self.torch_rule(q, k, v, g, beta, rec_state).to(z.dtype)
-        return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
+        return self.torch_rule(q, k, v, g, beta, rec_state).to(a.dtype)
 
     def torch_rule(
         self,

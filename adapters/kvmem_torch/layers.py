@@ -8,6 +8,7 @@ softmax accumulate in fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,8 @@ class StepContext:
     torch_ops: TorchOpsKeys | None = None  # for layers on torch ops; None when every layer runs the kernels
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
     n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
+    # (offset, state) pairs: the recurrent layers copy their state after that many new tokens into the state
+    snapshots: tuple[tuple[int, Any], ...] = ()
 
 
 @dataclass

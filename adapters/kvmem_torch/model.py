@@ -174,7 +174,9 @@ class Model:
             if kind == ATTENTION:
                 out = mixer(h, ctx, cache)
             else:
-                out = mixer(h, state.conv[dn_i], state.rec[dn_i])
+                out = mixer(
+                    h, state.conv[dn_i], state.rec[dn_i], [(o, s.conv[dn_i], s.rec[dn_i]) for o, s in ctx.snapshots]
+                )
                 dn_i += 1
             if isinstance(h, NormedSum):
                 x = h.total

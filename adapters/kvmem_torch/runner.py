@@ -80,10 +80,18 @@ class Runner:
             self.synced = len(self.cells)
 
     def forward(
-        self, tokens: Sequence[int], positions: Sequence[int], last_only: bool = True, capture: bool = False
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        last_only: bool = True,
+        capture: bool = False,
+        snapshots: Sequence[tuple[int, RecurrentState]] = (),
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
-        """Append tokens at ``positions`` (all beyond the view's last) and run them. -> (logits, pre-RoPE q)"""
+        """Append tokens at ``positions`` (all beyond the view's last) and run them. -> (logits, pre-RoPE q)
+        ``snapshots``: (offset, state) pairs, ascending offsets inside the tokens: each state receives the
+        recurrent state after that many of them (as a forward cut there would leave it)."""
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
+        assert all(0 < o < len(tokens) for o, _ in snapshots), "a snapshot falls inside the forward"
         if len(tokens) == 1 and self.use_graphs and not capture:
             return self._decode_graph(tokens[0], positions[0]), None
         dev, start = self.model.device, len(self.cells)
@@ -100,6 +108,7 @@ class Runner:
                 _to_device(positions, dev),
                 capture,
             )
+            ctx.snapshots = tuple(snapshots)
             logits = self.model.forward(_to_device(tokens, dev), ctx, self.cache, self.state, last_only)
         return logits, ctx.capture
 
@@ -191,9 +200,17 @@ class Runner:
     def read_cells(self, p0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [layers, n, kv heads, head dim] (pre-RoPE; 8-bit caches: their packed rows, ``fp8``) of the ``n``
         cells from position ``p0``."""
-        i, j = self.cells_at(p0, p0 + n)
-        assert j - i == n, f"view holds {j - i} cells in [{p0}, {p0 + n})"
-        rows = self.cache.base_rows(_to_device(self.cells[i:j], self.model.device))
+        return self.read_runs([p0], n)
+
+    def read_runs(self, starts: Sequence[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``read_cells`` of the ``n`` cells from each of ``starts``, run after run along the token axis
+        ([layers, len(starts) * n, ...]), in one gather per layer."""
+        cells: list[int] = []
+        for p0 in starts:
+            i, j = self.cells_at(p0, p0 + n)
+            assert j - i == n, f"view holds {j - i} cells in [{p0}, {p0 + n})"
+            cells += self.cells[i:j]
+        rows = self.cache.base_rows(_to_device(cells, self.model.device))
         L = self.cache.n_layers
         k = torch.stack([self.cache.rows.index_select(0, rows + self.cache.k_offset(l)) for l in range(L)])
         v = torch.stack([self.cache.rows.index_select(0, rows + self.cache.v_offset(l)) for l in range(L)])

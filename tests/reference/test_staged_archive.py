@@ -68,3 +68,22 @@ def test_staged_archiving_stores_what_archiving_in_line_stores(cfg: KVMemConfig)
     (ids, hashes, kvs), (ids_ref, hashes_ref, kvs_ref) = outs
     assert len(hashes) > 20 and hashes == hashes_ref and ids == ids_ref
     assert all(np.array_equal(a, b) for a, b in zip(kvs, kvs_ref))
+
+
+def test_blocks_digested_on_threads_are_stored_as_in_line() -> None:
+    """On a device engine (``caps.async_copies``) the host checksums and summarizes a chunk's blocks on threads:
+    the store gets the same metas (checksums, summaries), in the same order, as one block after another."""
+    metas = []
+    for threads in (True, False):
+        engine = make_engine(FITS, staged=True)
+        engine.adapter.caps = dataclasses.replace(engine.adapter.caps, async_copies=threads)
+        try:
+            result = engine.step(StepRequest(prompt=PROMPT, sampling=SamplingParams(max_tokens=1)), lambda _: True)
+            assert (engine._archive_pool is not None) == threads
+            metas.append(engine.store.workspace_blocks(result.workspace_id))
+        finally:
+            engine.close()
+    assert len(metas[0]) > 20 and [m.chain_hash for m in metas[0]] == [m.chain_hash for m in metas[1]]
+    for a, b in zip(*metas):
+        assert a.checksum == b.checksum and a.summary.keys() == b.summary.keys()
+        assert all(np.array_equal(a.summary[k], b.summary[k]) for k in a.summary)

@@ -1,5 +1,6 @@
 """``TorchAdapter.stage_reads``: a block read taken after its chunk is handed out as it was, after the cells are
-dropped and later forwards write over their slots (on CUDA the copies are queued, not waited for)."""
+dropped and later forwards write over their slots (on CUDA the copies are queued, not waited for); a chunk's
+blocks are one gather, and a forward's captured queries and states are copied out only when first read."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def test_a_staged_read_survives_the_drop_and_the_forwards_after_it(device: str) 
     adapter.stage_reads([64], B)
     adapter.clear_view()  # a fresh sequence forgets what was staged
     assert not adapter._staged
+
+
+@pytest.mark.parametrize("device", ("cpu", CUDA))
+def test_staging_a_chunk_of_blocks_is_one_gather_and_queries_and_states_wait_for_their_first_read(device) -> None:
+    adapter = adapter_on(device)
+    ids = torch.randint(0, 4000, (96,), generator=torch.Generator().manual_seed(1)).tolist()
+    out = adapter.forward(ids[:64], list(range(64)), capture_from=40, snapshot_at=[16, 50])
+    gathers, read_runs = [], adapter.runner.read_runs
+    adapter.runner.read_runs = lambda starts, n: gathers.append(list(starts)) or read_runs(starts, n)
+    adapter.stage_reads([0, 16, 32, 48], B)
+    assert gathers == [[0, 16, 32, 48]]  # one gather (and on a GPU one copy) for the chunk's blocks
+    assert all(out._reads.get(k) is not None for k in ("queries", "states"))  # nothing copied out yet
+    queries, states = out.queries, out.states
+    assert queries.shape[:2] == (adapter.layout.n_layers, 24) and len(states) == 2
+    assert set(out._reads) == {"logits"} and out.queries is queries  # each read once, the logits not yet
