@@ -79,14 +79,14 @@ class LlamaModel:
         """``n_gpu_layers``: layers whose weights go to the GPU (-1: all, with the output layer)."""
         check_gguf(path)
         init_backend()
+        if not vocab_only:  # metadata first: refuse unsupported architectures before reading weights
+            LlamaModel(path, vocab_only=True).close()
         params = L.llama_model_default_params()
         params.vocab_only = vocab_only
         params.n_gpu_layers = n_gpu_layers
         self.path, self.n_gpu_layers = path, n_gpu_layers
         self.ptr = L.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
-            if not vocab_only:  # the metadata may still name why (an architecture this adapter refuses)
-                LlamaModel(path, vocab_only=True).close()
             raise UnsupportedModelError(
                 f"llama.cpp could not load {path.name} (unknown architecture or a damaged file)"
             )
