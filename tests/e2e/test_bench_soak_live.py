@@ -9,7 +9,7 @@ from model_support import SMALL_MODEL
 
 from kvmem_bench import soak
 
-pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
+pytestmark = [pytest.mark.llamacpp, pytest.mark.slow, pytest.mark.timeout(600)]  # about 3 minutes on 2 busy vCPUs
 
 
 def test_a_short_soak_with_every_fault_loses_no_conversation_and_stays_in_budget():
