@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -39,7 +38,7 @@ from kvmem.serve_process import ServeProcess
 from kvmem_bench.api import Api, ApiError
 from kvmem_bench.quality import machine
 from kvmem_bench.quality_cli import commit
-from kvmem_bench.soak_watch import MIB, Watch, fill_disk, mount_tmpfs, unmount
+from kvmem_bench.soak_watch import MIB, Watch, engine_metric, fill_disk, mount_tmpfs, unmount
 from kvmem_bench.speed_replicas import MAX_TOKENS, TOOL_OUTPUT
 
 RETRY_STATUS = (429, 503)
@@ -101,14 +100,8 @@ def run(model: str | None, plan: SoakPlan, *, log: Log = print) -> dict[str, Any
         disk, why_not = mount_tmpfs(root / "mnt", int(plan.nvme_gb * 1024 * 1.5) + 64)
         nvme = (disk or root) / "nvme"
         flags = ["--no-ui", "--max-queue", str(plan.clients), "--kvmem-block-tokens", str(BLOCK_TOKENS)]
-        flags += [
-            "--kvmem-nvme-dir",
-            str(nvme),
-            "--kvmem-nvme-gb",
-            str(plan.nvme_gb),
-            "--kvmem-cpu-gb",
-            str(plan.cpu_gb),
-        ]
+        flags += ["--kvmem-nvme-dir", str(nvme), "--kvmem-nvme-gb", str(plan.nvme_gb)]
+        flags += ["--kvmem-cpu-gb", str(plan.cpu_gb)]
         flags += ["--model", model] if model else []
         log(f"soak: kvmem serve {' '.join(flags)}")
         try:
@@ -153,7 +146,7 @@ def _soak(server: ServeProcess, plan: SoakPlan, nvme: Path, disk: Path | None, w
         stop.set()
         injector.join()
         watch.stop()
-    metrics = {name: _metric(server.url, name) for name in SERVER_METRICS}
+    metrics = {name: engine_metric(server.url, name) for name in SERVER_METRICS}
     return summary(plan, tally, watch, faults, metrics, time.monotonic() - started)
 
 
@@ -291,17 +284,6 @@ def _inject(
             log(f"soak: disk full for {plan.disk_full_s:.0f} s after {tally.served} turns")
             faults["disk_full"] = fill_disk(disk, plan.disk_full_s, stop, int(plan.nvme_gb * 1024 * 2) * MIB)
             log(f"soak: disk free again: {faults['disk_full']}")
-
-
-def _metric(url: str, name: str) -> float | None:
-    """``kvmem_engine_<name>`` from ``/metrics`` (Prometheus text); None where the server does not report it."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    prefix = f"kvmem_engine_{name} "
-    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)), None)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """What ``kvmem bench soak`` watches, and the disk it fills.
 
-``Watch`` samples, on a thread of its own, the resident memory of a server's whole process
+``engine_metric`` reads one of the server's engine figures from ``/metrics``. ``Watch`` samples, on a thread of its own, the resident memory of a server's whole process
 tree (the API process and its engine, whichever engine is alive at the moment) and the bytes
 an NVMe directory takes on disk, keeping the start and the peak of each. ``mount_tmpfs``
 gives the NVMe directory a small filesystem of its own (root only) so that ``fill_disk`` can
@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -51,6 +52,17 @@ def disk_bytes(directory: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def engine_metric(url: str, name: str) -> float | None:
+    """``kvmem_engine_<name>`` from ``/metrics`` (Prometheus text); None where the server does not report it."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    prefix = f"kvmem_engine_{name} "
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)), None)
 
 
 class Watch:

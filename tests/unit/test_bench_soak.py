@@ -4,6 +4,7 @@ watch on a real process tree and directory, the disk filler on a real (tmpfs) fi
 from __future__ import annotations
 
 import errno
+import http.server
 import subprocess
 import sys
 import threading
@@ -143,3 +144,28 @@ def test_the_command_is_registered_and_refuses_a_bad_plan_in_one_line(capsys):
 def test_the_run_names_the_checkouts_commit():
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
     assert head.startswith(soak.meta()["commit"].removesuffix("-dirty"))
+
+
+class MetricsPage(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = (
+            b"# TYPE kvmem_engine_restarts counter\nkvmem_engine_restarts_total 2.0\nkvmem_engine_store_corrupt 0.0\n"
+        )
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_engine_metrics_are_read_from_the_prometheus_text_and_missing_ones_are_none():
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsPage) as page:
+        threading.Thread(target=page.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{page.server_address[1]}"
+        assert soak_watch.engine_metric(url, "restarts_total") == 2.0
+        assert soak_watch.engine_metric(url, "store_corrupt") == 0.0
+        assert soak_watch.engine_metric(url, "store_nvme_faults") is None
+        page.shutdown()
+    assert soak_watch.engine_metric(url, "restarts_total") is None  # nothing answers any more
