@@ -1,10 +1,11 @@
 """What ``kvmem bench soak`` watches, and the disk it fills.
 
-``engine_metric`` reads one of the server's engine figures from ``/metrics``. ``Watch`` samples, on a thread of its own, the resident memory of a server's whole process
-tree (the API process and its engine, whichever engine is alive at the moment) and the bytes
-an NVMe directory takes on disk, keeping the start and the peak of each. ``mount_tmpfs``
-gives the NVMe directory a small filesystem of its own (root only) so that ``fill_disk`` can
-fill it up for a while without touching any other disk.
+``engine_metric`` reads one of the server's engine figures from ``/metrics``. ``Watch``
+samples, on a thread of its own, the resident memory of a server's whole process tree (the
+API process and its engine, whichever engine is alive at the moment) and the bytes an NVMe
+directory takes on disk, keeping the start and the peak of each. ``mount_tmpfs`` gives the
+NVMe directory a small filesystem of its own (root only) so that ``fill_disk`` can fill it up
+for a while without touching any other disk.
 """
 
 from __future__ import annotations
