@@ -178,7 +178,7 @@ def meta(
 
 def commit() -> str:
     """The checkout's commit (``-dirty`` with local changes), else ``KVMEM_COMMIT``, else "unknown"."""
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[1]  # the checkout holding kvmem_bench/
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],

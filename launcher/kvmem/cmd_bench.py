@@ -1,8 +1,10 @@
-"""``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem_bench.speed``); ``quality``: answer accuracy."""
+"""``kvmem bench``: benchmarks. ``speed``: agent-session speed (``kvmem_bench.speed``); ``quality``: answer accuracy;
+``soak``: agent clients against one server for minutes with faults injected (``kvmem_bench.soak``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -15,6 +17,10 @@ from kvmem.compute import add_compute_flags, compute_opts
 from kvmem.models import MODEL_HELP
 from kvmem_core.errors import ConfigError
 
+SOAK_HELP = (
+    "agent clients x turns against one live server with faults injected (engine SIGKILL, disk full, client "
+    "disconnects): lost conversations, retries, recomputed blocks, peak RSS and disk against the budgets"
+)
 QUALITY_HELP = (
     "answer accuracy of retrieval, recent, the oracle and full on agent sessions, each view bounded from "
     "the first prefill"
@@ -22,7 +28,7 @@ QUALITY_HELP = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks (speed, quality)")
+    parser = subparsers.add_parser("bench", help="benchmarks (speed, quality, soak)")
     suites = parser.add_subparsers(dest="suite", required=True)
     speed = suites.add_parser(
         "speed", help="agent-session speed: turn-N TTFT with reuse, decode vs workspace, transfers"
@@ -64,6 +70,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.set_defaults(func=run_speed_cmd)
     quality = suites.add_parser("quality", add_help=False, help=QUALITY_HELP)
     quality.set_defaults(func=run_quality_cmd, passthrough=True)  # its flags live in kvmem_bench.quality_cli
+    _add_soak(suites)
+
+
+def _add_soak(suites: argparse._SubParsersAction) -> None:
+    soak = suites.add_parser("soak", help=SOAK_HELP, description=SOAK_HELP)
+    soak.add_argument("--model", default=None, help=f"{MODEL_HELP} (llama.cpp)")
+    soak.add_argument("--clients", type=int, default=None, help="agent conversations at once (default 8; --quick 2)")
+    soak.add_argument("--turns", type=int, default=None, help="turns per conversation (default 50; --quick 6)")
+    soak.add_argument("--quick", action="store_true", help="2 clients x 6 turns (a few minutes on 2 CPU cores)")
+    soak.add_argument(
+        "--cpu-gb", type=float, default=None, help="the server's host tier budget in GiB (default 1; --quick 0.5)"
+    )
+    soak.add_argument(
+        "--nvme-gb", type=float, default=None, help="the server's NVMe tier budget in GiB (default 1; --quick 0.5)"
+    )
+    soak.add_argument("--disk-full-s", type=float, default=None, help="how long the disk stays full (default 30)")
+    soak.add_argument(
+        "--disconnect-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="every Nth turn of a client is first a stream it drops (default 10; --quick 3; 0: none)",
+    )
+    soak.add_argument(
+        "--out", type=Path, default=Path("bench-out/soak"), help="folder for soak.json (default: bench-out/soak)"
+    )
+    soak.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    soak.set_defaults(func=run_soak_cmd)
+
+
+def run_soak_cmd(args: argparse.Namespace) -> int:
+    """``kvmem bench soak``: the figures as lines, or one JSON object with ``--json``; the JSON in ``--out``."""
+    soak = bench_module("soak")
+    chosen = {"clients": args.clients, "turns": args.turns, "cpu_gb": args.cpu_gb, "nvme_gb": args.nvme_gb}
+    chosen.update(disk_full_s=args.disk_full_s, disconnect_every=args.disconnect_every)
+    plan = dataclasses.replace(
+        soak.QUICK if args.quick else soak.SoakPlan(), **{k: v for k, v in chosen.items() if v is not None}
+    )
+    if plan.clients < 1 or plan.turns < 1:
+        raise ConfigError("--clients and --turns take counts of 1 or more")
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
+    result = soak.run(args.model, plan, log=log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "soak.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result) if args.json else soak.table(result))
+    return 0
 
 
 def bench_module(name: str) -> ModuleType:
