@@ -102,9 +102,9 @@ class PrefillOps:
             pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
             wants_q = not fits and cfg.method == "retrieval" and e > q0
             capture = max(0, q0 - s) if wants_q else None
-            probing = probe is not None and s >= probe.start
+            probing = probe if probe is not None and s >= probe.start else None  # the probe this chunk runs
             inside = sorted(m for m in set(marks) if s < m < e)  # only with caps.snapshots (``_prefill_cuts``)
-            extra: dict[str, Any] = {"stop_after": probe.stop_after} if probing else {}  # adapters without caps lack
+            extra: dict[str, Any] = {"stop_after": probing.stop_after} if probing else {}  # adapters without caps lack
             if inside:  # the kwargs
                 extra["snapshot_at"] = [m - s for m in inside]
             out = self.adapter.forward(chunk, pos, want_logits=e == len(ids), capture_from=capture, **extra)
@@ -113,7 +113,7 @@ class PrefillOps:
                 captured.append(out)
             done = append_computed(self.view, chunk)
             if probing:
-                self._hold(probe, done)
+                self._hold(probing, done)
             staged = {} if probing else self._stage(ws, done, prompt.mandatory)
             for m, state in zip(inside, out.states or ()):
                 self.checkpoints.take(ids[:m], ws.id, state)
