@@ -7,7 +7,7 @@ served: the engine killed with SIGKILL (``kill_at``), the disk filled for ``disk
 seconds (``disk_at``; needs a tmpfs mount, so root: elsewhere the row says it was not
 injected), and every ``disconnect_every``-th turn of a client first opened as a stream and
 dropped after its first bytes. A turn refused (429, 503) or cut by a fault is sent again until
-``turn_timeout_s``; a conversation whose turn never gets through is lost.
+``turn_timeout_s``, ``--turn-timeout-s``; a conversation whose turn never gets through is lost.
 
 Reported as JSON: turns served, retries, disconnects, engine restarts, the blocks of earlier
 turns prefilled again (recomputed), the cache share, latency, the server's peak RSS and the

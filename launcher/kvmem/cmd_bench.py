@@ -87,6 +87,12 @@ def _add_soak(suites: argparse._SubParsersAction) -> None:
     )
     soak.add_argument("--disk-full-s", type=float, default=None, help="how long the disk stays full (default 30)")
     soak.add_argument(
+        "--turn-timeout-s",
+        type=float,
+        default=None,
+        help="how long a turn is retried before its conversation counts as lost (default 300)",
+    )
+    soak.add_argument(
         "--disconnect-every",
         type=int,
         default=None,
@@ -105,11 +111,14 @@ def run_soak_cmd(args: argparse.Namespace) -> int:
     soak = bench_module("soak")
     chosen = {"clients": args.clients, "turns": args.turns, "cpu_gb": args.cpu_gb, "nvme_gb": args.nvme_gb}
     chosen.update(disk_full_s=args.disk_full_s, disconnect_every=args.disconnect_every)
+    chosen.update(turn_timeout_s=args.turn_timeout_s)
     plan = dataclasses.replace(
         soak.QUICK if args.quick else soak.SoakPlan(), **{k: v for k, v in chosen.items() if v is not None}
     )
     if plan.clients < 1 or plan.turns < 1:
         raise ConfigError("--clients and --turns take counts of 1 or more")
+    if plan.turn_timeout_s <= 0:
+        raise ConfigError("--turn-timeout-s takes a number of seconds above 0")
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     result = soak.run(args.model, plan, log=log)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -139,6 +139,8 @@ def test_the_command_is_registered_and_refuses_a_bad_plan_in_one_line(capsys):
     assert done.value.code == 0 and "faults injected" in capsys.readouterr().out
     assert main(["bench", "soak", "--quick", "--clients", "0"]) == 2
     assert capsys.readouterr().err == "kvmem: --clients and --turns take counts of 1 or more\n"
+    assert main(["bench", "soak", "--quick", "--turn-timeout-s", "0"]) == 2
+    assert capsys.readouterr().err == "kvmem: --turn-timeout-s takes a number of seconds above 0\n"
 
 
 def test_the_run_names_the_checkouts_commit():
