@@ -30,7 +30,7 @@ class Vocabulary:
         self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
         self._tokenizer: Any = None
         self._closers: dict[str, int] | None = None
-        self._compiled: dict[str, Any] = {}  # grammar text -> its fresh matcher, the latest used last
+        self._compile = lru_cache(maxsize=self.COMPILED)(self._compile_new)  # grammar text -> its fresh matcher
         self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
         self._bytes: list[bytes] = []  # each token's bytes, once built
 
@@ -57,19 +57,15 @@ class Vocabulary:
         """A fresh llguidance matcher of ``grammar`` (Lark text): a copy of the one compiled on its first use, of
         the ``COMPILED`` latest (an agent sends one format on every turn: compiling a JSON schema takes
         milliseconds, a copy microseconds). ``GrammarError`` when it does not compile."""
-        compiled = self._compiled.pop(grammar, None)
-        if compiled is None:
-            import llguidance
+        return self._compile(grammar).deep_copy()
 
-            compiled = llguidance.LLMatcher(
-                self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0
-            )
-            if compiled.is_error():
-                raise GrammarError(f"the output format does not compile to a grammar: {compiled.get_error()}")
-        self._compiled[grammar] = compiled
-        if len(self._compiled) > self.COMPILED:
-            del self._compiled[next(iter(self._compiled))]
-        return compiled.deep_copy()
+    def _compile_new(self, grammar: str) -> Any:
+        import llguidance
+
+        compiled = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        if compiled.is_error():
+            raise GrammarError(f"the output format does not compile to a grammar: {compiled.get_error()}")
+        return compiled
 
     @property
     def tokenizer(self) -> Any:

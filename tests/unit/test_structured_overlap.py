@@ -168,8 +168,9 @@ def test_a_format_compiled_once_serves_each_answer_afresh() -> None:
     for the next, and an answer from the kept grammar equals one from a grammar compiled anew."""
     text, rows = schema_grammar(CITY), np.random.default_rng(3).standard_normal((5, 257)).astype(np.float32)
     first = answer(Constraint(text, VOCAB), rows, 150, 0.0)
-    assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first and text in VOCAB._compiled
-    VOCAB._compiled.clear()
+    hits = VOCAB._compile.cache_info().hits
+    assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first and VOCAB._compile.cache_info().hits == hits + 1
+    VOCAB._compile.cache_clear()
     assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first
 
 
