@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -154,14 +156,20 @@ def _by_index(gpus: list[Gpu], index: str, flag: str) -> Gpu:
 
 
 def torch_gpu_runtime() -> str | None:
-    """``cuda`` or ``hip`` when the installed torch was built for that GPU runtime and sees a device."""
+    """``cuda`` or ``hip`` when the installed torch was built for that GPU runtime and sees a device.
+
+    Asked in a child process: torch brings its own CUDA runtime libraries, and a process that has loaded them
+    and then loads a CUDA build of llama.cpp (linked against the system's) crashes inside llama.cpp's model
+    load. The launcher's process must stay free of torch until the torch engine is chosen."""
     if importlib.util.find_spec("torch") is None:
         return None
-    import torch
-
-    if not torch.cuda.is_available():
+    probe = "import torch; print(('hip' if torch.version.hip else 'cuda') if torch.cuda.is_available() else '')"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+    answer = done.stdout.strip() if done.returncode == 0 else ""
+    return answer or None
 
 
 def resolve(
@@ -190,8 +198,11 @@ def resolve(
         raise ConfigError(f"--device {dev} but the GPU found is {chosen.vendor}")
     if has_torch_engine is None:
         has_torch_engine = importlib.util.find_spec("kvmem_torch") is not None
-    torch_ok = dev != "cpu" and has_torch_engine and torch_runtime() == dev
-    chosen_backend = backend if backend != "auto" else ("torch" if torch_ok else "llama.cpp")
+    if backend != "auto":
+        chosen_backend = backend
+    else:
+        torch_ok = dev != "cpu" and has_torch_engine and torch_runtime() == dev
+        chosen_backend = "torch" if torch_ok else "llama.cpp"
     extra = {}
     if chosen is not None and VISIBLE_ENV[chosen.vendor] not in env:
         extra[VISIBLE_ENV[chosen.vendor]] = str(chosen.index)

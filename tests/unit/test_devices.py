@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -171,3 +174,24 @@ def test_llamacpp_offloads_to_the_gpu_the_user_named(asked: str, expected: int |
     args = argparse.Namespace(device=asked, threads=None, threads_batch=None, n_gpu_layers=None)
     placement = D.Placement("llama.cpp", "cuda" if asked == "auto" else asked, None, "test")
     assert engine_opts(args, placement, progress=False)["n_gpu_layers"] == expected
+
+
+def test_an_explicit_backend_never_asks_torch() -> None:
+    def refuse() -> str | None:
+        raise AssertionError("torch asked although the backend was chosen")
+
+    for backend in ("llama.cpp", "torch"):
+        p = D.resolve(backend, "auto", None, {}, probe=lambda: [gpu(0, 9)], torch_runtime=refuse)
+        assert (p.backend, p.device) == (backend, "cuda")
+
+
+def test_asking_torch_keeps_it_out_of_the_launcher_process() -> None:
+    """torch's CUDA runtime in the process that then loads a CUDA llama.cpp crashed the model load: the question
+    is asked in a child process."""
+    code = "import sys; from kvmem.devices import torch_gpu_runtime as t; r = t(); print(r, 'torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    runtime, imported = out.stdout.split()
+    assert imported == "False"
+    assert runtime in ("None", "cuda", "hip")
