@@ -137,3 +137,19 @@ def tiny_spec_weights(
 
     spec = spec_from_hf(model.config.to_dict())
     return spec, weights_from_hf(spec, model.state_dict(), dtype, device)
+
+
+def random_qwen35_adapter(device: str, **opts: Any) -> Any:
+    """A ``TorchAdapter`` over the ``tiny`` qwen35 shape's random weights (bf16 on CUDA, fp32 on the CPU, one CPU
+    thread) with an id tokenizer; ``opts``: its view and block sizes."""
+    from kvmem_bench.torch_device import qwen35_spec
+    from kvmem_bench.torch_weights import random_weights
+    from kvmem_torch.adapter import TorchAdapter
+    from kvmem_torch.tokenizer import IdTokenizer
+
+    torch.set_num_threads(1)
+    spec = qwen35_spec("tiny")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    weights = random_weights(spec, dtype, device, 0)
+    loaded = (spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0")
+    return TorchAdapter("tiny", device=device, dtype=dtype, progress=False, loaded=loaded, **opts)

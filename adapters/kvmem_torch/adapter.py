@@ -23,6 +23,7 @@ from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch import fp8
+from kvmem_torch.host_memory import queued_blocks
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.mtp import Forwarded, MTPDrafter
 from kvmem_torch.runner import Runner
@@ -225,14 +226,20 @@ class TorchAdapter:
 
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` cells from each of ``starts`` now, for ``read_block`` later (after
-        forwards and drops in between): one gather of every block, on a GPU with one copy to page-locked host
-        memory queued behind the work so far, so the host may queue the next forward before it waits for it."""
+        forwards and drops in between): one gather of every block, on a GPU with copies into page-locked arrays of
+        each block's own (the host tier keeps them: ``host_memory``) queued behind the work so far, so the host may
+        queue the next forward before it waits for them."""
         self.stager.wait()
         if not starts:
             return
-        read = _queued_to_host(*self.runner.read_runs(starts, n_tokens))
-        for i, start in enumerate(starts):
-            self._staged[(start, n_tokens)] = functools.partial(_run_of, read, slice(i * n_tokens, (i + 1) * n_tokens))
+        k, v = self.runner.read_runs(starts, n_tokens)
+        if k.is_cuda:  # straight into page-locked arrays the host tier keeps (``host_memory``)
+            block = queued_blocks(k, v, len(starts))
+            staged = [functools.partial(block, i) for i in range(len(starts))]
+        else:
+            runs = [slice(i * n_tokens, (i + 1) * n_tokens) for i in range(len(starts))]
+            staged = [functools.partial(_run_of, k, v, run) for run in runs]
+        self._staged.update(((start, n_tokens), read) for start, read in zip(starts, staged))
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
@@ -355,10 +362,9 @@ def _queued_to_host(*xs: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
     return wait
 
 
-def _run_of(read: Callable[[], list[torch.Tensor]], tokens: slice) -> BlockKV:
-    """One block of a staged read (``stage_reads``): its tokens of K and V as arrays of its own (the store keeps
-    them)."""
-    k, v = read()
+def _run_of(k: torch.Tensor, v: torch.Tensor, tokens: slice) -> BlockKV:
+    """One block of a staged read on the CPU (``stage_reads``): its tokens of K and V as arrays of its own (the store
+    keeps them)."""
     return BlockKV(np.array(_to_numpy(k[:, tokens]), order="C"), np.array(_to_numpy(v[:, tokens]), order="C"))
 
 

@@ -1,9 +1,10 @@
-"""Block writes host -> device: pinned staging buffers and a copy stream, so staging overlaps compute.
+"""Block writes host -> device on a copy stream, so staging overlaps compute.
 
-A block's K and V for every layer are one contiguous region of the paged cache, so each
-block is a single host->device copy from a pinned buffer of the same shape. ``wait`` orders
-later compute after the pending copies without blocking the host. On CPU, writes are plain
-copies.
+A block's K and V for every layer are one contiguous region of the paged cache. A whole block
+in page-locked host memory (``host_memory``: what a GPU view archived) is copied straight from
+there, kept referenced until its copy has completed; any other block is first copied into one
+of a ring of pinned buffers of the same shape. ``wait`` orders later compute after the pending
+copies without blocking the host. On CPU, writes are plain copies.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class BlockStager:
         self.done: list[torch.cuda.Event | None] = [None] * n_buffers
         self.stream = torch.cuda.Stream()
         self.next = 0
+        self.in_flight: list[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = []  # direct copies' sources
 
     def put(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
         """Insert a block (host K/V [layers, n, kv, hd]) into ``runner``'s view at ``positions``."""
@@ -34,6 +36,9 @@ class BlockStager:
             runner.insert_block(k, v, positions)
             return
         i, n = self.next, k.shape[1]
+        if n == self.buffers[i].shape[2] and k.is_pinned() and v.is_pinned():
+            self._put_locked(runner, k, v, positions)
+            return
         self.next = (i + 1) % len(self.buffers)
         if self.done[i] is not None:
             self.done[i].synchronize()  # the buffer's previous copy must have left it
@@ -45,6 +50,16 @@ class BlockStager:
             runner.insert_block(buf[0], buf[1], positions)
             self.done[i] = torch.cuda.Event()
             self.done[i].record(self.stream)
+
+    def _put_locked(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
+        while self.in_flight and self.in_flight[0][0].query():
+            self.in_flight.pop(0)
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            runner.insert_block(k, v, positions)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self.in_flight.append((done, k, v))
 
     def wait(self) -> None:
         """Make the compute stream wait for every copy issued so far (the host does not block)."""

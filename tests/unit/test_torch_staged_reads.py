@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from kvmem_torch.adapter import TorchAdapter
-from kvmem_bench.torch_device import qwen35_spec
-from kvmem_bench.torch_weights import random_weights
-from kvmem_torch.tokenizer import IdTokenizer
+from torch_tiny import random_qwen35_adapter
 
 B = 16
 CUDA = pytest.param(
@@ -20,19 +18,7 @@ CUDA = pytest.param(
 
 
 def adapter_on(device: str) -> TorchAdapter:
-    torch.set_num_threads(1)
-    spec = qwen35_spec("tiny")
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    weights = random_weights(spec, dtype, device, 0)
-    return TorchAdapter(
-        "tiny",
-        view_tokens=256,
-        block_tokens=B,
-        device=device,
-        dtype=dtype,
-        progress=False,
-        loaded=(spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0"),
-    )
+    return random_qwen35_adapter(device, view_tokens=256, block_tokens=B)
 
 
 @pytest.mark.parametrize("device", ("cpu", CUDA))
