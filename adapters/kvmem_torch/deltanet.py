@@ -5,7 +5,8 @@ run dtype and the recurrent matrix [v_heads, k_dim, v_dim] in fp32. Prefill runs
 chunked (WY) form of the delta rule, decode the recurrent one; both update the state in
 place so decode can be graph-captured. On CUDA, prefill runs flash-linear-attention's chunked
 kernels when the package (``fla-core``, the ``cuda`` extra) is installed: the torch form loops
-over 64-token chunks in Python, a few kernels per chunk and layer.
+over 64-token chunks in Python, a few kernels per chunk and layer. Pieces shorter than a chunk
+(``FLA_MIN_TOKENS``) keep the torch form, whose host cost is then the smaller.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
 
 CHUNK = 64
+FLA_MIN_TOKENS = CHUNK  # shorter pieces run the torch form: fla's Python wrappers cost ~2 ms of host a call
+# (autotuner lookups, input guards), one chunk of the torch form ~25 launches; a prefill with snapshots cuts pieces
+# that short at the query's start and the last block edge, in every DeltaNet layer
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -164,7 +168,7 @@ class DeltaNet:
         mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
-        if T > 1 and self.fla:
+        if T >= FLA_MIN_TOKENS and self.fla:
             return fla_delta_rule(
                 q.view(T, self.nk, self.dk),
                 k.view(T, self.nk, self.dk),

@@ -71,6 +71,10 @@ def test_bf16_deltanet_prefill_runs_through_fla(monkeypatch: pytest.MonkeyPatch)
         pytest.skip("flash-linear-attention is not installed")
     calls = []
     monkeypatch.setattr(deltanet, "fla_delta_rule", lambda *a: calls.append(1) or fla_delta_rule(*a))
+    conv = torch.zeros(spec.conv_dim, spec.conv_kernel - 1, dtype=torch.bfloat16, device="cuda")
+    rec = torch.zeros(spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim, device="cuda")
+    net(torch.randn(deltanet.FLA_MIN_TOKENS - 1, spec.hidden_size, device="cuda").bfloat16(), conv, rec)
+    assert not calls  # a piece shorter than a chunk keeps the torch form (fla's host cost is the larger)
     x = torch.randn(300, spec.hidden_size, device="cuda").bfloat16()
     outs, states = [], []
     for fla in (True, False):
