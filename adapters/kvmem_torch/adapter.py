@@ -243,10 +243,12 @@ class TorchAdapter:
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
-        for p in placements:
-            n = p.kv.k.shape[1]
-            k, v = (_from_numpy(x, self.runner.cache.kv.dtype) for x in (p.kv.k, p.kv.v))
-            self.stager.put(self.runner, k, v, list(range(p.dst_pos, p.dst_pos + n)))
+        dtype = self.runner.cache.kv.dtype
+        blocks = [
+            (_from_numpy(p.kv.k, dtype), _from_numpy(p.kv.v, dtype), range(p.dst_pos, p.dst_pos + p.kv.k.shape[1]))
+            for p in placements
+        ]
+        self.stager.put(self.runner, blocks)
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
         if k.dtype == np.uint8:

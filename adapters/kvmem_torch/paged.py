@@ -18,6 +18,7 @@ order: the concatenation of its blocks in table order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -143,15 +144,16 @@ class PagedKV:
         """(K, V, positions) of one block: K/V [layers, block_tokens, kv heads, head dim], pre-RoPE (views)."""
         return self.kv[block, 0], self.kv[block, 1], self.pos[self.block_slots(block)]
 
-    def write_block(self, block: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        """Place a block's pre-RoPE K/V at ``block`` with the given positions (any, e.g. compacted; on the
-        cache's device)."""
+    def write_kv(self, block: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Place a block's pre-RoPE K/V [layers, block_tokens, kv heads, head dim] at ``block`` (copies queued on the
+        current stream; a page-locked host source is read asynchronously)."""
         self.kv[block, 0].copy_(k, non_blocking=True)
         self.kv[block, 1].copy_(v, non_blocking=True)
-        self.set_positions(block, positions)
 
-    def set_positions(self, block: int, positions: torch.Tensor) -> None:
-        """Re-position a block in place (compact mode): K stays pre-RoPE, so its positions and RoPE rows are all
-        it takes."""
-        s = self.block_slots(block)
-        self.place(torch.arange(s.start, s.stop, device=self.pos.device), positions.to(self.pos.device))
+    def set_positions(self, blocks: Sequence[int], positions: torch.Tensor) -> None:
+        """Give every slot of ``blocks`` a position (``positions``: ``block_tokens`` per block, any values, e.g.
+        compacted) and its RoPE rows; K stays pre-RoPE, so this is all a block's (re)placement takes."""
+        B = self.block_tokens
+        first = torch.tensor(blocks, dtype=torch.long).to(self.pos.device, non_blocking=True) * B
+        slots = (first[:, None] + torch.arange(B, device=self.pos.device)).flatten()
+        self.place(slots, positions.to(self.pos.device))

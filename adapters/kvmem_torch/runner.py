@@ -179,19 +179,24 @@ class Runner:
     def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:
         """Write a block's pre-RoPE K/V [layers, >= n, kv, hd] into a new block; its first n = len(positions)
         tokens become cells at ``positions``."""
-        n, block = len(positions), self.cache.allocate(1)[0]
-        if k.shape[1] < self.B:
-            k, v = _pad_tokens(k, self.B), _pad_tokens(v, self.B)
-        pos_t = torch.tensor(list(positions) + [0] * (self.B - n), dtype=torch.long).to(
-            self.model.device, non_blocking=True
-        )
-        self.cache.write_block(block, k, v, pos_t)
-        self.live[block] = n
-        self.holes.update(range(block * self.B + n, (block + 1) * self.B))
-        i = bisect.bisect_left(self.positions, positions[0])
-        self.cells[i:i] = list(range(block * self.B, block * self.B + n))
-        self.positions[i:i] = list(positions[:n])
-        self.synced = min(self.synced, i)
+        self.insert_blocks([(k, v, positions)])
+
+    def insert_blocks(self, blocks: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]]) -> None:
+        """``insert_block`` of each (K, V, positions), their positions and RoPE rows written in one go."""
+        ids, padded = self.cache.allocate(len(blocks)), []
+        for block, (k, v, positions) in zip(ids, blocks):
+            n = len(positions)
+            if k.shape[1] < self.B:
+                k, v = _pad_tokens(k, self.B), _pad_tokens(v, self.B)
+            self.cache.write_kv(block, k, v)
+            padded += [*positions, *[0] * (self.B - n)]
+            self.live[block] = n
+            self.holes.update(range(block * self.B + n, (block + 1) * self.B))
+            i = bisect.bisect_left(self.positions, positions[0])
+            self.cells[i:i] = list(range(block * self.B, block * self.B + n))
+            self.positions[i:i] = list(positions[:n])
+            self.synced = min(self.synced, i)
+        self.cache.set_positions(ids, _to_device(padded, self.model.device))
 
     def cells_at(self, p0: int, p1: int) -> tuple[int, int]:
         """Index range of the cells with positions in ``[p0, p1)``."""

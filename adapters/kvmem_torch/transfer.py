@@ -15,6 +15,8 @@ import torch
 
 from kvmem_torch.paged import PagedKV
 
+Block = tuple[torch.Tensor, torch.Tensor, Sequence[int]]  # K, V [layers, n, kv heads, head dim], positions
+
 
 class BlockStager:
     """A ring of pinned [2, layers, B, kv heads, head dim] buffers feeding a copy stream."""
@@ -28,17 +30,34 @@ class BlockStager:
         self.done: list[torch.cuda.Event | None] = [None] * n_buffers
         self.stream = torch.cuda.Stream()
         self.next = 0
-        self.in_flight: list[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = []  # direct copies' sources
+        self.in_flight: list[tuple[torch.cuda.Event, list[Block]]] = []  # direct copies and their sources
 
-    def put(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
-        """Insert a block (host K/V [layers, n, kv, hd]) into ``runner``'s view at ``positions``."""
+    def put(self, runner: "Runner", blocks: Sequence[Block]) -> None:  # noqa: F821
+        """Insert blocks (host K/V [layers, n, kv, hd] and their positions) into ``runner``'s view."""
         if not self.cuda:
-            runner.insert_block(k, v, positions)
+            runner.insert_blocks(blocks)
             return
+        full, locked, staged = self.buffers[0].shape[2], [], []
+        for b in blocks:
+            (locked if b[0].shape[1] == full and b[0].is_pinned() and b[1].is_pinned() else staged).append(b)
+        if locked:
+            self._put_locked(runner, locked)
+        for k, v, positions in staged:
+            self._put_staged(runner, k, v, positions)
+
+    def _put_locked(self, runner: "Runner", blocks: list[Block]) -> None:  # noqa: F821
+        """Copy whole page-locked blocks straight from host memory; their sources stay referenced until done."""
+        while self.in_flight and self.in_flight[0][0].query():
+            self.in_flight.pop(0)
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            runner.insert_blocks(blocks)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self.in_flight.append((done, blocks))
+
+    def _put_staged(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
         i, n = self.next, k.shape[1]
-        if n == self.buffers[i].shape[2] and k.is_pinned() and v.is_pinned():
-            self._put_locked(runner, k, v, positions)
-            return
         self.next = (i + 1) % len(self.buffers)
         if self.done[i] is not None:
             self.done[i].synchronize()  # the buffer's previous copy must have left it
@@ -50,16 +69,6 @@ class BlockStager:
             runner.insert_block(buf[0], buf[1], positions)
             self.done[i] = torch.cuda.Event()
             self.done[i].record(self.stream)
-
-    def _put_locked(self, runner: "Runner", k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:  # noqa: F821
-        while self.in_flight and self.in_flight[0][0].query():
-            self.in_flight.pop(0)
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            runner.insert_block(k, v, positions)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        self.in_flight.append((done, k, v))
 
     def wait(self) -> None:
         """Make the compute stream wait for every copy issued so far (the host does not block)."""
