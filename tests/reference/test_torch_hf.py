@@ -107,7 +107,8 @@ def test_fork_from_snapshot_matches_hf(pair) -> None:
     model.run(left, torch.arange(70, 100), cache, view, state)
     fork = View(table=shared + cache.allocate(1), length=70)
     k, v, pos = cache.read_block(view.table[70 // B])  # copy-on-write of the partly shared block
-    cache.write_block(fork.table[-1], k.clone(), v.clone(), pos.clone())
+    cache.write_kv(fork.table[-1], k.clone(), v.clone())
+    cache.set_positions([fork.table[-1]], pos.clone())
     state.restore(snap)
     got = model.run(right, torch.arange(70, 95), cache, fork, state, last_only=False)
     expected = hf_logits(hf, torch.cat([prefix, right]))[70:]
@@ -131,8 +132,7 @@ def test_compact_re_rope_of_stored_blocks(pair) -> None:
     ids = tokens(49, seed=9)
     cache, view, state = scrambled_cache(model), View(), model.new_state()
     model.run(ids[:48], torch.arange(48), cache, view, state)
-    for i, block in enumerate(view.table):
-        cache.set_positions(block, torch.arange(200 + i * B, 200 + (i + 1) * B))
+    cache.set_positions(view.table, torch.arange(200, 200 + len(view.table) * B))
     got = model.run(ids[48:], torch.tensor([248]), cache, view, state)
     expected = hf_logits(hf, ids, offset=200)[-1:]
     assert (got - expected).abs().max().item() <= TOL
