@@ -195,9 +195,9 @@ def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offset
     Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
     text (a BOS it inserts, a leading space) come before offset 0.
     """
-    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int64)))
+    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int32)))
     total = int(ends[-1]) if len(ends) else 0
-    lead = total - len(text.encode("utf-8", "surrogatepass"))
+    lead = total - (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
     return np.searchsorted(ends, lead + _byte_offsets(text, offsets), side="right").tolist()
 
 
@@ -227,9 +227,10 @@ def _lengths(adapter: EngineAdapter, ids: np.ndarray) -> np.ndarray:
             grown[: len(table)] = table
         table = _piece_lengths[adapter] = grown
     lengths = table[ids]
-    for t in np.unique(ids[lengths < 0]).tolist():
+    unseen = np.unique(ids[lengths < 0]).tolist()
+    for t in unseen:
         table[t] = len(adapter.token_bytes(t))
-    return table[ids]
+    return table[ids] if unseen else lengths
 
 
 def admit(
