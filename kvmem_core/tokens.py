@@ -96,9 +96,10 @@ class PrefixTokenizer:
             i = bisect_right(entry.ends, common_prefix(entry.text, text)) - 1
             if i >= 0 and (j < 0 or entry.starts[i] > base.starts[j]):
                 base, j = entry, i
-        start, head = (base.starts[j], base.ids[: base.at[j]]) if j >= 0 else (0, [])
-        ids = head + self._encode(text[start:])
-        self._keep(text, ids, base, max(j, 0), start, len(head))
+        start, ids = (base.starts[j], base.ids[: base.at[j]]) if j >= 0 else (0, [])
+        n_head = len(ids)
+        ids += self._encode(text[start:])
+        self._keep(text, ids, base, max(j, 0), start, n_head)
         return list(ids)  # a copy: callers may change theirs
 
     def _load_cuts(self) -> bool:
