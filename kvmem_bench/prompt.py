@@ -2,7 +2,8 @@
 
 ``kvmem bench speed`` reports it as ``prompt_building``. Building a prompt renders and
 tokenizes the transcript once and finds the message spans in one pass, so its cost stays
-within a small factor of the bare render + tokenize however many messages there are.
+within a small factor of the bare render + tokenize however many messages there are. The
+next turn of a transcript tokenizes only what it adds (``next_turn_s``).
 """
 
 from __future__ import annotations
@@ -54,24 +55,32 @@ def agent_transcript(n_messages: int, words: int = 120, seed: int = 0) -> tuple[
 
 
 def measure(adapter: EngineAdapter, n_messages: int = 500, rounds: int = 3) -> dict[str, Any]:
-    """Best-of-``rounds`` seconds of ``build_prompt`` and of one render + tokenize on the same transcript."""
-    messages = agent_transcript(n_messages)
-    base, ids = _best(rounds, lambda: adapter.tokenize(adapter.render_chat(messages, add_generation_prompt=True)))
-    build, prompt = _best(rounds, lambda: build_prompt(adapter, StepRequest(messages=messages)))
-    assert prompt.ids == ids
+    """Best-of-``rounds`` seconds of ``build_prompt`` and of one render + tokenize, each round on a transcript of its
+    own (a tokenizer reuses the ids of a text it saw: ``kvmem_core.tokens``), and of ``build_prompt`` for the next
+    turn of the last (its answer and a new question added: it tokenizes what they add)."""
+    transcripts = [agent_transcript(n_messages, seed=seed) for seed in range(2 * rounds)]
+    base, ids = _best(
+        transcripts[:rounds], lambda m: adapter.tokenize(adapter.render_chat(m, add_generation_prompt=True))
+    )
+    build, prompt = _best(transcripts[rounds:], lambda m: build_prompt(adapter, StepRequest(messages=m)))
+    assert prompt.ids == adapter.tokenize(adapter.render_chat(transcripts[-1], add_generation_prompt=True))
+    turn = (*transcripts[-1], {"role": "assistant", "content": "Fixed."}, {"role": "user", "content": "Run it again."})
+    next_turn, _ = _best([turn] * rounds, lambda m: build_prompt(adapter, StepRequest(messages=m)))
     return {
         "messages": n_messages,
         "tokens": len(ids),
         "render_tokenize_s": round(base, 4),
         "build_prompt_s": round(build, 4),
         "ratio": round(build / base, 3),
+        "next_turn_s": round(next_turn, 4),
     }
 
 
-def _best(rounds: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+def _best(inputs: list[Any], fn: Callable[[Any], Any]) -> tuple[float, Any]:
+    """Shortest seconds of ``fn`` over ``inputs``, and its value for the last."""
     best, value = float("inf"), None
-    for _ in range(rounds):
+    for x in inputs:
         t0 = time.perf_counter()
-        value = fn()
+        value = fn(x)
         best = min(best, time.perf_counter() - t0)
     return best, value

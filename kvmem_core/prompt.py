@@ -15,11 +15,12 @@ Messages also fall into semantic groups (``kvmem_core.groups``) the selector kee
 
 from __future__ import annotations
 
-import bisect
 import os
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig, check_heads
@@ -37,7 +38,7 @@ MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousan
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
 Render = Callable[[Sequence[dict[str, Any]], bool], str]
-_piece_lengths: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+_piece_lengths: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -194,30 +195,42 @@ def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offset
     Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
     text (a BOS it inserts, a leading space) come before offset 0.
     """
-    lengths = _lengths(adapter, ids)
-    ends, total = [], 0
-    for n in lengths:
-        total += n
-        ends.append(total)
-    lead = total - len(text.encode("utf-8", "surrogatepass"))
-    out, byte, prev = [0] * len(offsets), lead, 0
-    for k in sorted(range(len(offsets)), key=offsets.__getitem__):
-        byte += len(text[prev : offsets[k]].encode("utf-8", "surrogatepass"))
+    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int32)))
+    total = int(ends[-1]) if len(ends) else 0
+    lead = total - (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
+    return np.searchsorted(ends, lead + _byte_offsets(text, offsets), side="right").tolist()
+
+
+def _byte_offsets(text: str, offsets: Sequence[int]) -> np.ndarray:
+    """UTF-8 byte offset of each character offset into ``text`` (a lone surrogate counts its three bytes)."""
+    at = np.asarray(offsets, dtype=np.int64)
+    if text.isascii():
+        return at
+    order = np.argsort(at, kind="stable")
+    sizes, prev = np.empty(len(at), dtype=np.int64), 0
+    for i, k in enumerate(order.tolist()):
+        sizes[i] = len(text[prev : offsets[k]].encode("utf-8", "surrogatepass"))
         prev = offsets[k]
-        out[k] = min(bisect.bisect_right(ends, byte), len(ids))
+    out = np.empty_like(at)
+    out[order] = np.cumsum(sizes)
     return out
 
 
-def _lengths(adapter: EngineAdapter, ids: Sequence[int]) -> list[int]:
-    """Byte length of each token's text (cached per adapter: token bytes cost a call into the engine)."""
-    cache = _piece_lengths.setdefault(adapter, {})
-    out = []
-    for t in ids:
-        n = cache.get(t)
-        if n is None:
-            n = cache[t] = len(adapter.token_bytes(t))
-        out.append(n)
-    return out
+def _lengths(adapter: EngineAdapter, ids: np.ndarray) -> np.ndarray:
+    """Byte length of each token's text, from a table kept per adapter (token bytes cost a call into the engine:
+    only ids not seen before make one)."""
+    table = _piece_lengths.get(adapter)
+    top = int(ids.max()) + 1 if len(ids) else 0
+    if table is None or len(table) < top:
+        grown = np.full(max(top, 2 * len(table) if table is not None else 0), -1, dtype=np.int64)
+        if table is not None:
+            grown[: len(table)] = table
+        table = _piece_lengths[adapter] = grown
+    lengths = table[ids]
+    unseen = np.unique(ids[lengths < 0]).tolist()
+    for t in unseen:
+        table[t] = len(adapter.token_bytes(t))
+    return table[ids] if unseen else lengths
 
 
 def admit(

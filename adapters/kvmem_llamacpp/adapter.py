@@ -21,6 +21,7 @@ from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerp
 from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.thread_governor import ThreadGovernor
+from kvmem_core.tokens import PrefixTokenizer
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
@@ -28,6 +29,7 @@ from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0
 from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
 from kvmem_llamacpp.rope import rotate
+from kvmem_llamacpp.vocab import cut_tokens, tokens
 
 # ChatML, the common default of instruction-tuned GGUFs that carry no template
 CHATML_TEMPLATE = (
@@ -124,16 +126,17 @@ class LlamaCppAdapter:
     # ---- text -------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        raw = text.encode()
-        cap = len(raw) + 16
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.model.vocab, raw, len(raw), buf, cap, False, special)
-        assert n >= 0, "token buffer too small"
-        ids = list(buf[:n])
+        ids = self._parsed(text) if special else tokens(self.model.vocab, text, special=False)
         bos = L.llama_vocab_bos(self.model.vocab)
         if L.llama_vocab_get_add_bos(self.model.vocab) and bos >= 0 and ids[:1] != [bos]:
             ids.insert(0, bos)  # models trained with BOS get it once, whether or not the template wrote it
         return ids
+
+    @functools.cached_property
+    def _parsed(self) -> PrefixTokenizer:
+        """Tokens of a text with special tokens parsed, reusing those of the prefix it shares with a recent one."""
+        vocab = self.model.vocab
+        return PrefixTokenizer(functools.partial(tokens, vocab, special=True), functools.partial(cut_tokens, vocab))
 
     def token_bytes(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)

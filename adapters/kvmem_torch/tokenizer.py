@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvmem_core.errors import UnsupportedModelError
+from kvmem_core.tokens import PrefixTokenizer, clean_cuts
 
 _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -55,16 +56,21 @@ class Tokenizer:
         self.chat_template = chat_template
         self.id_to_token = {i: t for t, i in vocab.items()}
         self.special_ids = frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+        self._parsed = PrefixTokenizer(partial(self._encode, special=True), lambda: _cut_tokens(tok))
 
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size()
 
     def encode(self, text: str, special: bool = True, add_bos: bool = False) -> list[int]:
-        """Token ids of ``text``; ``special`` parses control tokens; ``add_bos`` prepends BOS if the model wants one."""
-        self.tok.encode_special_tokens = not special
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text``; ``special`` parses control tokens; ``add_bos`` prepends BOS if the model wants one.
+        A long text that starts like a recent one is tokenized from the last cut they share (``PrefixTokenizer``)."""
+        ids = self._parsed(text) if special else self._encode(text, special=False)
         return ([self.bos_id] if add_bos and self.add_bos and self.bos_id is not None else []) + ids
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        self.tok.encode_special_tokens = not special
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, control tokens included as text."""
@@ -141,6 +147,20 @@ class IdTokenizer:
         **kwargs: Any,
     ) -> str:
         raise UnsupportedModelError("the model has no chat template; send a raw prompt instead")
+
+
+def _cut_tokens(tok: Any) -> dict[str, int]:
+    """Text -> id of the added tokens a byte-level BPE cuts any text at cleanly (see ``kvmem_core.tokens.clean_cuts``):
+    ``tokenizers`` cuts at every added token before normalizing and pre-tokenizing the pieces between, one by one.
+    Added tokens matched after normalization, or that strip spaces before them or want a word boundary, do not
+    count; other models (SentencePiece) get none."""
+    from tokenizers import decoders
+
+    if not isinstance(tok.decoder, decoders.ByteLevel):
+        return {}
+    added = tok.get_added_tokens_decoder()
+    cuts = {t.content: i for i, t in added.items() if not (t.normalized or t.lstrip or t.single_word)}
+    return clean_cuts(cuts, [t.content for t in added.values()])
 
 
 @lru_cache(maxsize=8)

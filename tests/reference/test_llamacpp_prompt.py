@@ -153,3 +153,4 @@ def test_500_messages_cost_at_most_twice_one_render_and_tokenize(smollm: Any) ->
     row = measure(smollm, n_messages=500)
     assert row["tokens"] > 50_000
     assert row["ratio"] <= 2.0, row
+    assert row["next_turn_s"] <= row["build_prompt_s"] / 2, row  # the next turn tokenizes what it adds

@@ -86,3 +86,15 @@ def test_pieces_spell_the_text_back(ours) -> None:
         assert b"".join(ours.token_bytes(i) for i in ids).decode() == " " + text  # the space prefix
         assert ours.decode(ids) == text
     assert ours.encode("日", special=False)[1:] == [3 + b for b in "日".encode()]  # byte fallback: <0xNN> ids
+
+
+def test_a_long_text_is_tokenized_whole_every_time(ours) -> None:
+    """Incremental tokenization is for byte-level BPE only: nothing is reused for a SentencePiece vocabulary."""
+    text = "<s>the and</s> " * 400
+    chars = []
+    encode, ours.tok.encode = ours.tok.encode, lambda t, **kw: chars.append(len(t)) or encode(t, **kw)
+    try:
+        assert ours.encode(text) == ours.encode(text)
+    finally:
+        ours.tok.encode = encode
+    assert chars == [len(text)] * 2
