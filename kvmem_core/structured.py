@@ -92,7 +92,7 @@ class Constraint:
         self.active = not self.trigger
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
         self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the step's offsets, 0 or -inf, made on demand
-        self._only: int | None = None  # the planned step's one allowed token, when closing chose one
+        self._only: int | None = None  # the planned step's one allowed token: closing's choice, or a forced token
         self._ready = False  # ``_bits`` holds the adopted step's mask
         self._premask = True  # plans ahead make the mask, on the planner thread (off while picks are greedy)
         self.steps = self.masked = 0  # steps under the grammar, and those whose logits were masked
@@ -123,13 +123,14 @@ class Constraint:
         """The token ``sample`` picks from ``allow(logits, left)``. A ``greedy`` sample (the first best token)
         is tried on the unmasked logits first: when the grammar allows that token it is the masked pick too (the
         best of all tokens is the best of the allowed ones), so the mask is made only where it changes the pick;
-        the check is a bit of the mask when a plan made it ahead, else the matcher's test of the one token."""
+        the check is the step's one token when it has one, a bit of the mask when a plan made it ahead, else the
+        matcher's test of the one token."""
         plan = self._settle(left)
         if plan is None:
             return sample(logits)
         self._adopt(plan)
         self._premask = not greedy
-        if greedy and self._only is None:
+        if greedy:
             token = sample(logits)
             if self._allows(token):
                 return token
@@ -140,16 +141,20 @@ class Constraint:
         self.steps += 1
 
     def _allows(self, token: int) -> bool:
-        """Whether the adopted step's mask allows ``token``: a bit of it when made, else ``_admits`` (a plan
-        makes the mask where the grammar forces bytes)."""
+        """Whether the adopted step's mask allows ``token``: its one token when it has one, a bit of the mask when
+        made, else ``_admits``."""
+        if self._only is not None:
+            return token == self._only
         if self._ready:
             return token < self._bits.size * 32 and bool(self._bits[token >> 5] >> (token & 31) & 1)
         return self._admits(self.matcher, token)
 
     def _admits(self, matcher: Any, token: int) -> bool:
-        """Whether ``matcher``'s mask allows ``token``, told without making it, where the grammar forces no bytes
-        next: there the mask allows exactly the tokens the grammar accepts, and the end tokens once the answer
-        is complete. (Where it forces bytes, the mask allows only their canonical tokenization's first token.)"""
+        """Whether ``matcher``'s mask allows ``token``, told without making it, where the grammar forces no whole
+        token (``_forced`` is None): where it forces no bytes the mask allows exactly the tokens the grammar
+        accepts, and the end tokens once the answer is complete; where it forces bytes that a longer token may
+        extend, the tokens that are a prefix of those bytes or go on from them, what ``validate_tokens`` accepts
+        there too (it compares a token with the forced bytes before it parses the rest)."""
         if token >= self.vocab.n_vocab:
             return False
         if token in self.vocab.end_set:
@@ -199,9 +204,9 @@ class Constraint:
         return self._plan(left, mask)
 
     def _plan(self, left: int, mask: bool) -> Plan | None:
-        """What the next step with ``left`` tokens to go is: (closing, the closing cost, the closer when closing
-        chose one, whether its ``mask`` was made into ``_bits``); None while free. Reads the state only, so a
-        plan made ahead and not used changes nothing."""
+        """What the next step with ``left`` tokens to go is: (closing, the closing cost, its one token when closing
+        chose one or the grammar forces one, whether its ``mask`` was made into ``_bits``); None while free. Reads
+        the state only, so a plan made ahead and not used changes nothing."""
         if not self.active:
             return None
         need = self._need
@@ -214,10 +219,21 @@ class Constraint:
         closing = self.closing or left <= need + self.MARGIN or self._repeats.longest() >= self.LOOP_SPAN
         if closing:
             return closing, need, self._closer(self.matcher, self._quotes), False
-        mask = mask or bool(self.matcher.compute_ff_bytes())  # where bytes are forced, only the mask tells
+        forced = self._forced(self.matcher)
+        if forced is not None:
+            return closing, need, forced, False
         if mask:
             self._fill_bits(self.matcher)
         return closing, need, None, mask
+
+    @staticmethod
+    def _forced(matcher: Any) -> int | None:
+        """The one token ``matcher``'s mask allows where the grammar forces whole tokens (llguidance then masks
+        all but the first token of the forced bytes' canonical tokenization); None where it forces none."""
+        if not matcher.compute_ff_bytes():
+            return None
+        tokens = matcher.compute_ff_tokens()  # empty where a longer token may extend all the forced bytes
+        return tokens[0] if tokens else None
 
     def _take(self, token: int, data: bytes) -> None:
         if self.active:
@@ -264,20 +280,15 @@ class Constraint:
 
     def _closer(self, matcher: Any, quotes: Quotes) -> int | None:
         """The token that brings ``matcher``'s answer nearest its end (see the class docstring); None: the model's.
-        The candidates are tested one token each where the grammar forces no bytes; the whole mask is made
-        otherwise, and when no candidate is allowed."""
+        The candidates are tested one token each; the whole mask is made only when none is allowed."""
         if matcher.is_accepting() and self.vocab.ends:
             return self.vocab.ends[0]
-        forced = matcher.compute_ff_tokens()
-        if forced:
-            return forced[0]
+        forced = self._forced(matcher)
+        if forced is not None:
+            return forced
         closers = self.vocab.closers(self.CLOSERS)
         candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
-        if matcher.compute_ff_bytes():
-            allowed = self._allowed(matcher)
-            chosen = next((t for t in candidates if allowed[t]), None)
-        else:
-            chosen = next((t for t in candidates if self._admits(matcher, t)), None)
+        chosen = next((t for t in candidates if self._admits(matcher, t)), None)
         if chosen is None:
             rest = np.flatnonzero(self._allowed(matcher)[: self.vocab.n_vocab])
             chosen = int(rest[np.argmin(self.vocab.lengths[rest])]) if rest.size else None
@@ -285,8 +296,9 @@ class Constraint:
 
 
 Plan = tuple[bool, int, int | None, bool]
-"""A step's plan: whether the answer is closing, the tokens closing took at the last dry run, the one token
-closing allows (None: the grammar's mask), and whether the mask is made (in ``_bits``)."""
+"""A step's plan: whether the answer is closing, the tokens closing took at the last dry run, the one token the
+step allows (closing's choice or the grammar's forced token; None: the grammar's mask), and whether the mask is made
+(in ``_bits``)."""
 
 
 class Repeats:

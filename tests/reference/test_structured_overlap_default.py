@@ -1,6 +1,6 @@
 """Structured output's planning ahead on the default model (152K vocabulary): the answers with the mask planned while
 the model computes equal those with every mask made in line and those with every step's logits masked, and they
-validate against their schema; the one-token checks that stand in for the mask agree with it."""
+validate against their schema; the checks that stand in for the mask agree with it in every state."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from typing import Any, Iterator
 
 import jsonschema
+import numpy as np
 import pytest
 
 from kvmem_core.contract import SamplingParams, StepRequest
@@ -82,23 +83,27 @@ def test_the_default_model_answers_the_same_with_and_without_planning_ahead(
 
 
 @pytest.mark.llamacpp
-def test_the_one_token_check_allows_what_the_mask_allows_where_no_bytes_are_forced(engine: Any) -> None:
-    """At each state of an answer where the grammar forces no bytes, ``_admits`` (the matcher's one-token check)
-    agrees with the mask on every fifth token, the end tokens and the closers."""
+def test_the_one_token_checks_allow_what_the_mask_allows(engine: Any) -> None:
+    """At each state of an answer, the checks that stand in for the mask agree with it: where the grammar forces
+    whole tokens the mask allows ``_forced`` alone; elsewhere ``_admits`` (the matcher's one-token check) agrees
+    with it on every fifth token, every token it allows, the end tokens and the closers. Both kinds of forced
+    state occur (keys; a value's opening quote, which a longer token may extend)."""
     request = rome(60)
     answer = engine.step(request, lambda piece: True)
     vocabulary = engine.formats.vocabulary
     constraint = Constraint(request.sampling.grammar, vocabulary)
-    tokens = sorted(
-        {*range(0, vocabulary.n_vocab, 5), *vocabulary.ends, *vocabulary.closers(Constraint.CLOSERS).values()}
-    )
-    checked = 0
+    sample = {*range(0, vocabulary.n_vocab, 5), *vocabulary.ends, *vocabulary.closers(Constraint.CLOSERS).values()}
+    kinds = []
     for taken in [*answer.token_ids, None]:
         matcher = constraint.matcher
-        if not matcher.compute_ff_bytes():
-            allowed = constraint._allowed(matcher)
+        forced_bytes, forced = matcher.compute_ff_bytes(), Constraint._forced(matcher)
+        allowed = constraint._allowed(matcher)
+        if forced is not None:
+            assert np.flatnonzero(allowed).tolist() == [forced]
+        else:
+            tokens = sorted(sample | {int(t) for t in np.flatnonzero(allowed[: vocabulary.n_vocab])})
             assert [constraint._admits(matcher, t) for t in tokens] == [bool(allowed[t]) for t in tokens]
-            checked += 1
+        kinds.append("whole" if forced is not None else "extensible" if forced_bytes else "none")
         if taken is not None:
             constraint.take(taken, vocabulary.token_bytes(taken))
-    assert checked > len(answer.token_ids) // 3
+    assert {"whole", "extensible", "none"} <= set(kinds)
