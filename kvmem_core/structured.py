@@ -89,6 +89,9 @@ class Constraint:
         self.vocab = vocab
         self.trigger = trigger.encode() if trigger else b""
         self.matcher = vocab.matcher(grammar)
+        closers = vocab.closers(self.CLOSERS)
+        self._closers = tuple(closers.values())
+        self._quote = (closers['"'],) if '"' in closers else ()  # the closer inside a string, when one token
         self.active = not self.trigger
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
         self._bias = np.zeros(self._bits.size * 32, dtype=np.float32)  # the step's offsets, 0 or -inf, made on demand
@@ -104,7 +107,7 @@ class Constraint:
     def _restart(self) -> None:
         self.closing = False
         self._taken = 0  # tokens under the grammar
-        self._repeats = Repeats(self.LOOP_PERIOD)
+        self._repeats = Repeats(self.LOOP_PERIOD, self.LOOP_SPAN)
         self._quotes = Quotes()
         self._need = 0  # tokens closing took at the last dry run
 
@@ -216,7 +219,7 @@ class Constraint:
             and (left <= need + 2 * self.MARGIN or self._taken % self.CHECK_EVERY == 0)
         ):
             need = self.closing_cost(left)
-        closing = self.closing or left <= need + self.MARGIN or self._repeats.longest() >= self.LOOP_SPAN
+        closing = self.closing or left <= need + self.MARGIN or self._repeats.looping()
         if closing:
             return closing, need, self._closer(self.matcher, self._quotes), False
         forced = self._forced(self.matcher)
@@ -229,10 +232,9 @@ class Constraint:
     @staticmethod
     def _forced(matcher: Any) -> int | None:
         """The one token ``matcher``'s mask allows where the grammar forces whole tokens (llguidance then masks
-        all but the first token of the forced bytes' canonical tokenization); None where it forces none."""
-        if not matcher.compute_ff_bytes():
-            return None
-        tokens = matcher.compute_ff_tokens()  # empty where a longer token may extend all the forced bytes
+        all but the first token of the forced bytes' canonical tokenization); None where it forces none (no bytes
+        forced, or a longer token may extend all the forced bytes)."""
+        tokens = matcher.compute_ff_tokens()
         return tokens[0] if tokens else None
 
     def _take(self, token: int, data: bytes) -> None:
@@ -262,7 +264,7 @@ class Constraint:
         for n in range(limit):
             if matcher.is_accepting() or matcher.is_error():
                 return n
-            token = self._closer(matcher, quotes)
+            token = self._toward_end(matcher, quotes)
             if token is None:
                 return limit
             matcher.consume_token(token)
@@ -283,11 +285,14 @@ class Constraint:
         The candidates are tested one token each; the whole mask is made only when none is allowed."""
         if matcher.is_accepting() and self.vocab.ends:
             return self.vocab.ends[0]
+        return self._toward_end(matcher, quotes)
+
+    def _toward_end(self, matcher: Any, quotes: Quotes) -> int | None:
+        """``_closer`` where ``matcher``'s answer is not complete."""
         forced = self._forced(matcher)
         if forced is not None:
             return forced
-        closers = self.vocab.closers(self.CLOSERS)
-        candidates = [closers['"']] if quotes.inside and '"' in closers else closers.values()
+        candidates = self._quote if quotes.inside and self._quote else self._closers
         chosen = next((t for t in candidates if self._admits(matcher, t)), None)
         if chosen is None:
             rest = np.flatnonzero(self._allowed(matcher)[: self.vocab.n_vocab])
@@ -302,17 +307,26 @@ step allows (closing's choice or the grammar's forced token; None: the grammar's
 
 
 class Repeats:
-    """For each period p up to ``period``: how many of the latest tokens each equal the token p before them (the
-    last n tokens repeat with period p when that run reaches n). Only the periods with a run are kept: a token
-    extends the runs of the periods at which it occurred before, and ends the others."""
+    """Whether the latest ``span`` tokens repeat with a period of at most ``period``. Kept as a run per period p:
+    how many of the latest tokens each equal the token p before them (the last n tokens repeat with period p when
+    that run reaches n). Only the periods with a run are kept: a token extends the runs of the periods at which it
+    occurred before, and ends the others. No run reaches ``span`` before ``span`` tokens are in, so the runs are
+    counted from the tokens kept until then, once there are that many (most answers end sooner)."""
 
-    def __init__(self, period: int) -> None:
-        self.period = period
-        self.recent: list[int] = []  # the latest ``period`` tokens, oldest first
-        self.runs: dict[int, int] = {}
+    def __init__(self, period: int, span: int) -> None:
+        self.period, self.span = period, span
+        self.recent: list[int] = []  # the latest tokens, oldest first: all of them, from ``span`` on the ``period``
+        self.runs: dict[int, int] | None = None  # from ``span`` tokens on
 
     def add(self, token: int) -> None:
-        recent, runs, at = self.recent, {}, -1
+        recent = self.recent
+        if self.runs is None:
+            recent.append(token)
+            if len(recent) == self.span:
+                self.runs = _runs(recent, self.period)
+                del recent[: -self.period]
+            return
+        runs, at = {}, -1
         if token in recent:  # most tokens did not occur in the last ``period``
             while (at := _index(recent, token, at + 1)) >= 0:
                 period = len(recent) - at
@@ -322,9 +336,21 @@ class Repeats:
         if len(recent) > self.period:
             del recent[0]
 
-    def longest(self) -> int:
-        """The longest run over the periods: the latest tokens repeat with some period over this many."""
-        return max(self.runs.values(), default=0)
+    def looping(self) -> bool:
+        """Whether the latest ``span`` tokens repeat with some period of at most ``period``."""
+        return self.runs is not None and max(self.runs.values(), default=0) >= self.span
+
+
+def _runs(tokens: list[int], period: int) -> dict[int, int]:
+    """For each period p up to ``period`` with a run: how many of the last ``tokens`` each equal the token p before."""
+    runs, n = {}, len(tokens)
+    for p in range(1, min(period, n - 1) + 1):
+        run = 0
+        while run < n - p and tokens[n - 1 - run] == tokens[n - 1 - run - p]:
+            run += 1
+        if run:
+            runs[p] = run
+    return runs
 
 
 def _index(items: list[int], item: int, start: int) -> int:
@@ -345,6 +371,8 @@ class Quotes:
         return Quotes(self.inside, self.escaped)
 
     def follow(self, data: bytes) -> None:
+        if not self.escaped and b'"' not in data and b"\\" not in data:
+            return  # most tokens: no byte changes the state
         for byte in data:
             if self.escaped:
                 self.escaped = False

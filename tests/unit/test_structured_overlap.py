@@ -186,7 +186,7 @@ def test_repeats_tell_a_loop_as_comparing_the_last_tokens_does(
 ) -> None:
     """``Repeats`` (a run per period, kept as tokens come) finds the last ``span`` tokens repeating with a period of
     at most ``period`` exactly where comparing them with the ``span`` tokens p before does."""
-    taken, repeats = [], Repeats(period)
+    taken, repeats = [], Repeats(period, span)
     for i, token in enumerate(tokens):
         token = pattern[i % len(pattern)] if token else token  # mostly the pattern: loops happen
         taken.append(token)
@@ -195,4 +195,4 @@ def test_repeats_tell_a_loop_as_comparing_the_last_tokens_does(
         expected = any(
             len(recent) >= span + p and recent[-span:] == recent[-span - p : -p] for p in range(1, period + 1)
         )
-        assert (repeats.longest() >= span) == expected
+        assert repeats.looping() == expected
