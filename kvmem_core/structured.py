@@ -88,7 +88,8 @@ class Constraint:
     def __init__(self, grammar: str, vocab: Vocabulary, trigger: str | None = None) -> None:
         self.vocab = vocab
         self.trigger = trigger.encode() if trigger else b""
-        self.matcher = vocab.matcher(grammar)
+        self.format = vocab.format(grammar)
+        self.matcher = self.format.matcher()
         closers = vocab.closers(self.CLOSERS)
         self._closers = tuple(closers.values())
         self._quote = (closers['"'],) if '"' in closers else ()  # the closer inside a string, when one token
@@ -218,7 +219,7 @@ class Constraint:
             and left <= self.WATCH
             and (left <= need + 2 * self.MARGIN or self._taken % self.CHECK_EVERY == 0)
         ):
-            need = self.closing_cost(left)
+            need = self._closing_cost(left)
         closing = self.closing or left <= need + self.MARGIN or self._repeats.looping()
         if closing:
             return closing, need, self._closer(self.matcher, self._quotes), False
@@ -257,6 +258,16 @@ class Constraint:
         rest = text[at + len(self.trigger) :]  # what the trigger's token wrote past it
         if rest:
             self.matcher.consume_tokens(self.vocab.tokenizer.tokenize_bytes(rest))
+
+    def _closing_cost(self, limit: int) -> int:
+        """``closing_cost(limit)``, where the answer has taken no token (every answer in the format starts alike)
+        from the format's one dry run to ``WATCH``: one that ends within ``limit`` ends there for any larger one,
+        and one that does not gives its limit."""
+        if self._taken or self.trigger:
+            return self.closing_cost(limit)
+        if self.format.opening_cost is None:
+            self.format.opening_cost = self.closing_cost(self.WATCH)
+        return min(self.format.opening_cost, limit)
 
     def closing_cost(self, limit: int) -> int:
         """Tokens the closing policy takes from here to a complete answer (``limit`` when it needs more)."""

@@ -1,9 +1,10 @@
 """An engine's vocabulary as llguidance reads it (``kvmem_core.structured`` masks decode steps over it): the
-token bytes with control tokens marked, the end tokens, a text tokenizer, and the grammars compiled over it."""
+token bytes with control tokens marked, the end tokens, a text tokenizer, and the formats compiled over it."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, Callable, Sequence
 
@@ -30,7 +31,7 @@ class Vocabulary:
         self._token_bytes, self._is_eog, self._tokenize = token_bytes, is_eog, tokenize
         self._tokenizer: Any = None
         self._closers: dict[str, int] | None = None
-        self._compile = lru_cache(maxsize=self.COMPILED)(self._compile_new)  # grammar text -> its fresh matcher
+        self._compile = lru_cache(maxsize=self.COMPILED)(self._compile_new)  # grammar text -> its CompiledFormat
         self.lengths = np.zeros(0, dtype=np.int64)  # each token's bytes (control tokens: very long), once built
         self._bytes: list[bytes] = []  # each token's bytes, once built
 
@@ -53,19 +54,19 @@ class Vocabulary:
             self._closers = {text: t[0] for text, t in ids.items() if len(t) == 1}
         return self._closers
 
-    def matcher(self, grammar: str) -> Any:
-        """A fresh llguidance matcher of ``grammar`` (Lark text): a copy of the one compiled on its first use, of
-        the ``COMPILED`` latest (an agent sends one format on every turn: compiling a JSON schema takes
-        milliseconds, a copy microseconds). ``GrammarError`` when it does not compile."""
-        return self._compile(grammar).deep_copy()
+    def format(self, grammar: str) -> CompiledFormat:
+        """``grammar`` (Lark text) as kept for its answers: compiled on its first use, one of the ``COMPILED``
+        latest (an agent sends one format on every turn: compiling a JSON schema takes milliseconds, a copy of the
+        compiled matcher microseconds). ``GrammarError`` when it does not compile."""
+        return self._compile(grammar)
 
-    def _compile_new(self, grammar: str) -> Any:
+    def _compile_new(self, grammar: str) -> CompiledFormat:
         import llguidance
 
         compiled = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
         if compiled.is_error():
             raise GrammarError(f"the output format does not compile to a grammar: {compiled.get_error()}")
-        return compiled
+        return CompiledFormat(compiled)
 
     @property
     def tokenizer(self) -> Any:
@@ -88,6 +89,19 @@ class Vocabulary:
         """A token's bytes, with llguidance's 0xFF prefix on control tokens (no grammar text may use them)."""
         data = self._bytes[token]
         return b"\xff" + data if token in eog or _CONTROL.fullmatch(data) else data
+
+
+@dataclass
+class CompiledFormat:
+    """A compiled output format: its matcher before any token (answers take copies), and what its answers
+    compute alike from there, once (``kvmem_core.structured`` fills it in)."""
+
+    compiled: Any
+    opening_cost: int | None = None  # the closing dry run's tokens from an answer's start, up to its limit
+
+    def matcher(self) -> Any:
+        """A fresh matcher of the format."""
+        return self.compiled.deep_copy()
 
 
 class _Wrapper:

@@ -174,6 +174,33 @@ def test_a_format_compiled_once_serves_each_answer_afresh() -> None:
     assert answer(Constraint(text, VOCAB), rows, 150, 0.0) == first
 
 
+@pytest.mark.parametrize("schema", [CITY, {"enum": ["a" * 300]}], ids=["city", "longer-than-watch"])
+def test_the_format_s_opening_dry_run_gives_each_limit_s_closing_cost(schema: dict) -> None:
+    """An answer's first step takes its closing cost from the format's one dry run to ``WATCH``: the same as a dry
+    run to its own limit, for every limit (one closing within it, one that does not)."""
+    text = schema_grammar(schema)
+    kept = [Constraint(text, VOCAB)._closing_cost(limit) for limit in range(Constraint.WATCH + 1)]
+    assert kept == [Constraint(text, VOCAB).closing_cost(limit) for limit in range(Constraint.WATCH + 1)]
+    assert VOCAB.format(text).opening_cost == min(kept[-1], Constraint.WATCH)
+
+
+def test_an_answer_in_a_kept_format_starts_without_a_dry_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first answer in a format runs the dry run from the start; the next answers take it from the format,
+    and answer the same."""
+    text, rows = schema_grammar(CITY) + "\n" * 7, np.random.default_rng(5).standard_normal((5, 257)).astype(np.float32)
+    runs: list[int] = []
+    dry_run = Constraint.closing_cost
+
+    def counted(self: Constraint, limit: int) -> int:
+        runs.append(self._taken)
+        return dry_run(self, limit)
+
+    monkeypatch.setattr(Constraint, "closing_cost", counted)
+    first = answer(Constraint(text, VOCAB), rows, 100, 0.0)
+    assert runs.count(0) == 1
+    assert answer(Constraint(text, VOCAB), rows, 100, 0.0) == first and runs.count(0) == 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     tokens=st.lists(st.integers(0, 3), max_size=60),
