@@ -128,7 +128,8 @@ class Constraint:
         is tried on the unmasked logits first: when the grammar allows that token it is the masked pick too (the
         best of all tokens is the best of the allowed ones), so the mask is made only where it changes the pick;
         the check is the step's one token when it has one, a bit of the mask when a plan made it ahead, else the
-        matcher's test of the one token."""
+        matcher's test of the one token. Where the step allows one token, that token is the masked pick unless
+        the logits hold -inf there or NaN or +inf elsewhere, so the mask is made only then."""
         plan = self._settle(left)
         if plan is None:
             return sample(logits)
@@ -138,6 +139,8 @@ class Constraint:
             token = sample(logits)
             if self._allows(token):
                 return token
+            if self._only is not None and np.isfinite(logits[token]) and logits[self._only] > -np.inf:
+                return self._only  # the masked logits' one finite value (a finite best: no NaN, no +inf)
         return sample(self._mask(logits))
 
     def _adopt(self, plan: Plan) -> None:

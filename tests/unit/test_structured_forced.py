@@ -100,6 +100,39 @@ def test_greedy_answers_over_multi_byte_tokens_are_the_always_masked_ones(seed: 
     assert set(json.loads(ahead[0])) == set(CITY["properties"])
 
 
+def outcome(constraint: Constraint, rows: np.ndarray, max_tokens: int) -> Any:
+    """The greedy answer, or the name of the error that ended it."""
+    try:
+        with np.errstate(invalid="ignore"):
+            return greedy(constraint, rows, max_tokens)
+    except Exception as exc:
+        return type(exc).__name__
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    specials=st.lists(
+        st.tuples(
+            st.integers(0, 6),
+            st.one_of(st.integers(0, N - 1), st.integers(EOS + 1, N - 1)),  # often a token the grammar forces
+            st.sampled_from([-np.inf, np.nan]),
+        ),
+        max_size=8,
+    ),
+)
+def test_greedy_answers_with_nan_or_minus_infinite_logits_are_the_always_masked_ones(
+    seed: int, specials: list[tuple[int, int, float]]
+) -> None:
+    """Where the step allows one token, a greedy pick skips the mask only where masking could not change it: not
+    where that token's logit is -inf, nor where the best logit is NaN. (+inf logits are left out: masking turns a
+    forbidden +inf into NaN, which an always-masked argmax then picks.)"""
+    rows, text = random_rows(seed), schema_grammar(CITY)
+    for row, token, value in specials:
+        rows[row, token] = value
+    assert outcome(Constraint(text, MERGED), rows, 80) == outcome(AlwaysMasked(text, MERGED), rows, 80)
+
+
 @pytest.mark.parametrize("vocabulary", [VOCAB, MERGED], ids=["bytes", "multi-byte"])
 def test_greedy_picks_the_grammar_allows_build_no_mask(monkeypatch: pytest.MonkeyPatch, vocabulary: Any) -> None:
     """Logits whose best token is the next token of a valid answer: no step builds the grammar's mask, also in the
