@@ -204,8 +204,7 @@ def staging(runner: Any, n_blocks: int) -> dict[str, float]:
 
     def run() -> None:
         runner.clear()
-        for i in range(n_blocks):
-            stager.put(runner, k, v, list(range(i * B, (i + 1) * B)))
+        stager.put(runner, [(k, v, range(i * B, (i + 1) * B)) for i in range(n_blocks)])
         stager.wait()
 
     sec = timed(run, 2)

@@ -102,8 +102,9 @@ def test_staged_block_writes_round_trip_bit_exact(hf: object) -> None:
     blocks = [(p, *(x.cpu() for x in r.read_cells(p, B))) for p in range(0, 48, B)]
     r.clear()
     stager = BlockStager(r.cache)
-    for p, k, v in blocks:
-        stager.put(r, k, v, list(range(p, p + B)))
+    stager.put(r, [(k, v, range(p, p + B)) for p, k, v in blocks[:1]])  # pageable: through the pinned ring
+    stager.put(r, [(k.pin_memory(), v.pin_memory(), range(p, p + B)) for p, k, v in blocks[1:]])  # straight copies
+    assert [len(batch) for _, batch in stager.in_flight] == [len(blocks) - 1]
     stager.wait()
     r.state.restore(snap)
     got, _ = r.forward(ids[48:], [48])
