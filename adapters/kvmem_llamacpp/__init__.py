@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvmem_core.config import KVMemConfig
-from kvmem_core.errors import ConfigError
 from kvmem_llamacpp.openmp import set_spin_default
 
 set_spin_default()  # before any module of this package loads llama_cpp, and with it libgomp
+try:  # before the core's numpy where that is not loaded yet (kvmem.native_libs)
+    import llama_cpp  # noqa: F401
+except ImportError:  # an install without llama-cpp-python: create_adapter says so when the engine is asked for
+    pass
+
+from kvmem_core.config import KVMemConfig  # noqa: E402
+from kvmem_core.errors import ConfigError  # noqa: E402
 
 if TYPE_CHECKING:
     from kvmem_llamacpp.adapter import LlamaCppAdapter

@@ -158,9 +158,9 @@ def _by_index(gpus: list[Gpu], index: str, flag: str) -> Gpu:
 def torch_gpu_runtime() -> str | None:
     """``cuda`` or ``hip`` when the installed torch was built for that GPU runtime and sees a device.
 
-    Asked in a child process: torch brings its own CUDA runtime libraries, and a process that has loaded them
-    and then loads a CUDA build of llama.cpp (linked against the system's) crashes inside llama.cpp's model
-    load. The launcher's process must stay free of torch until the torch engine is chosen."""
+    Asked in a child process: importing torch loads numpy, and a CUDA build of llama.cpp loaded after numpy
+    crashed in its model load (``kvmem.native_libs``), while torch failed to import after llama.cpp; the
+    process that resolves the backend stays free of both until one is chosen."""
     if importlib.util.find_spec("torch") is None:
         return None
     probe = "import torch; print(('hip' if torch.version.hip else 'cuda') if torch.cuda.is_available() else '')"

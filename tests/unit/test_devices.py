@@ -186,8 +186,8 @@ def test_an_explicit_backend_never_asks_torch() -> None:
 
 
 def test_asking_torch_keeps_it_out_of_the_launcher_process() -> None:
-    """torch's CUDA runtime in the process that then loads a CUDA llama.cpp crashed the model load: the question
-    is asked in a child process."""
+    """torch (and numpy with it) in the process that then loads a CUDA llama.cpp crashed its model load: the
+    question is asked in a child process."""
     code = "import sys; from kvmem.devices import torch_gpu_runtime as t; r = t(); print(r, 'torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
