@@ -23,7 +23,7 @@ from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch import fp8
-from kvmem_torch.host_memory import queued_blocks
+from kvmem_torch.host_memory import host_tensor, queued_blocks, to_host_array
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.mtp import Forwarded, MTPDrafter
 from kvmem_torch.runner import Runner
@@ -222,7 +222,7 @@ class TorchAdapter:
             return staged()
         self.stager.wait()
         k, v = self.runner.read_cells(start_pos, n_tokens)
-        return BlockKV(_to_numpy(k), _to_numpy(v))
+        return BlockKV(to_host_array(k), to_host_array(v))
 
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` cells from each of ``starts`` now, for ``read_block`` later (after
@@ -367,7 +367,7 @@ def _queued_to_host(*xs: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
 def _run_of(k: torch.Tensor, v: torch.Tensor, tokens: slice) -> BlockKV:
     """One block of a staged read on the CPU (``stage_reads``): its tokens of K and V as arrays of its own (the store
     keeps them)."""
-    return BlockKV(np.array(_to_numpy(k[:, tokens]), order="C"), np.array(_to_numpy(v[:, tokens]), order="C"))
+    return BlockKV(np.array(to_host_array(k[:, tokens]), order="C"), np.array(to_host_array(v[:, tokens]), order="C"))
 
 
 def _pairs(tensors: list[torch.Tensor]) -> list[RecurrentState]:
@@ -375,14 +375,5 @@ def _pairs(tensors: list[torch.Tensor]) -> list[RecurrentState]:
     return [RecurrentState(conv, rec) for conv, rec in zip(tensors[::2], tensors[1::2])]
 
 
-def _to_numpy(x: torch.Tensor) -> np.ndarray:
-    """Block tensor -> numpy in the layout's storage dtype (bfloat16 as raw uint16 bits)."""
-    x = x.cpu()
-    return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
-
-
 def _from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    if a.dtype == np.uint16:
-        t = t.view(torch.int16).view(torch.bfloat16)
-    return t.to(dtype)
+    return host_tensor(np.ascontiguousarray(a)).to(dtype)

@@ -21,12 +21,16 @@ import torch
 
 from kvmem_core.layout import BlockKV
 
-_NUMPY_OF = {torch.bfloat16: np.uint16}  # the host tier keeps bfloat16 as its raw bits
+
+def to_host_array(x: torch.Tensor) -> np.ndarray:
+    """Block tensor -> numpy in the host tier's storage dtype (bfloat16 as its raw uint16 bits); a copy from a GPU."""
+    x = x.cpu()
+    return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The host tier's numpy dtype for a cache of ``dtype``."""
-    return np.dtype(_NUMPY_OF.get(dtype) or torch.empty(0, dtype=dtype).numpy().dtype)
+def host_tensor(a: np.ndarray) -> torch.Tensor:
+    """``a``'s memory as a CPU tensor (no copy): ``to_host_array``'s inverse, raw uint16 bits back as bfloat16."""
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
 
 
 def locked_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -38,12 +42,6 @@ def locked_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return owner.view(dtype).reshape(shape)
 
 
-def as_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """``a``'s memory as a CPU tensor of ``dtype`` (no copy; bfloat16 from its raw uint16 bits)."""
-    t = torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a)
-    return t.view(dtype) if t.dtype != dtype else t
-
-
 def _unregister(ptr: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(ptr)
 
@@ -53,10 +51,10 @@ def queued_blocks(k: torch.Tensor, v: torch.Tensor, n_blocks: int) -> Callable[[
     page-locked arrays of each block's own, queued on the current stream now. -> a call that waits for the
     copies once and returns block ``i``'s K and V [layers, n, kv heads, head dim]."""
     both = torch.stack((k, v)).unflatten(2, (n_blocks, -1)).movedim(2, 0).contiguous()  # [blocks, 2, layers, n, ..]
-    dtype = numpy_dtype(both.dtype)
+    dtype = to_host_array(torch.empty(0, dtype=both.dtype)).dtype
     blocks = [locked_empty(tuple(both.shape[1:]), dtype) for _ in range(n_blocks)]
     for host, dev in zip(blocks, both):
-        as_tensor(host, both.dtype).copy_(dev, non_blocking=True)
+        host_tensor(host).copy_(dev, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
 

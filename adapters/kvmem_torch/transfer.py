@@ -47,8 +47,7 @@ class BlockStager:
 
     def _put_locked(self, runner: "Runner", blocks: list[Block]) -> None:  # noqa: F821
         """Copy whole page-locked blocks straight from host memory; their sources stay referenced until done."""
-        while self.in_flight and self.in_flight[0][0].query():
-            self.in_flight.pop(0)
+        self._release_done()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             runner.insert_blocks(blocks)
@@ -74,3 +73,9 @@ class BlockStager:
         """Make the compute stream wait for every copy issued so far (the host does not block)."""
         if self.cuda:
             torch.cuda.current_stream().wait_stream(self.stream)
+            self._release_done()
+
+    def _release_done(self) -> None:
+        """Drop the sources of direct copies that have completed (the host tier may free them now)."""
+        while self.in_flight and self.in_flight[0][0].query():
+            self.in_flight.pop(0)

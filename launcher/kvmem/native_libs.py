@@ -28,11 +28,10 @@ def engine_backend(argv: Sequence[str]) -> str | None:
     engine process (``python -m kvmem.engine_proc IN OUT SPEC_JSON``). None for any other process."""
     args = list(argv[1:])
     if "-m" in args:
-        module, rest = args[args.index("-m") + 1 : args.index("-m") + 2], args[args.index("-m") + 2 :]
-        module_name = module[0] if module else ""
+        at = args.index("-m") + 1
+        module_name, rest = (args[at] if at < len(args) else ""), args[at + 1 :]
     else:
-        module_name = "kvmem" if args and os.path.basename(args[0]) == "kvmem" else ""
-        rest = args[1:]
+        module_name, rest = ("kvmem" if args and os.path.basename(args[0]) == "kvmem" else ""), args[1:]
     if module_name == "kvmem.engine_proc":
         try:
             return str(json.loads(rest[2]).get("backend"))
@@ -53,7 +52,7 @@ def load_llama_cpp_first(argv: Sequence[str]) -> bool:
     yet; True when it did."""
     if engine_backend(argv) != "llama.cpp" or "numpy" in sys.modules:
         return False
-    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("kvmem_llamacpp") is None:
+    if importlib.util.find_spec("kvmem_llamacpp") is None:
         return False
     import kvmem_llamacpp  # noqa: F401  (its __init__ loads llama_cpp before the core)
 
