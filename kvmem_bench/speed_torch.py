@@ -49,6 +49,8 @@ PLANS = {
     ),
     "cpu": dict(sizes=(1024, 4096), budget=512, recent=128, gen=128, lines=12, decode=8, stateless_max=4096, hf=False),
 }
+# the view KVMemConfig gives a user who sets no knob (the plans' larger views are named changes)
+DEFAULT_VIEW = dict(budget=KVMemConfig.budget, recent=KVMemConfig.recent_tokens, gen=KVMemConfig.gen_budget)
 INDEX_HEADS = 3  # retrieval heads the index scores (a calibrated profile's size)
 NOT_RUN = {"reprefill_ttft_s": None, "full_tok_s": None}
 GB = 1e9
@@ -61,19 +63,19 @@ def run(
     plan: dict[str, Any] | None = None,
     tokenizer: str | None = None,
     sizes: Sequence[int] | None = None,
+    default_knobs: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every torch speed figure as a JSON-ready dict (the contract's headline keys first). CUDA: the ``27b``
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
     template the random weights get; None: the default model. ``sizes``: the workspace sizes measured instead
-    of the plan's."""
+    of the plan's; ``default_knobs``: the view of ``KVMemConfig``'s defaults instead of the plan's."""
     from kvmem.models import resolve_model
     from kvmem_bench.torch_device import gemm_tflops, random_adapter, weight_bytes
 
     cuda = torch.cuda.is_available()
     shape = shape or ("27b" if cuda else "tiny")
-    plan = plan or PLANS[("quick" if quick else "full") if cuda else "cpu"]
-    plan = dict(plan, sizes=tuple(sorted(sizes))) if sizes else plan
+    plan = resolve_plan(plan or PLANS[("quick" if quick else "full") if cuda else "cpu"], sizes, default_knobs)
     t = time.perf_counter()
     adapter = random_adapter(
         shape,
@@ -147,6 +149,13 @@ def add_fair(point: dict[str, Any], phases: dict[str, float], baselines: dict[st
     point.update(baseline_ratios(point))
     point["engine_prefill_vs_plain"] = ratio(point["engine_prefill_tok_s"], point["plain_prefill_tok_s"])
     point["goals"] = point_goals(point)
+
+
+def resolve_plan(plan: dict[str, Any], sizes: Sequence[int] | None, default_knobs: bool) -> dict[str, Any]:
+    """``plan`` with ``sizes`` (sorted) in place of its own, and with ``DEFAULT_VIEW`` in place of its view when
+    ``default_knobs``."""
+    plan = dict(plan, sizes=tuple(sorted(sizes))) if sizes else plan
+    return dict(plan, **DEFAULT_VIEW) if default_knobs else plan
 
 
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:

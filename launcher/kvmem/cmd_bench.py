@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)"
     )
     speed.add_argument(
+        "--default-knobs",
+        action="store_true",
+        help="torch: the view a user gets (--kvmem-budget, --kvmem-gen-budget and the recent window at their "
+        "defaults) instead of the plan's larger one",
+    )
+    speed.add_argument(
         "--out",
         type=Path,
         default=Path("bench-out/speed"),
@@ -151,7 +157,12 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     opts = (
-        {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes)} if args.backend == "torch" else {}
+        {
+            "shape": args.shape,
+            "tokenizer": args.model,
+            "sizes": _sizes(args.sizes),
+            "default_knobs": args.default_knobs,
+        } if args.backend == "torch" else {}
     )
     result = run_speed(
         args.backend,
