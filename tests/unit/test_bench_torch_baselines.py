@@ -141,5 +141,6 @@ def test_default_knobs_give_the_plan_the_view_a_user_gets_and_sizes_replace_the_
     plan = resolve_plan(PLANS["quick"], [262144, 131072], default_knobs=True)
     config, user = session_config(plan, bytes_per_token=1024), KVMemConfig()
     assert plan["sizes"] == (131072, 262144) and plan["lines"] == PLANS["quick"]["lines"]
-    assert (config.budget, config.gen_budget, config.recent_tokens) == (user.budget, user.gen_budget, user.recent_tokens)
+    view = (config.budget, config.gen_budget, config.recent_tokens)
+    assert view == (user.budget, user.gen_budget, user.recent_tokens)
     assert resolve_plan(PLANS["quick"], None, default_knobs=False) == PLANS["quick"]  # the plan's own 16K view
