@@ -157,12 +157,9 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     opts = (
-        {
-            "shape": args.shape,
-            "tokenizer": args.model,
-            "sizes": _sizes(args.sizes),
-            "default_knobs": args.default_knobs,
-        } if args.backend == "torch" else {}
+        {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes), "default_knobs": args.default_knobs}
+        if args.backend == "torch"
+        else {}
     )
     result = run_speed(
         args.backend,
