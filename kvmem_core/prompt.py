@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -53,6 +53,12 @@ class Prompt:
     messages: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
     pinned: tuple[Span, ...] = ()
+    tokens: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        """``tokens``: ``ids`` as a read-only int64 array, converted once per prompt (given, or from ``ids``)."""
+        if self.tokens is None:
+            object.__setattr__(self, "tokens", read_only(np.asarray(self.ids, dtype=np.int64)))
 
     @property
     def query_from(self) -> int:
@@ -81,10 +87,11 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     render = _renderer(adapter, request)
     text = render(messages, True)
     ids = adapter.tokenize(text)
+    tokens = read_only(np.asarray(ids, dtype=np.int64))
     schemas = (
         _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     )
-    marks = _token_indices(adapter, text, ids, [*message_ends(render, messages, text), *schemas])
+    marks = _token_indices(adapter, text, tokens, [*message_ends(render, messages, text), *schemas])
     ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
@@ -97,7 +104,14 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
         mandatory + schema_span,
         tuple(zip(starts, ends)),
         token_groups(messages, starts, ends),
+        tokens=tokens,
     )
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, no longer writeable (what may be shared between a step's phases without copies)."""
+    array.flags.writeable = False
+    return array
 
 
 def _tool_schemas(render: Render, bare: Render, messages: Sequence[dict[str, Any]], text: str) -> tuple[int, ...]:
@@ -189,13 +203,15 @@ def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos
     return max(pos, len(head)) if text.startswith(head) else pos
 
 
-def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offsets: Sequence[int]) -> list[int]:
+def _token_indices(
+    adapter: EngineAdapter, text: str, ids: Sequence[int] | np.ndarray, offsets: Sequence[int]
+) -> list[int]:
     """For each character offset into ``text`` (in any order), how many of its tokens ``ids`` end at or before it.
 
     Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
     text (a BOS it inserts, a leading space) come before offset 0.
     """
-    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int32)))
+    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int64)))
     total = int(ends[-1]) if len(ends) else 0
     lead = total - (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
     return np.searchsorted(ends, lead + _byte_offsets(text, offsets), side="right").tolist()
