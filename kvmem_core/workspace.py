@@ -46,6 +46,12 @@ class Workspace:
     def to_manifest(self) -> bytes:
         return json.dumps(self.__dict__).encode()
 
+    def manifest_later(self) -> Callable[[], bytes]:
+        """``to_manifest`` of the workspace as it is now, encoded when called: the caller copies the hash list, and
+        the encoding, which grows with the workspace, is left to whoever writes it (once per coalesced write)."""
+        fields = {**self.__dict__, "hashes": list(self.hashes)}
+        return lambda: json.dumps(fields).encode()
+
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> Workspace:
         return cls(

@@ -1,20 +1,25 @@
 """What a turn keeps from the last one to do only its new tokens' work gives the results of doing all of it again:
 checkpoint keys (``PrefixKeys``), the registry's prefix match after blocks leave, the view's token array through
-truncations, a workspace's selector spans (``StoredSpans``) and the selector's group members."""
+truncations, a workspace's selector spans (``StoredSpans``) and the selector's group members. A workspace manifest,
+whose JSON grows with the workspace, is encoded by the NVMe writer, not by each append on the step's thread."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import threading
 
 import numpy as np
 import pytest
+
+import kvmem_core.workspace as workspace_module
 
 from kvmem_core.checkpoints import PrefixKeys
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockSpans, StoredSpans
 from kvmem_core.retrieval.selector import _Members
 from kvmem_core.step import ViewState, append_computed
-from test_store import LAYOUT, fill, host_store, tokens
+from test_store import LAYOUT, fill, host_store, nvme_store, tokens
 
 
 def one_shot(ids: np.ndarray | list[int]) -> bytes:
@@ -90,3 +95,21 @@ def test_group_members_list_each_groups_blocks_in_order():
     labels = np.array([-1, 2, 0, 2, -1, 0, 5, 2])
     members = _Members(labels)
     assert (members[0], members[2], members[5], members[3]) == ([2, 5], [1, 3, 7], [6], [])
+
+
+def test_manifests_are_encoded_off_the_appending_thread_and_restart_whole(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    threads: list[str] = []
+
+    def dumps(obj: object) -> str:
+        threads.append(threading.current_thread().name)
+        return json.dumps(obj)
+
+    monkeypatch.setattr(workspace_module, "json", type("Json", (), {"dumps": staticmethod(dumps)}))
+    store = nvme_store(tmp_path, cpu_blocks=16)
+    ws_id, _ = fill(store, tokens(12))
+    store.set_selection(ws_id, {"blocks": [1]})
+    store.close()
+    assert threads and threading.main_thread().name not in threads
+    again = nvme_store(tmp_path, cpu_blocks=16)
+    assert again.workspace_info(ws_id)["totals"]["blocks"] == 12
+    assert again.workspace_info(ws_id)["last_selection"] == {"blocks": [1]}
