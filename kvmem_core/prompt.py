@@ -15,8 +15,11 @@ Messages also fall into semantic groups (``kvmem_core.groups``) the selector kee
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -37,8 +40,10 @@ MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousan
 # a 1M-token one of short turns tens of thousands; past that, a flood of tiny messages only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
+LONE_RENDERS = 16384  # messages rendered alone kept per adapter (``_lone_renderer``)
 Render = Callable[[Sequence[dict[str, Any]], bool], str]
 _piece_lengths: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+_lone_renders: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], str]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     schemas = (
         _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     )
-    marks = _token_indices(adapter, text, tokens, [*message_ends(render, messages, text), *schemas])
+    char_ends = message_ends(render, messages, text, _lone_renderer(adapter, request, render))
+    marks = _token_indices(adapter, text, tokens, [*char_ends, *schemas])
     ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
@@ -164,18 +170,47 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
     return render
 
 
-def message_ends(render: Render, messages: Sequence[dict[str, Any]], text: str) -> list[int]:
-    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends."""
+def message_ends(
+    render: Render, messages: Sequence[dict[str, Any]], text: str, lone: Callable[[dict[str, Any]], str] | None = None
+) -> list[int]:
+    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends; ``lone``
+    renders a message alone (default: ``render``, "" where the template refuses it)."""
+    lone = lone or functools.partial(_alone, render)
     ends, pos = [], 0
     for i, message in enumerate(messages):
-        try:
-            alone = render([message], False)
-        except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
-            alone = ""
-        n = _continued(alone, text, pos)
+        n = _continued(lone(message), text, pos)
         pos = pos + n if n else _prefix_end(render, messages[: i + 1], text, pos)
         ends.append(pos)
     return ends
+
+
+def _alone(render: Render, message: dict[str, Any]) -> str:
+    try:
+        return render([message], False)
+    except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
+        return ""
+
+
+def _lone_renderer(adapter: EngineAdapter, request: StepRequest, render: Render) -> Callable[[dict[str, Any]], str]:
+    """``_alone`` remembered per adapter by the message, the request's tools and template kwargs (the most recent
+    ``LONE_RENDERS``): an agent's turn renders alone only its new messages. What a lone rendering is used for is
+    checked against the whole text (``_continued``), so a template whose output changes (a date) costs a fallback,
+    never a wrong mark."""
+    kept = _lone_renders.setdefault(adapter, OrderedDict())
+    setting = json.dumps([request.tools, request.template_kwargs], sort_keys=True, default=repr)
+
+    def lone(message: dict[str, Any]) -> str:
+        key = (setting, json.dumps(message, sort_keys=True, default=repr))
+        text = kept.get(key)
+        if text is None:
+            text = kept[key] = _alone(render, message)
+            while len(kept) > LONE_RENDERS:
+                kept.popitem(last=False)
+        else:
+            kept.move_to_end(key)
+        return text
+
+    return lone
 
 
 def _continued(alone: str, text: str, pos: int) -> int:

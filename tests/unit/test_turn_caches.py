@@ -1,6 +1,7 @@
 """What a turn keeps from the last one to do only its new tokens' work gives the results of doing all of it again:
 checkpoint keys (``PrefixKeys``), the registry's prefix match after blocks leave, the view's token array through
-truncations, a workspace's selector spans (``StoredSpans``) and the selector's group members. A workspace manifest,
+truncations, a workspace's selector spans (``StoredSpans``), the selector's group members and the messages a prompt
+renders alone (only a turn's new ones are rendered). A workspace manifest,
 whose JSON grows with the workspace, is encoded by the NVMe writer, not by each append on the step's thread."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import threading
 import numpy as np
 import pytest
 
+import kvmem_core.prompt as prompt_module
 import kvmem_core.workspace as workspace_module
+from kvmem_core.contract import StepRequest
 
 from kvmem_core.checkpoints import PrefixKeys
 from kvmem_core.layout import BlockMeta
@@ -113,3 +116,33 @@ def test_manifests_are_encoded_off_the_appending_thread_and_restart_whole(tmp_pa
     again = nvme_store(tmp_path, cpu_blocks=16)
     assert again.workspace_info(ws_id)["totals"]["blocks"] == 12
     assert again.workspace_info(ws_id)["last_selection"] == {"blocks": [1]}
+
+
+class Chat:
+    """A chat template and a character tokenizer that count their renders."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+
+    def render_chat(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> str:
+        self.renders += 1
+        return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<a>" if add_generation_prompt else "")
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def token_bytes(self, token: int) -> bytes:
+        return chr(token).encode()
+
+
+def test_a_prompt_renders_alone_only_its_new_messages_and_marks_them_as_before():
+    chat, messages, spent = Chat(), [{"role": "system", "content": "sys"}], []
+    for turn in range(40):
+        messages += [{"role": "user", "content": f"result {turn}"}, {"role": "assistant", "content": f"ok {turn}"}]
+        before = chat.renders
+        prompt = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
+        spent.append(chat.renders - before)
+        prompt_module._lone_renders.pop(chat)
+        again = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
+        assert (prompt.messages, prompt.groups, prompt.mandatory) == (again.messages, again.groups, again.mandatory)
+    assert spent[0] == 1 + 3 and spent[-1] == 1 + 2  # the whole transcript once, then each new message alone
