@@ -152,22 +152,21 @@ class Checkpoints:
 
     def latest(self, ids: Sequence[int], limit: int) -> int:
         """The largest ``n <= limit`` with a checkpoint of ``ids[:n]`` (0: the empty state)."""
-        found = self._held(ids, 1, limit + 1)
-        return found[-1] if found else 0
+        return self._first_held(ids, 1, limit + 1, reverse=True) or 0
 
     def earliest(self, ids: Sequence[int], lo: int, hi: int) -> int | None:
         """The smallest ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``; None when there is none."""
-        found = self._held(ids, lo, hi)
-        return found[0] if found else None
+        return self._first_held(ids, lo, hi, reverse=False)
 
-    def _held(self, ids: Sequence[int], lo: int, hi: int) -> list[int]:
-        """Ascending ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``."""
+    def _first_held(self, ids: Sequence[int], lo: int, hi: int, reverse: bool) -> int | None:
+        """The first ``n`` in ``[lo, hi)``, in ascending order or ``reverse``d, with a checkpoint of ``ids[:n]``;
+        only the checkpoints' lengths up to it are keyed."""
         arr = np.asarray(ids, dtype=np.int64)
         counts = {c.n_tokens for c in self._items.values()}
         if self.files is not None:
             counts |= {n for n, _ in self.files.index.values()}
-        lengths = sorted(n for n in counts if lo <= n < min(hi, len(arr) + 1))
-        return [n for n in lengths if n == 0 or self._has(self.keys.key(arr, n))]
+        lengths = sorted((n for n in counts if lo <= n < min(hi, len(arr) + 1)), reverse=reverse)
+        return next((n for n in lengths if n == 0 or self._has(self.keys.key(arr, n))), None)
 
     def replay_from(self, ids: Sequence[int], r0: int, mode: str) -> int | None:
         """Where a ``keep`` query replay starts: the first checkpoint at or after ``r0``. None: recompute
