@@ -175,7 +175,7 @@ class ArchiveOps:
         tokens = v.tokens[r0:]
         self.adapter.drop(p0, v.next_pos)
         if self.checkpoints is not None:
-            self.checkpoints.restore(v.tokens[:r0])
+            self.checkpoints.restore(v.token_array()[:r0])
         out = self.adapter.forward(tokens, list(range(p0, p0 + len(tokens))))
         assert out.logits is not None
         return out.logits

@@ -32,11 +32,13 @@ import numpy as np
 from kvmem_core.adapter import RecurrentCheckpoints
 from kvmem_core.checkpoint_files import CheckpointFiles, file_bytes
 from kvmem_core.errors import CorruptBlockError
+from kvmem_core.step import common_prefix
 
 if TYPE_CHECKING:
     from kvmem_core.store import BlockStore
 
 MAX_CHECKPOINTS = 16  # a step takes up to four; a 27B qwen35 state is ~150 MB of host memory
+MAX_DIGEST_STATES = 256  # saved hash states of ``PrefixKeys`` (a few hundred bytes each)
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +67,7 @@ class Checkpoints:
         self.adapter, self.capacity, self.files, self.store = adapter, capacity, files, store
         self._zero = adapter.save_state()
         self._items: OrderedDict[bytes, Checkpoint] = OrderedDict()
+        self.keys = PrefixKeys()
         if files is not None:
             files.on_remove = lambda key: self._release("nvme", key)
 
@@ -89,10 +92,10 @@ class Checkpoints:
             if not self._charge("nvme", key, ws_id, self.files.size(key)) and not self.store.foreign_workspace(ws_id):
                 self.files.remove(key)
 
-    def take(self, tokens: Sequence[int], ws_id: str, state: Any = None) -> None:
+    def take(self, tokens: Sequence[int] | np.ndarray, ws_id: str, state: Any = None) -> None:
         """Keep the adapter's live state, or ``state`` (a ``save_state`` checkpoint the adapter handed out
         otherwise: ``ForwardOut.states``), as the state after exactly ``tokens`` (in RAM and on disk where it fits)."""
-        key = _key(tokens)
+        key = self.keys.key(tokens)
         if key in self._items:
             self._items.move_to_end(key)
             return
@@ -121,18 +124,18 @@ class Checkpoints:
             self.store.drop_side(tier, key.hex())
 
     def has(self, tokens: Sequence[int] | np.ndarray) -> bool:
-        if len(tokens) == 0:
-            return True
-        key = _key(tokens)
+        return len(tokens) == 0 or self._has(self.keys.key(tokens))
+
+    def _has(self, key: bytes) -> bool:
         return key in self._items or (self.files is not None and key in self.files.index)
 
-    def restore(self, tokens: Sequence[int]) -> None:
+    def restore(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Make the adapter's live state the state after ``tokens`` (``has(tokens)`` must hold). A checkpoint
         on disk that fails to load raises ``CorruptBlockError`` (it is gone then: the next step recomputes)."""
-        if not tokens:
+        if len(tokens) == 0:
             self.adapter.restore_state(self._zero)
             return
-        key = _key(tokens)
+        key = self.keys.key(tokens)
         if key not in self._items:
             assert self.files is not None, "has(tokens) held: the checkpoint is on disk"
             n_tokens, ws_id = self.files.index[key]
@@ -149,22 +152,21 @@ class Checkpoints:
 
     def latest(self, ids: Sequence[int], limit: int) -> int:
         """The largest ``n <= limit`` with a checkpoint of ``ids[:n]`` (0: the empty state)."""
-        found = self._held(ids, 1, limit + 1)
-        return found[-1] if found else 0
+        return self._first_held(ids, 1, limit + 1, reverse=True) or 0
 
     def earliest(self, ids: Sequence[int], lo: int, hi: int) -> int | None:
         """The smallest ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``; None when there is none."""
-        found = self._held(ids, lo, hi)
-        return found[0] if found else None
+        return self._first_held(ids, lo, hi, reverse=False)
 
-    def _held(self, ids: Sequence[int], lo: int, hi: int) -> list[int]:
-        """Ascending ``n`` in ``[lo, hi)`` with a checkpoint of ``ids[:n]``."""
+    def _first_held(self, ids: Sequence[int], lo: int, hi: int, reverse: bool) -> int | None:
+        """The first ``n`` in ``[lo, hi)``, in ascending order or ``reverse``d, with a checkpoint of ``ids[:n]``;
+        only the checkpoints' lengths up to it are keyed."""
         arr = np.asarray(ids, dtype=np.int64)
         counts = {c.n_tokens for c in self._items.values()}
         if self.files is not None:
             counts |= {n for n, _ in self.files.index.values()}
-        lengths = sorted(n for n in counts if lo <= n < min(hi, len(arr) + 1))
-        return [n for n in lengths if self.has(arr[:n])]
+        lengths = sorted((n for n in counts if lo <= n < min(hi, len(arr) + 1)), reverse=reverse)
+        return next((n for n in lengths if n == 0 or self._has(self.keys.key(arr, n))), None)
 
     def replay_from(self, ids: Sequence[int], r0: int, mode: str) -> int | None:
         """Where a ``keep`` query replay starts: the first checkpoint at or after ``r0``. None: recompute
@@ -178,7 +180,7 @@ class Checkpoints:
         computed tokens to at most ``m`` and returns how many remain (a cut inside a block
         that is not resident falls back to the block's start).
         """
-        if len(live) == cached and list(live[:cached]) == list(ids[:cached]):
+        if len(live) == cached and common_prefix(live, ids) >= cached:
             return cached
         while True:
             m = self.latest(ids, cached)
@@ -209,5 +211,41 @@ class Checkpoints:
             self.files.close()
 
 
-def _key(tokens: Sequence[int] | np.ndarray) -> bytes:
-    return hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16).digest()
+class PrefixKeys:
+    """Checkpoint keys: the blake2b digest of the token ids' int64 bytes, computed from the saved hash state of the
+    longest prefix hashed before. It holds one token sequence at a time (the last one asked about that did not
+    start with it; a read-only array is taken as unchanging and held without a copy) and the states after its
+    prefixes asked about, so a step's keys cost the tokens new since the last key, plus one comparison of each array
+    asked about with that sequence. ``hashed`` counts tokens hashed."""
+
+    def __init__(self) -> None:
+        self._seq = np.zeros(0, dtype=np.int64)
+        self._states: dict[int, Any] = {0: hashlib.blake2b(digest_size=16)}
+        self._last: tuple[np.ndarray, int] | None = None  # a read-only array asked about, and its common prefix
+        self.hashed = 0
+
+    def key(self, tokens: Sequence[int] | np.ndarray, n: int | None = None) -> bytes:
+        """The key of ``tokens[:n]`` (all of them when ``n`` is None)."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        n = len(arr) if n is None else n
+        same = self._common(arr)
+        if same < n:  # hold ``arr`` instead: the states past the common prefix are another sequence's
+            self._states = {p: h for p, h in self._states.items() if p <= same}
+            self._seq, self._last = arr if not arr.flags.writeable else arr.copy(), None
+        start = max(p for p in self._states if p <= n)
+        h = self._states[start].copy()
+        h.update(self._seq[start:n].tobytes())
+        self.hashed += n - start
+        if n not in self._states:
+            if len(self._states) >= MAX_DIGEST_STATES:
+                del self._states[min(p for p in self._states if p)]
+            self._states[n] = h.copy()
+        return h.digest()
+
+    def _common(self, arr: np.ndarray) -> int:
+        """Common prefix of ``arr`` and the sequence held; a read-only array asked about again is not compared."""
+        if self._last is not None and self._last[0] is arr:
+            return self._last[1]
+        same = common_prefix(self._seq, arr)
+        self._last = (arr, same) if not arr.flags.writeable else None
+        return same

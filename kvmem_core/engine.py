@@ -34,6 +34,7 @@ from kvmem_core.retrieval import (
     BlockSpans,
     QueryFeatures,
     Selector,
+    StoredSpans,
     SummaryOptions,
     make_scorer,
 )
@@ -90,6 +91,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
         self.decode_alive: Callable[[], bool] | None = None  # after each decoded token; False: the client left
         self._indexes: dict[str, BlockIndex] = {}
+        self._stored_spans: dict[str, StoredSpans] = {}
         self._view_ws: str | None = None
         self._counts: Counter[str] = Counter(
             blocks_recomputed=0, draft_tokens=0, draft_accepted=0
@@ -158,7 +160,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         limit = min(len(prompt.ids) - 1, prompt.query_from if scoring else len(prompt.ids))
         if not scoring and self.view.replayed_from is not None:  # that KV saw a selection, not this step's view
             limit = min(limit, self.view.replayed_from)
-        ws, cached = self._open(prompt.ids, limit, Route(request.cache_key, request.workspace_id))
+        ws, cached = self._open(prompt, limit, Route(request.cache_key, request.workspace_id))
         if on_start is not None:
             on_start(ws.id)
         mode = self._mode(cfg)
@@ -176,7 +178,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         t3 = time.perf_counter()
         self._archive(ws, completed)
         if self.checkpoints is not None:
-            self.checkpoints.take(self.view.tokens, ws.id)
+            self.checkpoints.take(self.view.token_array(), ws.id)
         self.store.set_selection(ws.id, selection)
         self._take_store_events()
         t4 = time.perf_counter()
@@ -225,7 +227,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             return cfg.positions
         return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
 
-    def _open(self, ids: list[int], limit: int, route: Route) -> tuple[Workspace, int]:
+    def _open(self, prompt: Prompt, limit: int, route: Route) -> tuple[Workspace, int]:
         """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens).
         ``route`` places the step in a keyed or preferred workspace (``kvmem_core.workspace``).
 
@@ -235,7 +237,8 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         Hybrid models also need the recurrent state after the cached tokens: their checkpoint,
         or the latest earlier one (then fewer tokens count as cached and the rest is prefilled).
         """
-        live = self.view.tokens  # the tokens the recurrent state has consumed; rebound below, never mutated
+        live = self.view.token_array()  # the tokens the recurrent state has consumed (read-only)
+        ids = prompt.tokens
         ws, match = self.store.open_workspace(self.namespace, ids, route)
         bt, hit = self.layout.block_tokens, match.matched_blocks
         reuse = min(self.view.common_prefix(ids), hit * bt + bt - 1, limit)
@@ -244,7 +247,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         else:
             truncate(self.view, self.adapter, reuse // bt * bt)
             cached = min(hit * bt, limit // bt * bt)
-            self.view.tokens = list(ids[:cached])  # the blocks past the view's prefix load from the store
+            self.view.assign(prompt.ids[:cached], ids[:cached])  # blocks past the view's prefix load from the store
         self._view_ws = ws.id
         if self.checkpoints is not None:
             cached = self.checkpoints.resume(live, ids, cached, lambda m: truncate(self.view, self.adapter, m))
@@ -295,10 +298,10 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             finally:
                 index.truncate(stored)  # held summaries are the probe's: the stored ones are indexed next step
         r0 = self._replay_start(cfg, prompt)
-        kept = self.checkpoints.replay_from(prompt.ids, r0, cfg.recurrent) if self.checkpoints is not None else r0
+        kept = self.checkpoints.replay_from(prompt.tokens, r0, cfg.recurrent) if self.checkpoints is not None else r0
         recompute = kept is None
         r0 = r0 if recompute else kept
-        spans = self._spans(cfg, prompt, metas, ((r0 - 1, r0),) if r0 > 0 and not recompute else ())
+        spans = self._spans(cfg, prompt, ws.id, metas, ((r0 - 1, r0),) if r0 > 0 and not recompute else ())
         sel = Selector.from_config(cfg).select(spans, scores, n - len(metas) * bt, method)
         target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
         changed = self._materialize(mode, target, len(metas))
@@ -327,7 +330,9 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             out["oracle_blocks"] = sorted(oracle)
         return logits, out
 
-    def _spans(self, cfg: KVMemConfig, prompt: Prompt, metas: list[BlockMeta], keep: Sequence[Span]) -> BlockSpans:
+    def _spans(
+        self, cfg: KVMemConfig, prompt: Prompt, ws_id: str, metas: list[BlockMeta], keep: Sequence[Span]
+    ) -> BlockSpans:
         """The stored blocks' spans plus this step's: mandatory ranges (system, tool definitions, pinned
         messages, ``keep``; stored tags know only what was mandatory when a block was stored) and, with
         ``cfg.groups``, the message groups of the transcript (``kvmem_core.groups``). ``keep`` holds the token
@@ -337,7 +342,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         n, bt = len(metas), self.layout.block_tokens
         turns = block_groups(prompt.groups, n, bt) if cfg.groups else None
         mandatory = overlapping([*prompt.mandatory, *prompt.pinned, *keep], n, bt)
-        return BlockSpans.from_metas(metas).for_step(mandatory, turns)
+        return self._stored_spans.setdefault(ws_id, StoredSpans()).spans(metas).for_step(mandatory, turns)
 
     def _scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> Any:
         """The adapter's own scorer for ``name`` (``make_scorer``, e.g. on its GPU), else the core's."""

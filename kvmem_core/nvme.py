@@ -20,6 +20,7 @@ files and report ``WriteDone`` records, including their errors, through a queue.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
 
 log = logging.getLogger("kvmem.nvme")
 SYNC_BYTES = 256 << 20
+Manifest = bytes | Callable[[], bytes] | None  # a workspace manifest's data, or its encoding to come; None: delete it
 _STOP = None
 
 
@@ -84,7 +86,7 @@ class NvmeTier:
         self.ws_dir = self.root / "workspaces" / owner if owner else self.root / "workspaces"
         for d in (self.blocks_dir, self.ws_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self._manifests: dict[str, bytes | None] = {}
+        self._manifests: dict[str, Manifest] = {}
         self._manifest_lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.done: queue.SimpleQueue[WriteDone] = queue.SimpleQueue()  # read through next_done
@@ -202,8 +204,9 @@ class NvmeTier:
         """Queue a barrier: everything queued before it is fsynced when it completes."""
         self._jobs.put(_Job("sync", "", 0, self.root, 0, None))
 
-    def submit_manifest(self, ws_id: str, data: bytes | None) -> bool:
-        """Queue the latest manifest of a workspace (None deletes it); True if a job was queued.
+    def submit_manifest(self, ws_id: str, data: Manifest) -> bool:
+        """Queue the latest manifest of a workspace (None deletes it; a callable is encoded by the writer thread);
+        True if a job was queued.
 
         Successive calls before the writer gets to it coalesce into one write.
         """
@@ -241,6 +244,11 @@ class NvmeTier:
             data = self._manifests.pop(job.key)
         if data is None:
             return _Job("manifest", job.key, 0, job.path, 0, None)
+        if callable(data):
+            try:
+                data = data()
+            except Exception as exc:  # reaches the caller's thread through WriteDone, as a failed write does
+                return _Job("manifest", job.key, 0, job.path, 0, functools.partial(_fail, exc))
         return _Job("manifest", job.key, 0, job.path, len(data), lambda f: f.write(data))
 
     def _run_writer(self, fsync: bool) -> None:
@@ -288,6 +296,10 @@ def writer_alive(temp: Path) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _fail(exc: Exception, f: BinaryIO) -> None:
+    raise exc
 
 
 def _attempt(fn: Callable[[Any], None], arg: Any) -> BaseException | None:

@@ -116,9 +116,9 @@ class PrefillOps:
                 self._hold(probing, done)
             staged = {} if probing else self._stage(ws, done, prompt.mandatory)
             for m, state in zip(inside, out.states or ()):
-                self.checkpoints.take(ids[:m], ws.id, state)
+                self.checkpoints.take(prompt.tokens[:m], ws.id, state)
             if e in marks:
-                self.checkpoints.take(ids[:e], ws.id)
+                self.checkpoints.take(prompt.tokens[:e], ws.id)
             if self.prefill_progress is not None:
                 self.prefill_progress(e - cached, len(ids) - cached)
         self._archive(ws, sorted(staged), prompt.mandatory, staged)

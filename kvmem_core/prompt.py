@@ -15,9 +15,12 @@ Messages also fall into semantic groups (``kvmem_core.groups``) the selector kee
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import weakref
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,8 +40,10 @@ MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousan
 # a 1M-token one of short turns tens of thousands; past that, a flood of tiny messages only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 PROBE_CHARS = 32
+LONE_RENDERS = 16384  # messages rendered alone kept per adapter (``_lone_renderer``)
 Render = Callable[[Sequence[dict[str, Any]], bool], str]
 _piece_lengths: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+_lone_renders: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], str]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,12 @@ class Prompt:
     messages: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
     pinned: tuple[Span, ...] = ()
+    tokens: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        """``tokens``: ``ids`` as a read-only int64 array, converted once per prompt (given, or from ``ids``)."""
+        if self.tokens is None:
+            object.__setattr__(self, "tokens", read_only(np.asarray(self.ids, dtype=np.int64)))
 
     @property
     def query_from(self) -> int:
@@ -81,10 +92,12 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     render = _renderer(adapter, request)
     text = render(messages, True)
     ids = adapter.tokenize(text)
+    tokens = read_only(np.asarray(ids, dtype=np.int64))
     schemas = (
         _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     )
-    marks = _token_indices(adapter, text, ids, [*message_ends(render, messages, text), *schemas])
+    char_ends = message_ends(render, messages, text, _lone_renderer(adapter, request, render))
+    marks = _token_indices(adapter, text, tokens, [*char_ends, *schemas])
     ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
@@ -97,7 +110,14 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
         mandatory + schema_span,
         tuple(zip(starts, ends)),
         token_groups(messages, starts, ends),
+        tokens=tokens,
     )
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, no longer writeable (what may be shared between a step's phases without copies)."""
+    array.flags.writeable = False
+    return array
 
 
 def _tool_schemas(render: Render, bare: Render, messages: Sequence[dict[str, Any]], text: str) -> tuple[int, ...]:
@@ -150,18 +170,47 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
     return render
 
 
-def message_ends(render: Render, messages: Sequence[dict[str, Any]], text: str) -> list[int]:
-    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends."""
+def message_ends(
+    render: Render, messages: Sequence[dict[str, Any]], text: str, lone: Callable[[dict[str, Any]], str] | None = None
+) -> list[int]:
+    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends; ``lone``
+    renders a message alone (default: ``render``, "" where the template refuses it)."""
+    lone = lone or functools.partial(_alone, render)
     ends, pos = [], 0
     for i, message in enumerate(messages):
-        try:
-            alone = render([message], False)
-        except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
-            alone = ""
-        n = _continued(alone, text, pos)
+        n = _continued(lone(message), text, pos)
         pos = pos + n if n else _prefix_end(render, messages[: i + 1], text, pos)
         ends.append(pos)
     return ends
+
+
+def _alone(render: Render, message: dict[str, Any]) -> str:
+    try:
+        return render([message], False)
+    except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
+        return ""
+
+
+def _lone_renderer(adapter: EngineAdapter, request: StepRequest, render: Render) -> Callable[[dict[str, Any]], str]:
+    """``_alone`` remembered per adapter by the message, the request's tools and template kwargs (the most recent
+    ``LONE_RENDERS``): an agent's turn renders alone only its new messages. What a lone rendering is used for is
+    checked against the whole text (``_continued``), so a template whose output changes (a date) costs a fallback,
+    never a wrong mark."""
+    kept = _lone_renders.setdefault(adapter, OrderedDict())
+    setting = json.dumps([request.tools, request.template_kwargs], sort_keys=True, default=repr)
+
+    def lone(message: dict[str, Any]) -> str:
+        key = (setting, json.dumps(message, sort_keys=True, default=repr))
+        text = kept.get(key)
+        if text is None:
+            text = kept[key] = _alone(render, message)
+            while len(kept) > LONE_RENDERS:
+                kept.popitem(last=False)
+        else:
+            kept.move_to_end(key)
+        return text
+
+    return lone
 
 
 def _continued(alone: str, text: str, pos: int) -> int:
@@ -189,13 +238,15 @@ def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos
     return max(pos, len(head)) if text.startswith(head) else pos
 
 
-def _token_indices(adapter: EngineAdapter, text: str, ids: Sequence[int], offsets: Sequence[int]) -> list[int]:
+def _token_indices(
+    adapter: EngineAdapter, text: str, ids: Sequence[int] | np.ndarray, offsets: Sequence[int]
+) -> list[int]:
     """For each character offset into ``text`` (in any order), how many of its tokens ``ids`` end at or before it.
 
     Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
     text (a BOS it inserts, a leading space) come before offset 0.
     """
-    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int32)))
+    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int64)))
     total = int(ends[-1]) if len(ends) else 0
     lead = total - (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
     return np.searchsorted(ends, lead + _byte_offsets(text, offsets), side="right").tolist()

@@ -32,6 +32,7 @@ class ViewState:
     blocks: dict[int, int] = field(default_factory=dict)  # logical block index -> view position
     tail_pos: int = 0
     replayed_from: int | None = None  # first token whose resident KV was recomputed against a selected view
+    _array: tuple[list[int], np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def tail_start(self) -> int:
@@ -41,16 +42,48 @@ class ViewState:
     def next_pos(self) -> int:
         return self.tail_pos + len(self.tokens) - self.tail_start
 
-    def common_prefix(self, ids: Sequence[int]) -> int:
+    def common_prefix(self, ids: Sequence[int] | np.ndarray) -> int:
         """Length of the common prefix of ``ids`` and the computed tokens."""
-        return common_prefix(self.tokens, ids)
+        return common_prefix(self.token_array(), ids)
+
+    def token_array(self) -> np.ndarray:
+        """``tokens`` as a read-only int64 array. The list is converted once; later calls convert only the tokens
+        appended since (``tokens`` changes only by appends, or by being rebound to another list)."""
+        held = self._array
+        if held is not None and held[0] is self.tokens and len(held[1]) == len(self.tokens):
+            return held[1]
+        if held is not None and held[0] is self.tokens and len(held[1]) < len(self.tokens):
+            arr = np.concatenate((held[1], np.asarray(self.tokens[len(held[1]) :], dtype=np.int64)))
+        else:
+            arr = np.asarray(self.tokens, dtype=np.int64)
+        return self.assign(self.tokens, arr)
+
+    def assign(self, tokens: list[int], array: np.ndarray) -> np.ndarray:
+        """Make ``tokens`` the computed tokens, ``array`` (the same ids, int64) their ``token_array``."""
+        assert len(tokens) == len(array), "the array holds the same tokens"
+        array = array.view()
+        array.flags.writeable = False
+        self.tokens, self._array = tokens, (tokens, array)
+        return array
+
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` computed tokens (their ``token_array`` stays converted)."""
+        held = self._array
+        tokens = self.tokens[:n]
+        if held is not None and held[0] is self.tokens and len(held[1]) >= n:
+            self.assign(tokens, held[1][:n])
+        else:
+            self.tokens, self._array = tokens, None
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences (one pass over int64 arrays: pass arrays, a
+    list is converted first)."""
     n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
+    x, y = np.asarray(a[:n], dtype=np.int64), np.asarray(b[:n], dtype=np.int64)
+    if np.array_equal(x, y):
+        return n
+    return int(np.flatnonzero(x != y)[0])
 
 
 def reset(view: ViewState, adapter: EngineAdapter) -> None:
@@ -72,7 +105,7 @@ def truncate(view: ViewState, adapter: EngineAdapter, n: int) -> int:
     bt = view.block_tokens
     if n >= view.tail_start:
         adapter.drop(view.tail_pos + n - view.tail_start, view.next_pos)
-        view.tokens = view.tokens[:n]
+        view.keep(n)
         return n
     b0 = n // bt
     if b0 not in view.blocks:
@@ -85,7 +118,7 @@ def truncate(view: ViewState, adapter: EngineAdapter, n: int) -> int:
         adapter.drop(view.tail_pos + n % bt, view.tail_pos + bt)
     else:
         view.tail_pos = max((p + bt for p in view.blocks.values()), default=0)
-    view.tokens = view.tokens[:n]
+    view.keep(n)
     return n
 
 

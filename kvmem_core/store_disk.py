@@ -162,7 +162,7 @@ class WriteThroughMixin(StoreState):
             return
         for ws_id in self.workspaces.take_dirty():
             ws = self.workspaces.get(ws_id)
-            if self.nvme is not None and self.nvme.submit_manifest(ws_id, ws.to_manifest() if ws else None):
+            if self.nvme is not None and self.nvme.submit_manifest(ws_id, ws.manifest_later() if ws else None):
                 self._pending += 1
 
     def _restore(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem_core.layout import ROOT_HASH, BlockMeta, chain_hash
+from kvmem_core.step import common_prefix
 
 
 @dataclass
@@ -44,6 +45,12 @@ class Workspace:
 
     def to_manifest(self) -> bytes:
         return json.dumps(self.__dict__).encode()
+
+    def manifest_later(self) -> Callable[[], bytes]:
+        """``to_manifest`` of the workspace as it is now, encoded when called: the caller copies the hash list, and
+        the encoding, which grows with the workspace, is left to whoever writes it (once per coalesced write)."""
+        fields = {**self.__dict__, "hashes": list(self.hashes)}
+        return lambda: json.dumps(fields).encode()
 
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> Workspace:
@@ -91,6 +98,18 @@ class PrefixMatch:
         return self.matched_blocks * self.block_tokens
 
 
+@dataclass(frozen=True, eq=False)
+class _Matched:
+    """What ``find_prefix`` last found: the ids (read-only), their block hashes, how many of those blocks were
+    verified, and the registry's release count then."""
+
+    namespace: str
+    ids: np.ndarray
+    hashes: list[str]
+    verified: int
+    releases: int
+
+
 class WorkspaceRegistry:
     """All workspaces plus, per block, the set of workspaces referencing it (its refcount)."""
 
@@ -100,6 +119,8 @@ class WorkspaceRegistry:
         self._spaces: dict[str, Workspace] = {}
         self._owners: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
+        self._releases = 0  # blocks lost an owner this often: a verified match may not hold any more
+        self._last: _Matched | None = None
 
     def __len__(self) -> int:
         return len(self._spaces)
@@ -126,12 +147,19 @@ class WorkspaceRegistry:
         route: Route = Route(),
     ) -> PrefixMatch:
         """Longest stored prefix of ``token_ids`` (whole blocks only, any workspace's) and the workspace the
-        sequence continues under ``route``; no side effects."""
-        hashes = block_hashes(namespace, token_ids, self.block_tokens)
+        sequence continues under ``route``; no side effects on the workspaces.
+
+        What the last call found is kept (``_Matched``): the blocks this sequence shares with that one keep
+        their chain hashes, and those verified then need no check again while no block has lost an owner
+        since; only the blocks past them are hashed and checked (besides one comparison of the ids)."""
         ids = np.asarray(token_ids, dtype=np.int64)
-        k = 0
+        last, bt = self._last, self.block_tokens
+        same = common_prefix(last.ids, ids) // bt if last is not None and last.namespace == namespace else 0
+        hashes = block_hashes(namespace, ids, bt, last.hashes[:same] if last is not None else ())
+        k = min(same, last.verified) if last is not None and last.releases == self._releases else 0
         while k < len(hashes) and self._verified(hashes, k, ids, meta_of):
             k += 1
+        self._last = _Matched(namespace, ids if not ids.flags.writeable else ids.copy(), hashes, k, self._releases)
         ws = self._continued(namespace, hashes[k - 1] if k else None, k, route)
         return PrefixMatch(namespace, tuple(hashes), k, self.block_tokens, ws.id if ws else None, route.key)
 
@@ -200,6 +228,7 @@ class WorkspaceRegistry:
 
     def _release(self, ws_id: str, hashes: Sequence[str]) -> list[str]:
         """Drop ``ws_id`` from the holders of ``hashes``; return those no workspace holds now."""
+        self._releases += 1
         freed = []
         for h in dict.fromkeys(hashes):
             holders = self._owners[h]
@@ -238,11 +267,13 @@ class WorkspaceRegistry:
         return max(pool, key=lambda w: (w.id == route.prefer, w.last_used, w.created))
 
 
-def block_hashes(namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int) -> list[str]:
-    """Chain hashes of every whole block of a token sequence."""
+def block_hashes(
+    namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int, known: Sequence[str] = ()
+) -> list[str]:
+    """Chain hashes of every whole block of a token sequence; ``known``: those of its first blocks."""
     ids = np.asarray(token_ids, dtype=np.int32)
-    out, parent = [], ROOT_HASH
-    for start in range(0, len(ids) - block_tokens + 1, block_tokens):
+    out, parent = list(known), known[-1] if known else ROOT_HASH
+    for start in range(len(known) * block_tokens, len(ids) - block_tokens + 1, block_tokens):
         parent = chain_hash(namespace, parent, ids[start : start + block_tokens])
         out.append(parent)
     return out

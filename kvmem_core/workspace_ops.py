@@ -45,6 +45,7 @@ class WorkspaceOps:
     summary_opts: SummaryOptions
     checkpoints: Checkpoints | None
     _indexes: dict[str, BlockIndex]
+    _stored_spans: dict[str, Any]
     _view_ws: str | None
     _abandon: Callable[[], None]
 
@@ -151,5 +152,6 @@ class WorkspaceOps:
         """Drop the engine-side state (retrieval index, checkpoints) of workspaces gone from the store."""
         for ws_id in ws_ids:
             self._indexes.pop(ws_id, None)
+            self._stored_spans.pop(ws_id, None)
             if self.checkpoints is not None:
                 self.checkpoints.forget(ws_id)

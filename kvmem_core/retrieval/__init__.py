@@ -12,7 +12,7 @@ from kvmem_core.retrieval.calibration import CalibrationDoc, block_scores, calib
 from kvmem_core.retrieval.index import BlockIndex, MissingSummaryError
 from kvmem_core.retrieval.profile import RetrievalProfile
 from kvmem_core.retrieval.scorers import KeyDirectionScorer, MeanKScorer, SubBlockMeanKScorer, make_scorer
-from kvmem_core.retrieval.selector import ATOMIC_PREFIX, MANDATORY_TAG, BlockSpans, Selection, Selector
+from kvmem_core.retrieval.selector import ATOMIC_PREFIX, MANDATORY_TAG, BlockSpans, Selection, Selector, StoredSpans
 from kvmem_core.retrieval.summaries import SummaryOptions, index_pairs, summarize_block
 from kvmem_core.retrieval.token_mass import PerTokenScorer, RetrievalHeadsScorer
 
@@ -21,6 +21,7 @@ __all__ = [
     "BlockIndex",
     "BlockScores",
     "BlockSpans",
+    "StoredSpans",
     "CalibrationDoc",
     "KeyDirectionScorer",
     "KeySource",

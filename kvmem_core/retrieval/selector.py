@@ -72,6 +72,34 @@ class BlockSpans:
         return len(self.n_tokens)
 
 
+class StoredSpans:
+    """``BlockSpans.from_metas`` of one workspace's blocks, kept between steps: a step converts only the blocks
+    added since the last one (all of them again when the list no longer starts with the blocks held)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.hashes: list[str] = []
+        self._names: dict[str, int] = {}
+        self._spans = BlockSpans.uniform(0, 0)
+
+    def spans(self, metas: Sequence[BlockMeta]) -> BlockSpans:
+        """The spans of ``metas`` (as ``BlockSpans.from_metas`` gives them)."""
+        n = len(self.hashes)
+        if len(metas) < n or [m.chain_hash for m in metas[:n]] != self.hashes:
+            self._reset()
+            n = 0
+        new, old = metas[n:], self._spans
+        self._spans = BlockSpans(
+            np.concatenate((old.n_tokens, np.array([m.n_tokens for m in new], dtype=np.int64))),
+            np.concatenate((old.mandatory, np.array([MANDATORY_TAG in m.tags for m in new], dtype=bool))),
+            np.concatenate((old.groups, np.array([_group_of(m.tags, self._names) for m in new], dtype=np.int64))),
+        )
+        self.hashes += [m.chain_hash for m in new]
+        return self._spans
+
+
 def _group_of(tags: frozenset[str], names: dict[str, int]) -> int:
     atomic = sorted(t for t in tags if t.startswith(ATOMIC_PREFIX))
     return names.setdefault(atomic[0], len(names)) if atomic else -1
@@ -194,8 +222,8 @@ class _Picker:
         self.chosen = np.zeros(len(spans), dtype=bool)
         self.mandatory: tuple[int, ...] = ()
         self.expanded: list[int] = []
-        self._members = _members_by_group(spans.groups)
-        self._turns = _members_by_group(spans.turns) if spans.turns is not None else {}
+        self._members = _Members(spans.groups)
+        self._turns = _Members(spans.turns) if spans.turns is not None else _Members(np.zeros(0, np.int64))
         self._smallest = int(spans.n_tokens.min()) if len(spans) else 0
 
     def take_mandatory(self, mask: np.ndarray, budget: int, tail_tokens: int) -> None:
@@ -274,10 +302,18 @@ class _Picker:
         return Selection(blocks, tokens, tail_tokens, self.mandatory, tuple(sorted(self.expanded)), method)
 
 
-def _members_by_group(labels: np.ndarray) -> dict[int, list[int]]:
-    """Block indexes per group label, in order (label -1: in no group)."""
-    out: dict[int, list[int]] = {}
-    for i, g in enumerate(labels.tolist()):
-        if g >= 0:
-            out.setdefault(g, []).append(i)
-    return out
+class _Members:
+    """Block indexes per group label (``labels`` [N], -1: in no group), in order; a group's are listed on first use,
+    so a step's work in Python follows the groups it offers, not the workspace's."""
+
+    def __init__(self, labels: np.ndarray) -> None:
+        inside = np.flatnonzero(labels >= 0)
+        self._order = inside[np.argsort(labels[inside], kind="stable")]
+        self._labels = labels[self._order]
+        self._listed: dict[int, list[int]] = {}
+
+    def __getitem__(self, group: int) -> list[int]:
+        if group not in self._listed:
+            lo, hi = np.searchsorted(self._labels, (group, group + 1))
+            self._listed[group] = self._order[lo:hi].tolist()
+        return self._listed[group]
