@@ -1,7 +1,13 @@
 """Prompt-lookup speculative decoding on the default model (Qwen2.5-Coder-0.5B) is lossless: greedy answers with
 ``speculative: lookup`` equal those without, token for token, for a turn that rewrites a file it just read (most
 drafts accepted) and one without repeats; a drafter that guesses wrong changes nothing either (verification
-rejects its tokens), and the view holds exactly the committed tokens afterwards (rejected cells are gone)."""
+rejects its tokens), and the view holds exactly the committed tokens afterwards (rejected cells are gone).
+
+Token for token up to a near-tie: a verification forward runs the token and its draft as one batch, whose
+arithmetic llama.cpp's CPU kernels group differently from a one-token step (on some CPUs the logits of the two
+differ by up to ~0.2 at the top), so where greedy decoding's two best tokens are closer than that the pick may
+turn, as it may between two prefill chunkings of the same prompt. A wrong draft taken would part the answers
+where the reference's choice is clear."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 import llama_cpp as L
+import numpy as np
 import pytest
 
 import kvmem_core.speculative as speculative
@@ -16,10 +23,12 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.engine import KVMemEngine
 from kvmem_core.lookup import LookupDrafter
+from kvmem_core.sampling import Sampler
 from kvmem_core.step import view_sequence
 
 pytestmark = pytest.mark.llamacpp
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=256, method="full")
+TIE = 0.25  # logits: two best tokens nearer than this are a near-tie that batch arithmetic may turn (docstring)
 TOKENS = 48
 SOURCE = (Path(__file__).parents[2] / "kvmem_core" / "lookup.py").read_text()[:1600]
 REWRITE = (
@@ -45,6 +54,34 @@ def engine() -> Iterator[KVMemEngine]:
     e = KVMemEngine(create_adapter(str(path), CFG, n_threads=1), CFG)
     yield e
     e.close()
+
+
+def greedy_with_margins(
+    engine: KVMemEngine, messages: tuple[dict[str, str], ...], monkeypatch: pytest.MonkeyPatch
+) -> tuple[StepResult, list[float]]:
+    """A greedy answer without speculation, with each pick's margin: its best logit less the second best."""
+    margins: list[float] = []
+    pick = Sampler.__call__
+
+    def recorded(self: Sampler, logits: np.ndarray) -> int:
+        top = np.partition(logits, -2)[-2:]
+        margins.append(float(top[1] - top[0]))
+        return pick(self, logits)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Sampler, "__call__", recorded)
+        return greedy(engine, messages, "off"), margins
+
+
+def assert_same_up_to_a_near_tie(on: StepResult, off: StepResult, margins: list[float]) -> None:
+    """``on`` equals ``off`` token for token, or first parts from it where ``off``'s pick was a near-tie."""
+    parted = next((i for i, (a, b) in enumerate(zip(on.token_ids, off.token_ids)) if a != b), None)
+    if parted is None and len(on.token_ids) != len(off.token_ids):
+        parted = min(len(on.token_ids), len(off.token_ids))
+    if parted is not None:
+        assert margins[parted] < TIE, f"token {parted} parted where the reference's margin was {margins[parted]:.3f}"
+    else:
+        assert on.text == off.text
 
 
 def greedy(engine: KVMemEngine, messages: tuple[dict[str, str], ...], mode: str) -> StepResult:
@@ -74,10 +111,11 @@ class WrongDrafter(LookupDrafter):
 
 
 @pytest.mark.parametrize("messages", [REWRITE, STORY], ids=["rewrite", "story"])
-def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages) -> None:
-    off = greedy(engine, messages, "off")
+def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages, monkeypatch) -> None:
+    off, margins = greedy_with_margins(engine, messages, monkeypatch)
     on = greedy(engine, messages, "lookup")
-    assert on.token_ids == off.token_ids and on.text == off.text
+    assert len(margins) >= len(off.token_ids)
+    assert_same_up_to_a_near_tie(on, off, margins)
     assert "draft_tokens" not in off.timings
     assert 0 <= on.timings["draft_accepted"] <= on.timings["draft_tokens"]
     if messages is REWRITE:
@@ -85,10 +123,10 @@ def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages) -
 
 
 def test_wrong_drafts_are_rejected(engine: KVMemEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    off = greedy(engine, REWRITE, "off")
+    off, margins = greedy_with_margins(engine, REWRITE, monkeypatch)
     monkeypatch.setattr(speculative, "LookupDrafter", WrongDrafter)
     on = greedy(engine, REWRITE, "lookup")
-    assert on.token_ids == off.token_ids
+    assert_same_up_to_a_near_tie(on, off, margins)
     assert on.timings["draft_accepted"] < on.timings["draft_tokens"]
 
 
