@@ -1,21 +1,31 @@
 """The cost of structured output per decoded token, two ways on a loaded engine. What a user pays (``exposed``):
-one JSON-schema answer's decode time per token against the same prompt's unconstrained decode for as many tokens,
-best of interleaved rounds. The mask's own work (``mask_ms_per_token``): the answer's tokens replayed through a
-fresh grammar mask alone (``kvmem_core.structured.Constraint``, planning each step in line) over the model's whole
-vocabulary. The decode loop plans each step's mask while the model computes the step's logits, so the exposed
-cost is what is left of the mask's work on the token path. The goal: at most 5% of a decode step. Two figures
-tell where it goes: ``masked_share``, the share of the answer's steps whose logits the mask was built for (a
-greedy pick the grammar allows needs none), and ``host_ms_per_token``, the constrained decode loop's host time
-per token less the free loop's, on the answer replayed with no model (every pick allowed: what the grammar adds
-between two step launches where no mask is built, all of it exposed where the device step ends first)."""
+one JSON-schema answer's decode time per token against the same answer decoded without the grammar. The
+free run replays the answer's tokens through the same decode loop (``Replay``: each step still makes the free
+loop's own greedy pick from the logits, then takes the answer's token), so both runs decode the same tokens at
+the same positions, as many model steps, and end the same way (the end token picked from the logits after the
+closing bracket). An unconstrained answer to the prompt would not: it is other text, and cut at the answer's
+length it skips the last model step, which the grammar's answer runs to pick its end token (one step in 47 on
+the default model: 2% of the decode, which would count as the grammar's). Each step is timed apart, from one pick
+to the next (``StepTimer``), over ``rounds`` interleaved rounds of both, and each side's time is the sum of its
+steps' best times: a burst of other work on the machine slows some steps of one round, not the same steps of
+every round, so a slow round does not count whole. ``tests/reference/test_bench_speed_llamacpp.py`` checks that
+a known cost put into the grammar's steps shows up at its size.
+
+The mask's own work (``mask_ms_per_token``): the answer's tokens replayed through a fresh grammar mask alone
+(``kvmem_core.structured.Constraint``, planning each step in line) over the model's whole vocabulary. The decode
+loop plans each step's mask while the model computes the step's logits, so the exposed cost is what is left of
+the mask's work on the token path. The goal: at most 5% of a decode step. Two figures tell where it goes:
+``masked_share``, the share of the answer's steps whose logits the mask was built for (a greedy pick the grammar
+allows needs none), and ``host_ms_per_token``, the constrained decode loop's host time per token less the free
+loop's, on the answer replayed with no model (every pick allowed: what the grammar adds between two step
+launches where no mask is built, all of it exposed where the device step ends first)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import time
-from dataclasses import replace
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -40,25 +50,33 @@ SCHEMA = {
 }
 
 
-def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 3) -> dict[str, Any]:
+def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 5) -> dict[str, Any]:
     """Structured output's cost per token against the engine's decode step on one constrained answer (``max_tokens``
-    at most), over ``rounds`` interleaved constrained and free answers; ``None`` figures when llguidance is not
-    installed. ``mask_share``: the exposed cost's share of a free decode step (negative: within the noise)."""
+    at most), over ``rounds`` interleaved constrained answers and replays of it without the grammar, after one
+    constrained answer that warms up and gives the answer to replay; ``None`` figures when llguidance is not
+    installed or a round's answer is not the first one's. ``mask_share``: the exposed cost's share of a free decode
+    step (negative: within the noise)."""
     try:
         text, _ = grammar((SCHEMA, True), None, None, None)
     except Exception as exc:  # no grammar library: the row says so instead of failing the run
         return {"mask_ms_per_token": None, "error": str(exc)}
     constrained = SamplingParams(temperature=0, max_tokens=max_tokens, grammar=text)
-    made = _watch_constraints(engine)
-    result, constrained_ms = _decode_ms(engine, constrained)
-    steps, masked = made[-1].steps, made[-1].masked
-    free = replace(constrained, grammar=None, max_tokens=max(len(result.token_ids), 1))
-    free_ms = _decode_ms(engine, free)[1]
-    for _ in range(rounds - 1):
-        constrained_ms = min(constrained_ms, _decode_ms(engine, constrained)[1])
-        free_ms = min(free_ms, _decode_ms(engine, free)[1])
+    timer = StepTimer(engine)
+    try:
+        result, _ = timer.answer(constrained)
+        steps, masked = timer.made.steps, timer.made.masked
+        vocabulary = engine.formats.vocabulary
+        replay, timed = Replay(result.token_ids, vocabulary.ends[0]), {True: [], False: []}
+        for _ in range(rounds):
+            for grammar_on in timed:
+                again, steps_ms = timer.answer(constrained, None if grammar_on else replay)
+                if again.token_ids != result.token_ids:  # other steps: nothing left to compare them with
+                    return {"mask_ms_per_token": None, "error": "the constrained answer changed between rounds"}
+                timed[grammar_on].append(steps_ms)
+    finally:
+        timer.close()
+    constrained_ms, free_ms = (best_steps_ms(timed[on]) / max(len(result.token_ids), 1) for on in (True, False))
     mask_ms, exposed_ms = mask_alone_ms(engine, text, result.token_ids, max_tokens), constrained_ms - free_ms
-    vocabulary = engine.formats.vocabulary
     return {
         "tokens": len(result.token_ids),
         "parses": parses(result.text),
@@ -77,17 +95,79 @@ def structured_cost(engine: Any, max_tokens: int = 96, rounds: int = 3) -> dict[
     }
 
 
-def _watch_constraints(engine: Any) -> list[Constraint]:
-    """The constraints the engine's steps make from now on, in order (their counters read after a step)."""
-    made: list[Constraint] = []
-    make = engine.formats.constraint
+def best_steps_ms(rounds: list[list[float]]) -> float:
+    """The sum over an answer's steps of each step's best time across ``rounds`` (ms): a burst of other work on the
+    machine slows a few steps of one round, which another round's same steps replace."""
+    return float(np.min(np.array(rounds), axis=0).sum())
 
-    def constraint(sampling: SamplingParams, n_vocab: int) -> Constraint | None:
-        made.append(made_one := make(sampling, n_vocab))
-        return made_one
 
-    engine.formats.constraint = constraint
-    return made
+class Replay:
+    """The decode loop's work without a grammar, on a given answer: each pick is the free loop's own (``sample`` of
+    the logits), and the answer's next token is taken in its place (``end`` after the answer's last), so the model
+    decodes the same tokens at the same positions, as many steps, and ends the same way."""
+
+    def __init__(self, tokens: Sequence[int], end: int) -> None:
+        self.tokens, self.end, self.at = tuple(tokens), end, 0
+
+    def restart(self) -> Replay:
+        self.at = 0
+        return self
+
+    def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
+        return logits
+
+    def choose(self, logits: np.ndarray, left: int, sample: Callable[[np.ndarray], int], greedy: bool) -> int:
+        sample(logits)
+        return self.tokens[self.at] if self.at < len(self.tokens) else self.end
+
+    def take(self, token: int, data: bytes, left: int | None = None) -> None:
+        self.at += 1
+
+
+class StepTimer:
+    """Times an engine's decode steps one by one: its steps' constraints (the grammar's, or a ``Replay`` in its
+    place) stamp the time at each pick. A step's time runs from one pick to the next, its model step included;
+    the first runs from the making of the constraint, which a grammar's answer pays too."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.make = engine, engine.formats.constraint
+        self.made: Any = None  # the latest answer's constraint (its ``steps`` and ``masked`` read after it)
+        self._replay: Replay | None = None
+        self._stamps: list[float] = []
+        engine.formats.constraint = self._constraint
+
+    def answer(self, sampling: SamplingParams, replay: Replay | None = None) -> tuple[Any, list[float]]:
+        """One answer to the benchmark's prompt, under the grammar or ``replay``; -> (the step's result, each step's
+        time in ms)."""
+        self._replay, self._stamps = replay, []
+        request = StepRequest(messages=({"role": "user", "content": "Describe Paris as JSON."},), sampling=sampling)
+        result = self.engine.step(request, lambda piece: True)
+        return result, list(1e3 * np.diff(self._stamps))
+
+    def close(self) -> None:
+        self.engine.formats.constraint = self.make
+
+    def _constraint(self, sampling: SamplingParams, n_vocab: int) -> Any:
+        self._stamps.append(time.perf_counter())
+        self.made = self._replay.restart() if self._replay is not None else self.make(sampling, n_vocab)
+        return _Stamped(self.made, self._stamps)
+
+
+class _Stamped:
+    """``inner``'s picks, each stamped into ``stamps`` as it starts (one wrapper for both, so both pay it alike)."""
+
+    def __init__(self, inner: Any, stamps: list[float]) -> None:
+        self.inner, self.stamps = inner, stamps
+
+    def allow(self, logits: np.ndarray, left: int) -> np.ndarray:
+        return self.inner.allow(logits, left)
+
+    def choose(self, logits: np.ndarray, left: int, sample: Callable[[np.ndarray], int], greedy: bool) -> int:
+        self.stamps.append(time.perf_counter())
+        return self.inner.choose(logits, left, sample, greedy)
+
+    def take(self, token: int, data: bytes, left: int | None = None) -> None:
+        self.inner.take(token, data, left)
 
 
 def host_ms(vocabulary: Vocabulary, text: str, tokens: list[int], max_tokens: int, rounds: int = 5) -> float:
@@ -125,13 +205,6 @@ def compile_ms(vocabulary: Vocabulary, text: str) -> float:
     t = time.perf_counter()
     Constraint(fresh, vocabulary)
     return 1e3 * (time.perf_counter() - t)
-
-
-def _decode_ms(engine: Any, sampling: SamplingParams) -> tuple[Any, float]:
-    """One answer to the benchmark's prompt; -> (the step's result, its decode time per token in ms)."""
-    request = StepRequest(messages=({"role": "user", "content": "Describe Paris as JSON."},), sampling=sampling)
-    result = engine.step(request, lambda piece: True)
-    return result, 1e3 * result.timings["decode_s"] / max(len(result.token_ids), 1)
 
 
 def mask_alone_ms(engine: Any, text: str, tokens: list[int], max_tokens: int) -> float:

@@ -3,6 +3,9 @@ structured-output mask's cost apart from the decode step, the dense prefix-cache
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import numpy as np
 import pytest
 from model_support import small_model
@@ -19,19 +22,48 @@ def test_decode_overhead_compares_kvmem_with_plain_llama_cpp_on_the_same_prompt(
     assert out["decode_vs_plain"] == pytest.approx(out["kvmem_tok_s"] / out["plain_tok_s"], abs=2e-3)
 
 
+def _structured_costs(max_tokens: int, rounds: int, *costs: Callable[[], None]) -> tuple[list[dict], list]:
+    """``structured_cost`` on SmolLM2 once with each of ``costs`` entering every token the grammar takes; -> (the
+    rows, the steps' results in order)."""
+    from kvmem_bench.speed_structured import structured_cost
+    from kvmem.engines import load_engine
+    from kvmem_core.config import KVMemConfig
+    from kvmem_core.structured import Constraint
+
+    engine = load_engine("llama.cpp", str(small_model()), KVMemConfig(ctx=2048, budget=1024, gen_budget=256))
+    results, step, take, rows = [], engine.step, Constraint.take, []
+    engine.step = lambda request, on_text: results.append(step(request, on_text)) or results[-1]
+    try:
+        for cost in costs:
+
+            def costly_take(self, token, data, left=None, cost=cost):
+                cost()
+                take(self, token, data, left)
+
+            Constraint.take = costly_take
+            rows.append(structured_cost(engine, max_tokens=max_tokens, rounds=rounds))
+        return rows, results
+    finally:
+        Constraint.take = take
+        engine.close()
+
+
+def _busy(ms: float) -> Callable[[], None]:
+    """A wait of ``ms`` that holds the interpreter, as the grammar's own work does."""
+
+    def wait() -> None:
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+    return wait
+
+
 @pytest.mark.llamacpp
 def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llguidance")
-    from kvmem_bench.speed_structured import structured_cost
-    from kvmem.engines import load_engine
-    from kvmem_core.config import KVMemConfig
-
-    engine = load_engine("llama.cpp", str(small_model()), KVMemConfig(ctx=2048, budget=1024, gen_budget=256))
-    try:
-        out = structured_cost(engine, max_tokens=32, rounds=1)
-    finally:
-        engine.close()
+    [out], _ = _structured_costs(32, 1, lambda: None)
     assert (
         out["tokens"] > 0
         and out["parses"]
@@ -47,6 +79,24 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
     assert out["mask_share"] == pytest.approx(exposed / out["free_decode_ms_per_token"], abs=1e-3)
     assert out["mask_alone_share"] == pytest.approx(
         out["mask_ms_per_token"] / out["free_decode_ms_per_token"], abs=1e-3
+    )
+
+
+@pytest.mark.llamacpp
+def test_structured_cost_compares_the_same_model_work_and_shows_a_known_grammar_cost():
+    """The free runs decode the constrained answer's own tokens and end as it does, and a known cost added to each
+    token the grammar takes shows up in the exposed cost at its size, over what the grammar costs without it."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llguidance")
+    cost_ms = 2.0
+    (plain, costly), results = _structured_costs(32, 5, lambda: None, _busy(cost_ms))
+    answer = results[0]
+    assert len(results) == 22 and answer.finish_reason == "stop"  # an end token ends it, as it does the replays
+    assert all(r.token_ids == answer.token_ids and r.finish_reason == "stop" for r in results)
+    added = costly["exposed_ms_per_token"] - plain["exposed_ms_per_token"]
+    assert added == pytest.approx(cost_ms, abs=0.2 * cost_ms), (plain, costly)
+    assert costly["mask_share"] - plain["mask_share"] == pytest.approx(
+        cost_ms / costly["free_decode_ms_per_token"], rel=0.3
     )
 
 
