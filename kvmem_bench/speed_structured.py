@@ -150,7 +150,7 @@ class StepTimer:
     def _constraint(self, sampling: SamplingParams, n_vocab: int) -> Any:
         self._stamps.append(time.perf_counter())
         self.made = self._replay.restart() if self._replay is not None else self.make(sampling, n_vocab)
-        return _Stamped(self.made, self._stamps)
+        return None if self.made is None else _Stamped(self.made, self._stamps)  # None: a step without a format
 
 
 class _Stamped:
