@@ -51,8 +51,9 @@ class WireTap:
             async for chunk in up.content.iter_any():
                 captured += chunk
                 await resp.write(chunk)
+            # checked before the reply ends: a client that has its whole reply may read ``seen`` at once
+            self._check(request.path, body, up.status, captured)
             await resp.write_eof()
-        self._check(request.path, body, up.status, captured)
         return resp
 
     def _check(self, path: str, request: bytes, status: int, reply: bytes) -> None:
