@@ -39,7 +39,7 @@ from kvmem_core.layout import BlockKV, BlockLayout, BlockMeta
 
 log = logging.getLogger("kvmem.nvme")
 SYNC_BYTES = 256 << 20
-Manifest = bytes | Callable[[], bytes] | None  # a workspace manifest's data, or its encoding to come; None: delete it
+Manifest = Callable[[], bytes] | None  # a workspace manifest's encoding, called by the writer; None: delete it
 _STOP = None
 
 
@@ -205,8 +205,8 @@ class NvmeTier:
         self._jobs.put(_Job("sync", "", 0, self.root, 0, None))
 
     def submit_manifest(self, ws_id: str, data: Manifest) -> bool:
-        """Queue the latest manifest of a workspace (None deletes it; a callable is encoded by the writer thread);
-        True if a job was queued.
+        """Queue the latest manifest of a workspace (None deletes it; the writer thread calls ``data`` for the
+        bytes); True if a job was queued.
 
         Successive calls before the writer gets to it coalesce into one write.
         """
@@ -244,12 +244,11 @@ class NvmeTier:
             data = self._manifests.pop(job.key)
         if data is None:
             return _Job("manifest", job.key, 0, job.path, 0, None)
-        if callable(data):
-            try:
-                data = data()
-            except Exception as exc:  # reaches the caller's thread through WriteDone, as a failed write does
-                return _Job("manifest", job.key, 0, job.path, 0, functools.partial(_fail, exc))
-        return _Job("manifest", job.key, 0, job.path, len(data), lambda f: f.write(data))
+        try:
+            encoded = data()
+        except Exception as exc:  # reaches the caller's thread through WriteDone, as a failed write does
+            return _Job("manifest", job.key, 0, job.path, 0, functools.partial(_fail, exc))
+        return _Job("manifest", job.key, 0, job.path, len(encoded), lambda f: f.write(encoded))
 
     def _run_writer(self, fsync: bool) -> None:
         unsynced: list[Path] = []

@@ -20,7 +20,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -47,10 +47,9 @@ class Workspace:
         return json.dumps(self.__dict__).encode()
 
     def manifest_later(self) -> Callable[[], bytes]:
-        """``to_manifest`` of the workspace as it is now, encoded when called: the caller copies the hash list, and
-        the encoding, which grows with the workspace, is left to whoever writes it (once per coalesced write)."""
-        fields = {**self.__dict__, "hashes": list(self.hashes)}
-        return lambda: json.dumps(fields).encode()
+        """``to_manifest`` of the workspace as it is now, encoded when called: the hash list is copied now, the
+        encoding, which grows with the workspace, is left to whoever writes it (once per coalesced write)."""
+        return replace(self, hashes=list(self.hashes)).to_manifest
 
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> Workspace:

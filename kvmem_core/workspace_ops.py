@@ -22,7 +22,7 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import CorruptBlockError, WorkspaceExistsError, WorkspaceFileError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.portable import WorkspaceReader, write_workspace
-from kvmem_core.retrieval import BlockIndex, SummaryOptions, summarize_block
+from kvmem_core.retrieval import BlockIndex, StoredSpans, SummaryOptions, summarize_block
 from kvmem_core.step import ViewState
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
@@ -45,7 +45,7 @@ class WorkspaceOps:
     summary_opts: SummaryOptions
     checkpoints: Checkpoints | None
     _indexes: dict[str, BlockIndex]
-    _stored_spans: dict[str, Any]
+    _stored_spans: dict[str, StoredSpans]
     _view_ws: str | None
     _abandon: Callable[[], None]
 

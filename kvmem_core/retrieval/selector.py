@@ -50,8 +50,9 @@ class BlockSpans:
     turns: np.ndarray | None = None
 
     @classmethod
-    def from_metas(cls, metas: Sequence[BlockMeta]) -> BlockSpans:
-        names: dict[str, int] = {}
+    def from_metas(cls, metas: Sequence[BlockMeta], names: dict[str, int] | None = None) -> BlockSpans:
+        """``names``: the atomic groups' numbers so far (blocks before ``metas``'), extended with new ones."""
+        names = {} if names is None else names
         groups = [_group_of(m.tags, names) for m in metas]
         return cls(
             np.array([m.n_tokens for m in metas], dtype=np.int64),
@@ -90,13 +91,13 @@ class StoredSpans:
         if len(metas) < n or [m.chain_hash for m in metas[:n]] != self.hashes:
             self._reset()
             n = 0
-        new, old = metas[n:], self._spans
+        old, new = self._spans, BlockSpans.from_metas(metas[n:], self._names)
         self._spans = BlockSpans(
-            np.concatenate((old.n_tokens, np.array([m.n_tokens for m in new], dtype=np.int64))),
-            np.concatenate((old.mandatory, np.array([MANDATORY_TAG in m.tags for m in new], dtype=bool))),
-            np.concatenate((old.groups, np.array([_group_of(m.tags, self._names) for m in new], dtype=np.int64))),
+            np.concatenate((old.n_tokens, new.n_tokens)),
+            np.concatenate((old.mandatory, new.mandatory)),
+            np.concatenate((old.groups, new.groups)),
         )
-        self.hashes += [m.chain_hash for m in new]
+        self.hashes += [m.chain_hash for m in metas[n:]]
         return self._spans
 
 
