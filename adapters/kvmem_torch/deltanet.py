@@ -5,13 +5,22 @@ run dtype and the recurrent matrix [v_heads, k_dim, v_dim] in fp32. Prefill runs
 chunked (WY) form of the delta rule, decode the recurrent one; both update the state in
 place so decode can be graph-captured. On CUDA, prefill runs flash-linear-attention's chunked
 kernels when the package (``fla-core``, the ``cuda`` extra) is installed: the torch form loops
-over 64-token chunks in Python, a few kernels per chunk and layer. Pieces shorter than a chunk
+over 64-token chunks in Python, a few kernels per chunk and layer. Forwards shorter than a chunk
 (``FLA_MIN_TOKENS``) keep the torch form, whose host cost is then the smaller.
+
+**Snapshots in one call.** A prefill forward may hand out the state after given tokens (the engine's checkpoints).
+Through fla, a layer makes one call for them all: each snapshot's prefix of the tokens runs as another sequence
+of one variable-length batch, from the same starting state (``Prefixes``), so its final state is the state a
+forward cut there would leave. The extra tokens cost the GPU little; a call costs the host ~1 ms a layer (fla's
+Python wrappers), which a forward of a few hundred tokens cannot hide. The torch form splits its work at the
+offsets instead.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -24,9 +33,8 @@ from kvmem_torch.layers import fuse
 from kvmem_torch.spec import ModelSpec
 
 CHUNK = 64
-FLA_MIN_TOKENS = CHUNK  # shorter pieces run the torch form: fla's Python wrappers cost ~2 ms of host a call
-# (autotuner lookups, input guards), one chunk of the torch form ~25 launches; a prefill with snapshots cuts pieces
-# that short at the query's start and the last block edge, in every DeltaNet layer
+FLA_MIN_TOKENS = CHUNK  # shorter forwards run the torch form: fla's Python wrappers cost ~1-2 ms of host a call
+# (autotuner lookups, input guards), one chunk of the torch form ~25 launches
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -95,13 +103,46 @@ def fla_chunked_rule() -> Callable | None:
     return chunk_gated_delta_rule
 
 
+@dataclass(frozen=True)
+class Prefixes:
+    """A forward's ``T`` tokens followed by their first ``offsets[i]`` tokens for each snapshot offset, as one
+    variable-length batch on ``device``: ``rows`` picks each sequence's tokens from the forward's, ``cu_seqlens`` and
+    ``chunk_indices`` are fla's description of the batch (made here, so fla never reads a device tensor back)."""
+
+    lengths: tuple[int, ...]
+    rows: torch.Tensor
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+
+
+@functools.lru_cache(maxsize=16)  # one forward's layers share it
+def prefixes(T: int, offsets: tuple[int, ...], device: torch.device) -> Prefixes:
+    lengths = (T, *offsets)
+    chunks = [(i, c) for i, n in enumerate(lengths) for c in range(-(-n // CHUNK))]
+    rows = [r for n in lengths for r in range(n)]
+    ends = [0, *itertools.accumulate(lengths)]
+    on_device = [torch.tensor(x, dtype=torch.int32).pin_memory().to(device, non_blocking=True) for x in (rows, ends)]
+    indices = torch.tensor(chunks, dtype=torch.int32).pin_memory().to(device, non_blocking=True)
+    return Prefixes(lengths, on_device[0], on_device[1], indices)
+
+
 def fla_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    batch: Prefixes | None = None,
+    snapshots: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """The chunked rule through flash-linear-attention, from the conv outputs as they are (no head repeat: its
     value heads share key heads as ``repeat_interleave`` does). q,k [T, nk, dk] (L2-normalized in the
     kernel, q scaled by dk^-1/2 there), v [T, nv, dv], g/beta [T, nv] fp32, state [nv, dk, dv] fp32
-    (updated). -> [T, nv, dv] in v's dtype."""
+    (updated). -> [T, nv, dv] in v's dtype. With a ``batch``, the inputs hold its sequences' rows (``Prefixes``):
+    the output and ``state`` are the first sequence's, and ``snapshots[i]`` receives the final state of sequence
+    ``i + 1``."""
+    n = 1 if batch is None else len(batch.lengths)
     out, final = fla_chunked_rule()(
         q[None],
         k[None],
@@ -109,12 +150,16 @@ def fla_delta_rule(
         g[None],
         beta[None],
         scale=q.shape[-1] ** -0.5,
-        initial_state=state[None],
+        initial_state=state.expand(n, *state.shape).contiguous(),
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
+        cu_seqlens=None if batch is None else batch.cu_seqlens,
+        chunk_indices=None if batch is None else batch.chunk_indices,
     )
     state.copy_(final[0])
-    return out[0]
+    for snapshot, after in zip(snapshots, final[1:]):
+        snapshot.copy_(after)
+    return out[0] if batch is None else out[0, : batch.lengths[0]]
 
 
 class DeltaNet:
@@ -142,40 +187,58 @@ class DeltaNet:
         snapshots: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (),
     ) -> torch.Tensor:
         """The layer's output for ``x`` [T, ...]; reads and updates the state in place. ``snapshots``: (offset,
-        conv, rec) with ascending offsets inside T: the state after that many tokens is copied into conv and rec
-        (the conv and the delta rule run in pieces split there, as forwards cut there would run them)."""
+        conv, rec) with ascending offsets inside T: the state after that many tokens is copied into conv and rec,
+        as a forward cut there would leave it (through fla one call for all; in the torch form the work is split
+        there)."""
         w = self.w
         mixed, z, b, a = project(x, w["in_fused"]).split(self.sizes, dim=-1)
         T = mixed.shape[0]
         if T == 1 and self.fused:
             core = deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
             return output_projection(core[None], w["out"])
-        cores, start = [], 0
-        for end, conv_copy, rec_copy in (*snapshots, (T, None, None)):
-            cores.append(self.mix(mixed[start:end], a[start:end], b[start:end], conv_state, rec_state))
-            if conv_copy is not None:
-                conv_copy.copy_(conv_state)
-                rec_copy.copy_(rec_state)
-            start = end
-        core = cores[0] if len(cores) == 1 else torch.cat(cores)
+        if snapshots and self.fla:
+            core = self.mix(mixed, a, b, conv_state, rec_state, snapshots)
+        else:
+            cores, start = [], 0
+            for end, conv_copy, rec_copy in (*snapshots, (T, None, None)):
+                cores.append(self.mix(mixed[start:end], a[start:end], b[start:end], conv_state, rec_state))
+                if conv_copy is not None:
+                    conv_copy.copy_(conv_state)
+                    rec_copy.copy_(rec_state)
+                start = end
+            core = cores[0] if len(cores) == 1 else torch.cat(cores)
         return F.linear(self.gated_norm(core, z.reshape(T, self.nv, self.dv)).reshape(T, -1), w["out"])
 
     def mix(
-        self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor, rec_state: torch.Tensor
+        self,
+        mixed: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        conv_state: torch.Tensor,
+        rec_state: torch.Tensor,
+        snapshots: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (),
     ) -> torch.Tensor:
-        """Conv and delta rule of T consecutive tokens' projections, from and into the state. -> [T, nv, dv]"""
+        """Conv and delta rule of T consecutive tokens' projections, from and into the state; ``snapshots`` (fla
+        only) as ``__call__``'s, in the same call (``Prefixes``). -> [T, nv, dv]"""
         T = mixed.shape[0]
-        mixed = self.conv(mixed, conv_state)  # [T, conv_dim]
+        mixed = self.conv(mixed, conv_state, [(offset, conv) for offset, conv, _ in snapshots])  # [T, conv_dim]
+        batch = None
+        if snapshots:
+            batch = prefixes(T, tuple(offset for offset, _, _ in snapshots), mixed.device)
+            mixed, a, b = (x.index_select(0, batch.rows) for x in (mixed, a, b))
+        n = mixed.shape[0]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
-        if T >= FLA_MIN_TOKENS and self.fla:
+        if self.fla and (batch is not None or T >= FLA_MIN_TOKENS):
             return fla_delta_rule(
-                q.view(T, self.nk, self.dk),
-                k.view(T, self.nk, self.dk),
-                v.view(T, self.nv, self.dv),
+                q.view(n, self.nk, self.dk),
+                k.view(n, self.nk, self.dk),
+                v.view(n, self.nv, self.dv),
                 g,
                 beta,
                 rec_state,
+                batch,
+                [rec for _, _, rec in snapshots],
             )
         return self.torch_rule(q, k, v, g, beta, rec_state).to(a.dtype)
 
@@ -196,9 +259,14 @@ class DeltaNet:
         rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
         return rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state).transpose(0, 1)
 
-    def conv(self, mixed: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
-        """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail."""
+    def conv(
+        self, mixed: torch.Tensor, conv_state: torch.Tensor, tails: Sequence[tuple[int, torch.Tensor]] = ()
+    ) -> torch.Tensor:
+        """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail; ``tails``: (offset, conv)
+        pairs, each conv receiving the tail after that many tokens."""
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
+        for offset, tail in tails:
+            tail.copy_(xin[:, offset : offset + conv_state.shape[1]])
         conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1] :])
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)
