@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from kvmem_core.config import KVMemConfig
-from kvmem_core.errors import UnsupportedModelError
+from kvmem_core.errors import ConfigError, UnsupportedModelError
 from kvmem_core.threads import Threads, usable_cores
 
 TEXT = "The relay station logged every packet, its source, its size and the time it took to arrive. "
@@ -45,8 +45,8 @@ def run(
     path = resolve_model(model)
     try:
         adapter = adapter_factory(backend)(str(path), CONFIG, **opts)
-    except UnsupportedModelError as exc:  # the torch bench may name a tokenizer-only GGUF: its figures stand
-        log(f"threads: not measured ({exc})")
+    except (UnsupportedModelError, ConfigError) as exc:  # a tokenizer-only GGUF (the torch bench's), a backend not
+        log(f"threads: not measured ({exc})")  # installed (a source tree on PYTHONPATH): the session's figures stand
         return {"model": path.name, "skipped": str(exc)}
     try:
         rows = [

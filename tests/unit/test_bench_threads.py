@@ -114,3 +114,16 @@ def test_one_core_busy_runs_a_spinning_process_only_inside_the_block() -> None:
         time.sleep(0.2)
         assert spinner.poll() is None and Path(f"/proc/{spinner.pid}/stat").read_text().split()[2] in "RS"
     assert spinner.poll() is not None
+
+
+def test_a_sweep_on_a_backend_not_installed_is_skipped_with_its_reason(monkeypatch) -> None:
+    """From a source tree on PYTHONPATH no backend's entry point is registered: the sweep says so and the bench's
+    other figures stand (it used to end the run with exit code 2)."""
+    import kvmem.engines as engines
+    from kvmem_bench import speed_threads
+
+    monkeypatch.setattr(engines.importlib.metadata, "entry_points", lambda group: [])
+    logged: list[str] = []
+    result = speed_threads.run("torch", str(Path(__file__)), {}, quick=True, log=logged.append)
+    assert result == {"model": Path(__file__).name, "skipped": "unknown backend 'torch'; installed: none"}
+    assert logged == ["threads: not measured (unknown backend 'torch'; installed: none)"]
