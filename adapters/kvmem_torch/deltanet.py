@@ -117,13 +117,17 @@ class Prefixes:
 
 @functools.lru_cache(maxsize=16)  # one forward's layers share it
 def prefixes(T: int, offsets: tuple[int, ...], device: torch.device) -> Prefixes:
+    """The batch of a forward of ``T`` tokens with snapshots after each of ``offsets`` (see ``Prefixes``)."""
     lengths = (T, *offsets)
-    chunks = [(i, c) for i, n in enumerate(lengths) for c in range(-(-n // CHUNK))]
     rows = [r for n in lengths for r in range(n)]
-    ends = [0, *itertools.accumulate(lengths)]
-    on_device = [torch.tensor(x, dtype=torch.int32).pin_memory().to(device, non_blocking=True) for x in (rows, ends)]
-    indices = torch.tensor(chunks, dtype=torch.int32).pin_memory().to(device, non_blocking=True)
-    return Prefixes(lengths, on_device[0], on_device[1], indices)
+    chunks = [(i, c) for i, n in enumerate(lengths) for c in range(-(-n // CHUNK))]
+    return Prefixes(lengths, *(_sent(x, device) for x in (rows, [0, *itertools.accumulate(lengths)], chunks)))
+
+
+def _sent(values: list, device: torch.device) -> torch.Tensor:
+    """``values`` as int32 on ``device``; to a GPU from page-locked memory behind the queued work (no wait)."""
+    host = torch.tensor(values, dtype=torch.int32)
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
 def fla_delta_rule(
