@@ -13,7 +13,7 @@ NVMe→view are timed next to a raw copy / file read of the same bytes.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,16 @@ from kvmem_core.config import KVMemConfig
 from kvmem_core.step import common_prefix
 
 QUICK = dict(sizes=(1024, 2048, 4096, 8192), budget=1024, recent=256, gen=256)
-FULL = dict(sizes=(2048, 4096, 8192, 16384), budget=2048, recent=512, gen=512)
+FULL = dict(sizes=(2048, 4096, 8192, 16384), budget=2048, recent=512, gen=512)  # the view's knobs: the defaults
+DENSE_MAX = 16384  # past it the dense baselines are not run: a CPU prefill of the whole transcript (the re-prefill,
+# and the prefix cache's resident history) grows with its square, ~4 hours at 128K on 2 cores
+
+
+def resolve_plan(quick: bool, sizes: Sequence[int] | None, default_knobs: bool) -> dict[str, Any]:
+    """The quick or full plan; ``default_knobs``: the full plan's view (the defaults) whatever ``quick`` says;
+    ``sizes`` replace the plan's workspace sizes."""
+    plan = dict(FULL if default_knobs or not quick else QUICK)
+    return {**plan, "sizes": tuple(sizes)} if sizes else plan
 
 
 def session_config(plan: dict[str, Any]) -> KVMemConfig:
@@ -71,9 +80,9 @@ def run(
         point.update(baselines(model_path, ids, prev, decode_tokens, plain))
         point.update(baseline_ratios(point))
         log(
-            f"workspace {point['workspace_tokens']}: re-prefill {point['reprefill_ttft_s']:.2f} s, prefix cache "
-            f"{point['prefix_ttft_s']:.2f} s, suffix floor {point['suffix_floor_s']:.2f} s ({point['new_tokens']} new "
-            f"tokens), full decode {point['full_tok_s']:.1f} tok/s"
+            f"workspace {point['workspace_tokens']}: re-prefill {_seconds(point['reprefill_ttft_s'])}, prefix cache "
+            f"{_seconds(point['prefix_ttft_s'])}, suffix floor {point['suffix_floor_s']:.2f} s ({point['new_tokens']} "
+            f"new tokens), full decode {_rate(point['full_tok_s'])}"
         )
     overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
@@ -107,7 +116,7 @@ def run(
 
 def baselines(
     model_path: str, ids: list[int], previous: list[int], decode_tokens: int, opts: dict[str, Any], rounds: int = 3
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The plain llama-cpp-python baselines of one turn (``opts``: KVMem's threads and GPU layers), as a dict:
 
     - ``reprefill_ttft_s``: the whole transcript ``ids`` from an empty cache, as a stateless engine pays every
@@ -119,21 +128,22 @@ def baselines(
       faster.
 
     The cheap two are medians of ``rounds``, prefix cache first (a floor round empties the cache the prefix
-    rounds reuse); the re-prefill runs once: it is the long one, and its ratio to KVMem dwarfs the noise."""
+    rounds reuse); the re-prefill runs once: it is the long one, and its ratio to KVMem dwarfs the noise. Past
+    ``DENSE_MAX`` tokens only the floor runs (the others are None)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(
-        model_path, n_ctx=len(ids) + decode_tokens + 64, n_batch=512, flash_attn=True, verbose=False, **opts
-    )
+    dense = len(ids) <= DENSE_MAX
+    hit = min(common_prefix(previous, ids), len(ids) - 1)  # the last token is always computed (its logits)
+    n_ctx = (len(ids) if dense else len(ids) - hit) + decode_tokens + 64
+    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, flash_attn=True, verbose=False, **opts)
     try:
         llm.eval(ids[:8])  # warm-up: the first decode of a context allocates its graph; KVMem's is warm as well
-        out = reprefill(llm, ids, decode_tokens)
-        hit = min(common_prefix(previous, ids), len(ids) - 1)  # the last token is always computed (its logits)
-        prefix = [prefill_from(llm, ids, hit) for _ in range(rounds)]
+        out: dict[str, Any] = {"reprefill_ttft_s": None, "full_tok_s": None, "prefix_ttft_s": None}
+        if dense:
+            out.update(reprefill(llm, ids, decode_tokens))
+            out["prefix_ttft_s"] = float(np.median([prefill_from(llm, ids, hit) for _ in range(rounds)]))
         floor = [prefill_from(llm, ids[hit:], 0) for _ in range(rounds)]
-        out.update(
-            prefix_ttft_s=float(np.median(prefix)), suffix_floor_s=float(np.median(floor)), new_tokens=len(ids) - hit
-        )
+        out.update(suffix_floor_s=float(np.median(floor)), new_tokens=len(ids) - hit)
         out["plain_prefill_tok_s"] = out["new_tokens"] / out["suffix_floor_s"]
         return out
     finally:
@@ -173,3 +183,11 @@ def _argmax(llm: Any) -> int:
 
     logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
     return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+
+
+def _seconds(x: float | None) -> str:
+    return "not run" if x is None else f"{x:.2f} s"
+
+
+def _rate(x: float | None) -> str:
+    return "not run" if x is None else f"{x:.1f} tok/s"

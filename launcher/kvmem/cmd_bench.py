@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument(
         "--sizes",
         default=None,
-        help="torch: workspace sizes to measure, comma-separated tokens (default: the plan's; e.g. 16384,65536,262144)",
+        help="workspace sizes to measure, comma-separated tokens (default: the plan's; e.g. 16384,65536,262144; "
+        "llama.cpp runs its dense baselines up to 16384)",
     )
     speed.add_argument(
         "--quick", action="store_true", help="smaller workspaces (llama.cpp: about 8 minutes on 2 CPU cores)"
@@ -52,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument(
         "--default-knobs",
         action="store_true",
-        help="torch: the view a user gets (--kvmem-budget, --kvmem-gen-budget and the recent window at their "
-        "defaults) instead of the plan's larger one",
+        help="the view a user gets (--kvmem-budget, --kvmem-gen-budget and the recent window at their defaults) "
+        "instead of the plan's (torch: larger; llama.cpp --quick: smaller)",
     )
     speed.add_argument(
         "--out",
@@ -156,11 +157,13 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
         return run_replicas_cmd(args)
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    opts = (
-        {"shape": args.shape, "tokenizer": args.model, "sizes": _sizes(args.sizes), "default_knobs": args.default_knobs}
-        if args.backend == "torch"
-        else {}
-    )
+    sizes = _sizes(args.sizes)
+    if args.backend == "torch":
+        opts = {"shape": args.shape, "tokenizer": args.model, "sizes": sizes, "default_knobs": args.default_knobs}
+    elif sizes or args.default_knobs:
+        opts = {"plan": bench_module("speed_llamacpp").resolve_plan(args.quick, sizes, args.default_knobs)}
+    else:
+        opts = {}
     result = run_speed(
         args.backend,
         args.model,

@@ -125,3 +125,29 @@ def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_pr
     assert out["new_tokens"] == len(ids) - len(previous)
     assert min(out["reprefill_ttft_s"], out["prefix_ttft_s"], out["suffix_floor_s"], out["full_tok_s"]) > 0
     assert out["plain_prefill_tok_s"] == pytest.approx(out["new_tokens"] / out["suffix_floor_s"])
+
+
+@pytest.mark.llamacpp
+def test_past_the_dense_limit_only_the_suffix_floor_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transcript longer than ``DENSE_MAX`` gets no re-prefill and no prefix cache (their CPU prefill grows with
+    the square of its length), and its context holds only the suffix."""
+    pytest.importorskip("llama_cpp")
+    from kvmem_bench import speed_llamacpp
+
+    path = str(small_model())
+    previous = list(range(1000, 1100))
+    ids = previous + list(range(2000, 2030))
+    monkeypatch.setattr(speed_llamacpp, "DENSE_MAX", len(ids) - 1)
+    out = speed_llamacpp.baselines(path, ids, previous, 4, {"n_threads": 1, "n_threads_batch": 1}, rounds=1)
+    assert out["reprefill_ttft_s"] is out["prefix_ttft_s"] is out["full_tok_s"] is None
+    assert out["new_tokens"] == 30 and out["suffix_floor_s"] > 0
+
+
+def test_default_knobs_and_sizes_pick_the_full_plan_s_view_and_replace_its_sizes() -> None:
+    from kvmem_bench.speed_llamacpp import FULL, QUICK, resolve_plan
+    from kvmem_core.config import KVMemConfig
+
+    assert resolve_plan(True, None, False) == QUICK and resolve_plan(False, None, False) == FULL
+    plan, knobs = resolve_plan(True, [131072], True), KVMemConfig()
+    assert plan == {**FULL, "sizes": (131072,)}
+    assert (plan["budget"], plan["gen"], plan["recent"]) == (knobs.budget, knobs.gen_budget, knobs.recent_tokens)
