@@ -46,6 +46,11 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+def shown(value: float | None, fmt: str, missing: str) -> str:
+    """A figure for a log line: ``fmt`` of ``value``, or ``missing`` (why it was not measured) for None."""
+    return missing if value is None else fmt.format(value)
+
+
 def floor_s(nbytes: float, gbps: float) -> float:
     """Seconds that moving ``nbytes`` takes at ``gbps`` (10^9 bytes/s): the physical floor of a step."""
     assert gbps > 0, "bandwidth must be positive"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem_bench.speed_common import headline
+from kvmem_bench.speed_common import headline, shown
 from kvmem_bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_structured import structured_cost
@@ -80,9 +80,11 @@ def run(
         point.update(baselines(model_path, ids, prev, decode_tokens, plain))
         point.update(baseline_ratios(point))
         log(
-            f"workspace {point['workspace_tokens']}: re-prefill {_seconds(point['reprefill_ttft_s'])}, prefix cache "
-            f"{_seconds(point['prefix_ttft_s'])}, suffix floor {point['suffix_floor_s']:.2f} s ({point['new_tokens']} "
-            f"new tokens), full decode {_rate(point['full_tok_s'])}"
+            f"workspace {point['workspace_tokens']}: re-prefill "
+            f"{shown(point['reprefill_ttft_s'], '{:.2f} s', 'not run')}, prefix cache "
+            f"{shown(point['prefix_ttft_s'], '{:.2f} s', 'not run')}, suffix floor "
+            f"{point['suffix_floor_s']:.2f} s ({point['new_tokens']} new tokens), full decode "
+            f"{shown(point['full_tok_s'], '{:.1f} tok/s', 'not run')}"
         )
     overhead = decode_overhead(model_path, rounds=3 if quick else 5, compute=compute)
     log(f"everything fits: KVMem decodes at {overhead['decode_vs_plain']:.3f}x plain llama-cpp-python")
@@ -183,11 +185,3 @@ def _argmax(llm: Any) -> int:
 
     logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
     return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
-
-
-def _seconds(x: float | None) -> str:
-    return "not run" if x is None else f"{x:.2f} s"
-
-
-def _rate(x: float | None) -> str:
-    return "not run" if x is None else f"{x:.1f} tok/s"

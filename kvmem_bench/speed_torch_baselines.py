@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kvmem_bench.speed_common import GOALS, ratio
+from kvmem_bench.speed_common import GOALS, ratio, shown
 from kvmem_core.step import common_prefix
 
 ROUNDS = 3
@@ -64,7 +64,8 @@ def turn_baselines(
     out["view_prefill_vs_plain"] = ratio(out["view_prefill_tok_s"], out["plain_prefill_tok_s"])
     log(
         f"workspace {len(ids)}: {len(new)} new tokens; suffix floor {floor:.3f} s, after a {resident}-token view "
-        f"{_seconds(out['view_prefill_s'])}, dense prefix cache ({hit} resident) {_seconds(out['prefix_ttft_s'])}"
+        f"{shown(out['view_prefill_s'], '{:.3f} s', 'does not fit')}, dense prefix cache ({hit} resident) "
+        f"{shown(out['prefix_ttft_s'], '{:.3f} s', 'does not fit')}"
     )
     return out
 
@@ -134,10 +135,6 @@ def _does_not_fit(model: Any, n_blocks: int, block_tokens: int) -> str | None:
 def _settle() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _seconds(x: float | None) -> str:
-    return "does not fit" if x is None else f"{x:.3f} s"
 
 
 def point_goals(point: dict[str, Any]) -> dict[str, bool | None]:
