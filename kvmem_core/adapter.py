@@ -34,7 +34,9 @@ class Capabilities:
     async_copies: bool = False
     devices: tuple[str, ...] = ("cpu",)
     prefill_chunk: int = PREFILL_CHUNK  # tokens per prefill forward the adapter asks for (more on a GPU: larger GEMMs)
-    probe: bool = False  # True: ``forward`` takes ``stop_after`` (compute only the layers up to it)
+    # True: ``forward`` takes ``stop_after`` (compute only the layers up to it); with ``MovedBlocks`` too, a probe
+    # also runs in compact position mode
+    probe: bool = False
     # True: ``stage_reads(starts, n_tokens)`` takes the KV of those view blocks now (on a GPU: queued copies to the
     # host) and ``read_block`` of each hands it out later, after forwards and drops in between (the prefill
     # archives a chunk's blocks while the next chunk computes)
@@ -233,4 +235,14 @@ class StagedReads(Protocol):
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` view cells from each of ``starts`` now; ``read_block`` of each hands it
         out later, after forwards and drops in between."""
+        ...
+
+
+@runtime_checkable
+class MovedBlocks(Protocol):
+    """Also implemented by adapters that re-rotate K on the host (a compact-mode probe moves held blocks back)."""
+
+    def moved(self, kv: BlockKV, src_pos: int, dst_pos: int) -> BlockKV:
+        """``kv`` (computed at positions from ``src_pos``) as computed at positions from ``dst_pos``: K re-rotated
+        in its own storage, V as is."""
         ...

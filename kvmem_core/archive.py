@@ -3,22 +3,21 @@
 Archiving exports each block the view completes into the store (``_archive``), in order,
 with its scoring summaries; ``_load`` brings stored blocks back for materialization.
 
-**The probe.** A step that scores needs the query's features before it selects, and the
-query's tokens must then be computed against the selected view. Without a probe the whole
-query window (the replayed tokens, ``_replay_start`` on) is prefilled against the streaming
-view and then replayed: computed twice. Retrieval-heads scoring reads queries and keys of a
-few layers only, so where the adapter can stop a forward after a layer (``caps.probe``), the
-window (its part in the last prefill chunk) is *probed* instead: computed up to the deepest
-retrieval layer, which yields the same queries and the same K and V in those layers, then
-computed once in full against the selected view. The prefill keeps its chunks and the room it
-makes for each (the probe only splits the last one), so every token sees the same view as
-without a probe. The blocks the window completes are *held* meanwhile and stored afterwards,
-layers up to the probe's from the probe (what the store held before) and deeper layers from
-the full forward (what the view holds too). Every step's scores read only layers up to the
-probe's, and those are the same everywhere as without a probe, so every selection is the same.
-So are the answers, until a step loads a held block back from the store: its deeper layers were
-computed against the selected view, where without a probe they were computed against the
-streaming view, so that step's logits may differ slightly.
+**The probe.** A step that scores needs the query's features before it selects, and the query's tokens must then be
+computed against the selected view. Without a probe the whole query window (the replayed tokens, ``_replay_start``
+on) is prefilled against the streaming view and then replayed: computed twice. Retrieval-heads scoring reads
+queries and keys of a few layers only, so where the adapter can stop a forward after a layer (``caps.probe``), the
+window (its part in the last prefill chunk) is *probed* instead: computed up to the deepest retrieval layer, which
+yields the same queries and the same K and V in those layers, then computed once in full against the selected view.
+The prefill keeps its chunks and the room it makes for each (the probe only splits the last one), so every token
+sees the same view as without a probe. The blocks the window completes are *held* meanwhile and stored afterwards,
+layers up to the probe's from the probe (what the store held before) and deeper layers from the full forward (what
+the view holds too), at the positions they were probed at; in compact position mode the selected view may move them
+first (they load from the probe, ``_load``, and their deeper layers are moved back to be stored, ``MovedBlocks``).
+Every step's scores read only layers up to the probe's, and those are the same everywhere as without a probe, so
+every selection is the same. So are the answers, until a step loads a held block back from the store: its deeper
+layers were computed against the selected view, where without a probe they were computed against the streaming
+view, so that step's logits may differ slightly.
 ``tests/reference/test_probe_engines.py`` checks scores, selections and answers on a real model.
 """
 
@@ -28,11 +27,11 @@ import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter, StagedReads
+from kvmem_core.adapter import EngineAdapter, MovedBlocks, StagedReads
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, overlapping
@@ -148,18 +147,24 @@ class ArchiveOps:
         self.store.append(ws.id, meta, kv)
         self._counts["blocks_stored"] += 1
 
-    def _load(self, blocks: Sequence[int]) -> list[tuple[BlockMeta, BlockKV]]:
-        if not blocks:
-            return []
+    def _load(
+        self, blocks: Sequence[int], held: Mapping[int, tuple[BlockMeta, BlockKV]] | None = None
+    ) -> list[tuple[BlockMeta, BlockKV]]:
+        """Each of ``blocks``' meta and KV: from ``held`` (a probe's blocks, not stored yet), else from the store."""
+        held = held or {}
+        stored = [b for b in blocks if b not in held]
+        if not stored:
+            return [held[b] for b in blocks]
         assert self._view_ws is not None, "blocks load into a workspace's view"
-        hashes = [self.store.workspaces[self._view_ws].hashes[b] for b in blocks]
+        hashes = [self.store.workspaces[self._view_ws].hashes[b] for b in stored]
         result = self.store.complete_load(self.store.prepare_load(hashes))
         if result.missing:
             raise CorruptBlockError(
                 f"{len(result.missing)} selected blocks failed their checks or are gone from the "
                 "store; the step prefills them again"
             )
-        return [(self.store.meta(h), result.blocks[h]) for h in hashes]
+        loaded = {b: (self.store.meta(h), result.blocks[h]) for b, h in zip(stored, hashes)}
+        return [held[b] if b in held else loaded[b] for b in blocks]
 
     # ---- the query window: replayed, or probed -----------------------------------------------
 
@@ -183,14 +188,15 @@ class ArchiveOps:
     def _probe_plan(self, cfg: KVMemConfig, mode: str, prompt: Prompt, cached: int) -> Probe | None:
         """The probe of a step that prefills ``prompt.ids[cached:]``, where it is exact and saves work: the adapter
         stops forwards early, retrieval-heads scoring (it reads only its heads' layers) with heads above the last
-        layer, original positions (held blocks stay where they are), no recurrent state. It covers the query
-        window's part in the last prefill chunk (room is made once per chunk, before anything is held, so no held
-        block is dropped). None otherwise: prefill and replay as before."""
+        layer, no recurrent state, and original positions (held blocks stay where they are) or an adapter that
+        moves blocks (``MovedBlocks``: compaction moves held blocks, which are stored at their probed positions).
+        It covers the query window's part in the last prefill chunk (room is made once per chunk, before anything
+        is held, so no held block is dropped). None otherwise: prefill and replay as before."""
         heads = cfg.retrieval_heads or self.heads
         if (
             not self.adapter.caps.probe
             or self.checkpoints is not None
-            or mode != "original"
+            or (mode != "original" and not isinstance(self.adapter, MovedBlocks))
             or not heads
             or cfg.scorer != "retrieval-heads"
         ):
@@ -217,11 +223,15 @@ class ArchiveOps:
         return metas
 
     def _store_held(self, ws: Workspace, probe: Probe, metas: Sequence[BlockMeta]) -> None:
-        """Store the held blocks once the full forward has computed their deeper layers (``merge_layers``)."""
+        """Store the held blocks once the full forward has computed their deeper layers (``merge_layers``), at the
+        positions they were probed at (their summaries' and the store's; compaction may have moved them since)."""
         first = len(ws.hashes)
         for b, meta in enumerate(metas, start=first):
-            assert len(ws.hashes) == b and self.view.blocks[b] == meta.start_pos, "held blocks stay in place"
-            full = self.adapter.read_block(meta.start_pos, self.layout.block_tokens)
+            assert len(ws.hashes) == b, "held blocks follow the stored ones"
+            pos = self.view.blocks[b]
+            full = self.adapter.read_block(pos, self.layout.block_tokens)
+            if pos != meta.start_pos:
+                full = cast(MovedBlocks, self.adapter).moved(full, pos, meta.start_pos)
             kv = merge_layers(probe.held[b], full, probe.stop_after)
             self._put(
                 ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)), kv

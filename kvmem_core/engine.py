@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from kvmem_core.decoding import DecodeOps
 from kvmem_core.archive import ArchiveOps, Probe
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
-from kvmem_core.layout import BlockMeta
+from kvmem_core.layout import BlockKV, BlockMeta
 from kvmem_core.prompt import Prompt, admit, build_prompt, check_request
 from kvmem_core.reasoning import thinking_for
 from kvmem_core.retrieval import (
@@ -254,14 +254,21 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             self.checkpoints.take(ids[:cached], ws.id)
         return ws, cached
 
-    def _materialize(self, mode: str, target: Sequence[int], n_blocks: int) -> int:
-        """Make the view hold ``target`` blocks at their ``mode`` positions, the tail right after."""
+    def _materialize(
+        self,
+        mode: str,
+        target: Sequence[int],
+        n_blocks: int,
+        held: Mapping[int, tuple[BlockMeta, BlockKV]] | None = None,
+    ) -> int:
+        """Make the view hold ``target`` blocks at their ``mode`` positions, the tail right after; blocks that load
+        come from ``held`` (a probe's, not stored yet) or the store."""
         bt = self.layout.block_tokens
         current = [ViewEntry(str(b), p, bt) for b, p in self.view.blocks.items()]
         plan = plan_view(current, [ViewBlock(str(b), b * bt, bt) for b in target], mode)
         positions = {int(e.block_id): e.pos for e in plan.slots}
         tail_pos = n_blocks * bt if mode == "original" else plan.next_pos
-        loaded, dropped = materialize(self.view, self.adapter, positions, tail_pos, self._load)
+        loaded, dropped = materialize(self.view, self.adapter, positions, tail_pos, lambda bs: self._load(bs, held))
         self._counts["blocks_loaded"] += loaded
         self._counts["blocks_dropped"] += dropped
         return loaded + dropped
@@ -304,7 +311,8 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         spans = self._spans(cfg, prompt, ws.id, metas, ((r0 - 1, r0),) if r0 > 0 and not recompute else ())
         sel = Selector.from_config(cfg).select(spans, scores, n - len(metas) * bt, method)
         target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
-        changed = self._materialize(mode, target, len(metas))
+        held_kv = {stored + i: (m, probe.held[stored + i]) for i, m in enumerate(held)} if probe is not None else None
+        changed = self._materialize(mode, target, len(metas), held_kv)
         replayed = n - r0 if changed else 0
         if recompute:
             logits = refill(self.view, self.adapter, lambda: self.checkpoints.restore(()))

@@ -270,16 +270,19 @@ class LlamaCppAdapter:
         ks, vs, pos = [], [], []
         for p in placements:
             n = p.kv.k.shape[1]
-            k = p.kv.k if p.dst_pos == p.src_pos else self._shift(p.kv.k, p.dst_pos - p.src_pos)
-            ks.append(k.reshape(self.model.n_layer, n, -1))
-            vs.append(p.kv.v.reshape(self.model.n_layer, n, -1))
+            kv = self.moved(p.kv, p.src_pos, p.dst_pos)
+            ks.append(kv.k.reshape(self.model.n_layer, n, -1))
+            vs.append(kv.v.reshape(self.model.n_layer, n, -1))
             pos.append(np.arange(p.dst_pos, p.dst_pos + n, dtype=np.int32))
         return blob.SeqKV(np.concatenate(pos), np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
 
-    def _shift(self, k: np.ndarray, delta: int) -> np.ndarray:
-        """K rotated by ``delta`` positions, in its own storage (q8_0: dequantized, rotated, quantized again)."""
-        shifted = self._rotate(k, np.full(k.shape[1], delta))
-        return q8_0.quantize(shifted) if self.layout.quantized else shifted.astype(k.dtype)
+    def moved(self, kv: BlockKV, src_pos: int, dst_pos: int) -> BlockKV:
+        """K rotated by ``dst_pos - src_pos`` positions in its own storage (q8_0: dequantized, rotated, quantized
+        again); ``kv`` itself where the positions agree."""
+        if dst_pos == src_pos:
+            return kv
+        shifted = self._rotate(kv.k, np.full(kv.k.shape[1], dst_pos - src_pos))
+        return BlockKV(q8_0.quantize(shifted) if self.layout.quantized else shifted.astype(kv.k.dtype), kv.v)
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
         return self._rotate(k, -np.arange(start_pos, start_pos + k.shape[1]))

@@ -70,12 +70,16 @@ class RecordingScorer:
         return self.kept[-1]
 
 
-def run_session(probe: bool, turns: int) -> tuple[list[tuple[list[int], int, dict, list[np.ndarray]]], list]:
+def run_session(
+    probe: bool, turns: int, positions: str
+) -> tuple[list[tuple[list[int], int, dict, list[np.ndarray]]], list]:
     """Each turn's (selected blocks, first token, selection, stored head keys) from an engine that probes or not,
     and every block score it computed."""
     from kvmem.engines import load_engine
 
-    config = KVMemConfig(ctx=4096, budget=512, gen_budget=128, recent_tokens=128, sink_tokens=64, cpu_gb=1.0)
+    config = KVMemConfig(
+        ctx=4096, budget=512, gen_budget=128, recent_tokens=128, sink_tokens=64, cpu_gb=1.0, positions=positions
+    )
     engine = load_engine("llama.cpp", str(small_model()), config, n_threads=1, n_threads_batch=1)
     if not probe:
         engine.adapter.caps = dataclasses.replace(engine.adapter.caps, probe=False)
@@ -100,10 +104,13 @@ def run_session(probe: bool, turns: int) -> tuple[list[tuple[list[int], int, dic
 
 @pytest.mark.llamacpp
 @pytest.mark.slow
-def test_an_engine_that_probes_selects_stores_and_answers_as_one_that_replays():
+@pytest.mark.parametrize("positions", ["original", "compact"])
+def test_an_engine_that_probes_selects_stores_and_answers_as_one_that_replays(positions):
+    """In compact mode the selected view moves the held blocks: they load from the probe, not the store."""
     pytest.importorskip("llama_cpp")
     turns = 7
-    (probed, probed_scores), (replayed, replayed_scores) = run_session(True, turns), run_session(False, turns)
+    (probed, probed_scores), (replayed, replayed_scores) = (run_session(p, turns, positions) for p in (True, False))
+    assert all(sel["position_mode"] == positions for _, _, sel, _ in probed)
     assert any(sel.get("probed_tokens") for _, _, sel, _ in probed), "the session never probed"
     assert not any(sel.get("probed_tokens") for _, _, sel, _ in replayed)
     assert sum(len(blocks) > 0 for blocks, _, _, _ in probed) >= 3, "too few turns selected to compare"
@@ -116,3 +123,49 @@ def test_an_engine_that_probes_selects_stores_and_answers_as_one_that_replays():
         assert len(a[3]) == len(b[3])
         for i, (ka, kb) in enumerate(zip(a[3], b[3])):
             assert np.array_equal(ka, kb), f"turn {turn}: stored block {i}'s retrieval keys differ"
+
+
+@pytest.mark.llamacpp
+def test_a_compact_probe_stores_held_blocks_at_the_positions_they_were_probed_at():
+    """Compaction moves the held blocks before the full forward; each is stored as computed where it was probed:
+    moved to where the view now holds it, its deeper layers are the view's (a block stored at the wrong positions
+    would differ by a rotation)."""
+    pytest.importorskip("llama_cpp")
+    from kvmem.engines import load_engine
+
+    config = KVMemConfig(
+        ctx=4096, budget=512, gen_budget=128, recent_tokens=128, sink_tokens=64, cpu_gb=1.0, positions="compact"
+    )
+    engine = load_engine("llama.cpp", str(small_model()), config, n_threads=1, n_threads_batch=1)
+    held, store_held = [], engine._store_held
+
+    def recording(ws, probe, metas):
+        store_held(ws, probe, metas)
+        held.extend((m, probe.stop_after) for m in metas)
+
+    engine._store_held = recording
+    messages, checked = [{"role": "system", "content": "Track the failed batches."}], 0
+    try:
+        for i in range(4):
+            messages.append({"role": "user", "content": tool_turn(i)})
+            engine.step(
+                StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=1)),
+                lambda piece: True,
+            )
+            messages.append({"role": "assistant", "content": f"Noted run {i}."})
+            hashes = engine.store.workspaces[engine._view_ws].hashes
+            for meta, stop in held:
+                b = hashes.index(meta.chain_hash)
+                pos = engine.view.blocks.get(b, meta.start_pos)
+                if pos == meta.start_pos:
+                    continue
+                here = engine.adapter.read_block(pos, engine.layout.block_tokens)
+                moved = engine.adapter.moved(engine.stored_kv(meta.chain_hash), meta.start_pos, pos)
+                deep_k, want = moved.k[stop + 1 :].astype(np.float32), here.k[stop + 1 :].astype(np.float32)
+                assert np.linalg.norm(deep_k - want) < 0.01 * np.linalg.norm(want), f"block {b} stored elsewhere"
+                assert np.array_equal(moved.v[stop + 1 :], here.v[stop + 1 :])
+                checked += 1
+            held.clear()
+    finally:
+        engine.close()
+    assert checked, "no held block moved"
