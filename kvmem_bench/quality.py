@@ -262,10 +262,17 @@ def run_queue(
                 journal.add(
                     queue.name,
                     [
-                        _outcome(s, queue.view, m, None, None, 0.0, f"server: {str(exc)[:300]}")
+                        _outcome(s, queue.view, m, None, None, 0.0, server_error(exc))
                         for m in queue.view.methods
                     ],
                 )
+
+
+def server_error(exc: ServeError) -> str:
+    """A server that could not start, as its sessions' error: the first line (how it ended) and the log's last one
+    (the cause; the log opens with the server's config, which would hide it)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()] or ["no message"]
+    return "server: " + lines[0] + (f" ... {lines[-1][-300:]}" if len(lines) > 1 else "")
 
 
 def _answer_all(

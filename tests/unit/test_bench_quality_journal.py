@@ -8,9 +8,9 @@ import threading
 from pathlib import Path
 
 from kvmem_bench.api import Api
-from kvmem_bench.quality import Journal, RunOptions, run_queue, run_session
+from kvmem_bench.quality import Journal, RunOptions, run_queue, run_session, server_error
 from kvmem_bench.quality_plan import Cell, Queue, View, make_any_session
-from kvmem.serve_process import free_port
+from kvmem.serve_process import ServeError, free_port
 
 SESSIONS = tuple(make_any_session(kind, 1000, 0.5, "tuning", 0) for kind in ("kv", "port"))
 
@@ -47,3 +47,10 @@ def test_a_queue_past_its_deadline_starts_nothing_and_a_done_queue_no_server(tmp
     journal.done.update((queue.cell_view, s.id) for s in SESSIONS)
     run_queue(queue, RunOptions(tmp_path / "never"), journal, threading.Event(), lines.append)  # nothing left to run
     assert not (tmp_path / "never").exists()
+
+
+def test_a_server_that_cannot_start_records_its_cause_not_its_config() -> None:
+    log = 'config: {"ctx": 32768, ' + '"knob": 1, ' * 80 + "}\nkvmem: engine failed to load: unknown backend 'torch'\n"
+    got = server_error(ServeError("kvmem serve exited 1:\n" + log))
+    assert got.startswith("server: kvmem serve exited 1:") and got.endswith("unknown backend 'torch'")
+    assert len(got) < 400
