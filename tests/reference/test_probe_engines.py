@@ -146,7 +146,7 @@ def test_a_compact_probe_stores_held_blocks_at_the_positions_they_were_probed_at
     engine._store_held = recording
     messages, checked = [{"role": "system", "content": "Track the failed batches."}], 0
     try:
-        for i in range(4):
+        for i in range(3):
             messages.append({"role": "user", "content": tool_turn(i)})
             engine.step(
                 StepRequest(messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=1)),
