@@ -261,10 +261,7 @@ def run_queue(
             if not journal.has(queue, s):
                 journal.add(
                     queue.name,
-                    [
-                        _outcome(s, queue.view, m, None, None, 0.0, server_error(exc))
-                        for m in queue.view.methods
-                    ],
+                    [_outcome(s, queue.view, m, None, None, 0.0, server_error(exc)) for m in queue.view.methods],
                 )
 
 
