@@ -27,7 +27,7 @@ class Capabilities:
 
     backend: str
     max_view_tokens: int  # cells the view holds (history budget + generation reserve must fit)
-    trained_ctx: int  # positions the model was trained on; compact mode is needed beyond it
+    trained_ctx: int  # positions the model was trained on (compact mode keeps the view inside them)
     position_modes: tuple[str, ...] = ("original", "compact")
     paged_slots: bool = False  # True: the core addresses KV slots directly (torch engine)
     recurrent_state: bool = False  # True: hybrid model with checkpoints to save/restore

@@ -35,7 +35,7 @@ FIELD_HELP = {
     "scorer": "retrieval scorer: " + "|".join(SCORERS),
     "sink_tokens": "first tokens always kept in the view",
     "recent_tokens": "most recent history tokens always kept in the view",
-    "positions": "position mode: original keeps positions, compact renumbers the view (auto: by model context)",
+    "positions": "position mode: compact renumbers the view (auto: the default), original keeps positions",
     "cpu_gb": "host-RAM tier capacity in GiB",
     "nvme_dir": "directory of the NVMe tier (unset: no disk tier)",
     "nvme_gb": "NVMe tier capacity in GiB",

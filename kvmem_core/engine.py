@@ -223,9 +223,9 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
     # ---- step phases --------------------------------------------------------------------
 
     def _mode(self, cfg: KVMemConfig) -> str:
-        if cfg.positions != "auto":
-            return cfg.positions
-        return "compact" if cfg.ctx > self.adapter.caps.trained_ctx else "original"
+        """``cfg.positions``; ``auto`` is compact: within the trained context too, the default model answers better
+        from a renumbered view than from one with the gaps of the original positions (docs/benchmarks.md)."""
+        return "compact" if cfg.positions == "auto" else cfg.positions
 
     def _open(self, prompt: Prompt, limit: int, route: Route) -> tuple[Workspace, int]:
         """Match stored blocks and the view; keep what is reusable; return (workspace, cached tokens).

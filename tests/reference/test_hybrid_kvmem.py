@@ -39,6 +39,7 @@ FITS = KVMemConfig(
     recent_tokens=32,
     method="sink-recent",
     cpu_gb=0.01,
+    positions="original",  # the references below keep each token at its position
 )
 OVER = FITS.replace(budget=64, gen_budget=96)  # 150-token prompts exceed the budget but fit the view
 STEPS = 5
