@@ -98,6 +98,9 @@ class PrefillOps:
         for s, e in zip(cuts, cuts[1:]):
             chunk = ids[s:e]
             if not fits and s in room:
+                if self._renumbers(cfg, mode, room[s]):  # renumbering loads every resident block from the store
+                    self._archive(ws, sorted(staged), prompt.mandatory, staged)
+                    staged = {}
                 self._make_room(cfg, mode, room[s])
             pos = list(range(self.view.next_pos, self.view.next_pos + len(chunk)))
             wants_q = not fits and cfg.method == "retrieval" and e > q0
@@ -136,12 +139,17 @@ class PrefillOps:
         room = cfg.view_tokens - (-(-cfg.sink_tokens // bt) + 1) * bt
         return max(1, min(asked, room))
 
+    def _renumbers(self, cfg: KVMemConfig, mode: str, n: int) -> bool:
+        """Whether ``_make_room(cfg, mode, n)`` re-compacts the view: compact positions, and ``n`` more tokens plus
+        the generation reserve would pass the model's trained context."""
+        return mode == "compact" and self.view.next_pos + n + cfg.gen_budget > self.adapter.caps.trained_ctx
+
     def _make_room(self, cfg: KVMemConfig, mode: str, n: int) -> None:
-        """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed."""
+        """Drop the oldest resident non-sink blocks until ``n`` tokens fit; re-compact positions when needed (every
+        resident block must be stored by then)."""
         bt = self.layout.block_tokens
         sink = -(-cfg.sink_tokens // bt)
-        limit = self.adapter.caps.trained_ctx
-        if mode == "compact" and self.view.next_pos + n + cfg.gen_budget > limit:
+        if self._renumbers(cfg, mode, n):
             self._materialize(mode, sorted(self.view.blocks), len(self.view.tokens) // bt)
         droppable = sorted(b for b in self.view.blocks if b >= sink)
         while self.adapter.view_free() < n and droppable:
