@@ -97,7 +97,7 @@ def _queues(args: argparse.Namespace, plan: Plan, trained: int, cpt: dict[str, f
     sessions = {c.size: plan.sessions(c, args.seed, cpt)[: args.limit] for c in plan.cells}
     work = queues(plan, trained, sessions, parse_shards(args.shards))
     if args.url:
-        return [Queue(q.cell, View("default", None, None), 0, q.sessions) for q in work if q.view.label == "default"]
+        return [Queue(q.cell, View("default", None), 0, q.sessions) for q in work if q.view.label == "default"]
     wanted = set(args.views.split(",")) if args.views else None
     if wanted and not wanted <= {"default", "1/8", "full"}:
         raise ConfigError(f"--views: choose from default, 1/8, full (got {args.views})")
@@ -113,7 +113,7 @@ def _model_facts(args: argparse.Namespace, opts: RunOptions) -> tuple[int, dict[
     trained = trained_context(args.model or os.environ.get("KVMEM_MODEL"))
     if given:
         return trained, given
-    with ServeProcess(args.out / "servers" / "probe", opts.server_flags(View("probe", None, None))) as server:
+    with ServeProcess(args.out / "servers" / "probe", opts.server_flags(View("probe", None))) as server:
         return trained, fit_kinds(Api(server.url).count_tokens)
 
 

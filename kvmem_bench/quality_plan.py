@@ -7,8 +7,9 @@ The method (docs/benchmarks.md) is enforced here:
   first request of a session prefills the workspace through the view being measured, as a user's server
   does. ``full`` runs on a server whose view holds the whole workspace.
 - **Default knobs.** The servers get no other knob: sink, recent, generation reserve, block size, relevance
-  floor and groups are ``kvmem serve``'s defaults. A workspace past the default ``--ctx`` raises ``--ctx`` (what
-  a user must do too); a plan that changes anything else names it in ``Cell.extra``.
+  floor, groups and ``--ctx`` (auto: what the host tier holds) are ``kvmem serve``'s defaults; a workspace past
+  the default host tier raises ``--kvmem-cpu-gb`` (what a user must do too), named in ``Cell.extra`` as any
+  other change is.
 - **Tuning and report splits.** A session's seed is its split, plan seed, size, kind and depth; the
   ``tuning`` split is for choosing methods and knobs, the ``report`` split (fixed with the plans below) is
   only reported, never tuned on.
@@ -29,10 +30,8 @@ from kvmem_core.errors import ConfigError
 SPLITS = ("tuning", "report")
 ALL_KINDS = (*KINDS, *HELDOUT_KINDS)
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
-CTX_MARGIN = 1.25  # a server's --ctx over its largest session: sessions land within a few percent of their size
 FIT_MARGIN = 1.06  # full's view must hold the session (sized within a few percent) and the answer
-DEFAULT_BUDGET = 2048  # kvmem serve's --kvmem-budget, --ctx and --kvmem-gen-budget defaults (KVMemConfig)
-DEFAULT_CTX = 32768
+DEFAULT_BUDGET = 2048  # kvmem serve's --kvmem-budget and --kvmem-gen-budget defaults (KVMemConfig)
 DEFAULT_GEN = 512
 MIN_BUDGET = 128 + 512 + 64  # the default sink + recent + one default block: the smallest view a default server takes
 MAX_TOKENS = 24  # answers are one short value
@@ -62,11 +61,10 @@ METHODS = (RETRIEVAL, RECENT, ORACLE)
 @dataclass(frozen=True)
 class View:
     """One server configuration: ``label`` ("default", "1/8", "full"), its ``--kvmem-budget`` (None: the
-    default) and ``--ctx`` (None: the default), and any named change (``extra`` flags)."""
+    default), and any named change (``extra`` flags)."""
 
     label: str
     budget: int | None
-    ctx: int | None
     extra: tuple[str, ...] = ()
 
     @property
@@ -75,9 +73,7 @@ class View:
 
     def flags(self) -> list[str]:
         """``kvmem serve`` flags beyond the model and backend: only what differs from the defaults."""
-        out = [] if self.budget is None else ["--kvmem-budget", str(self.budget)]
-        out += [] if self.ctx is None else ["--ctx", str(self.ctx)]
-        return out + list(self.extra)
+        return ([] if self.budget is None else ["--kvmem-budget", str(self.budget)]) + list(self.extra)
 
 
 @dataclass(frozen=True)
@@ -114,13 +110,11 @@ class Plan:
     def views(self, cell: Cell, trained_ctx: int) -> list[View]:
         """The servers of ``cell``: default view, 1/8 of the size (when it differs and the default sink, recent
         window and a block fit it), full (when the workspace fits the trained context)."""
-        fits_default = math.ceil(FIT_MARGIN * cell.size) + MAX_TOKENS <= DEFAULT_CTX
-        ctx = None if fits_default else _round_up(CTX_MARGIN * cell.size, 1024)
-        out = [View("default", None, ctx, cell.extra)]
+        out = [View("default", None, cell.extra)]
         if self.eighth and cell.size // 8 != DEFAULT_BUDGET and cell.size // 8 >= MIN_BUDGET:
-            out.append(View("1/8", cell.size // 8, ctx, cell.extra))
+            out.append(View("1/8", cell.size // 8, cell.extra))
         if self.full and math.ceil(FIT_MARGIN * cell.size) + MAX_TOKENS <= trained_ctx - DEFAULT_GEN:
-            out.append(View("full", trained_ctx - DEFAULT_GEN, max(trained_ctx, ctx or 0), cell.extra))
+            out.append(View("full", trained_ctx - DEFAULT_GEN, cell.extra))
         return out
 
     def sessions(self, cell: Cell, seed: int, fits: Mapping[str, float] | None = None) -> list[Session]:
@@ -155,10 +149,6 @@ def fit_kinds(count_tokens: Callable[[str], int], kinds: Sequence[str] = ALL_KIN
         digits = sum(c.isdigit() for c in text)
         out[kind] = (len(text) - digits) / max(1, count_tokens(text) - digits)
     return out
-
-
-def _round_up(x: float, step: int) -> int:
-    return int(math.ceil(x / step) * step)
 
 
 SIZES = (8192, 30000, 131072, 262144)

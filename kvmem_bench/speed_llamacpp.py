@@ -39,13 +39,8 @@ def resolve_plan(quick: bool, sizes: Sequence[int] | None, default_knobs: bool) 
 
 
 def session_config(plan: dict[str, Any]) -> KVMemConfig:
-    return KVMemConfig(
-        ctx=max(plan["sizes"]) + 4096,
-        budget=plan["budget"],
-        gen_budget=plan["gen"],
-        recent_tokens=plan["recent"],
-        cpu_gb=4.0,
-    )
+    """The engine's knobs for ``plan``: its view; ``--ctx`` and the host tier as ``kvmem serve``'s defaults."""
+    return KVMemConfig(budget=plan["budget"], gen_budget=plan["gen"], recent_tokens=plan["recent"])
 
 
 def run(

@@ -159,14 +159,14 @@ def resolve_plan(plan: dict[str, Any], sizes: Sequence[int] | None, default_knob
 
 
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:
-    """The engine's knobs for ``plan``: a workspace a little past the largest size, a host tier that holds it."""
-    ctx = max(plan["sizes"]) + 64 * plan["lines"] + 4096
+    """The engine's knobs for ``plan``: its view, a host tier that holds a little more than the largest size, and
+    ``--ctx`` auto (what that tier holds)."""
+    tokens = max(plan["sizes"]) + 64 * plan["lines"] + 4096
     return KVMemConfig(
-        ctx=ctx,
         budget=plan["budget"],
         gen_budget=plan["gen"],
         recent_tokens=plan["recent"],
-        cpu_gb=1.25 * ctx * bytes_per_token / GIB,
+        cpu_gb=1.25 * tokens * bytes_per_token / GIB,
     )
 
 

@@ -24,9 +24,12 @@ KV_DTYPES = ("auto", "f16", "bf16", "fp8", "q8_0")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
 GIB = 1 << 30
+AUTO_CTX = 0  # ``ctx``'s default: sized to the storage tier when the engine loads (``sized_to``)
 
 FIELD_HELP = {
-    "ctx": "logical workspace tokens per conversation (may exceed the model's trained context in compact mode)",
+    "ctx": "logical workspace tokens per conversation (may exceed the model's trained context in compact mode); "
+    "auto: as many as the storage tier holds at the model's layout (--kvmem-cpu-gb, or --kvmem-nvme-gb with a disk "
+    "tier)",
     "budget": "history tokens materialized in the view for one step",
     "gen_budget": "generation reserve in the view (reused, so an answer may be longer)",
     "block_tokens": "tokens per stored block (64: a small view then holds several selected blocks besides the sink "
@@ -62,7 +65,7 @@ FIELD_HELP = {
 class KVMemConfig:
     """KVMem's knobs; ``validate`` checks them against each other and the view size."""
 
-    ctx: int = 32768
+    ctx: int = AUTO_CTX
     budget: int = 2048
     gen_budget: int = 512
     block_tokens: int = 64
@@ -102,7 +105,8 @@ class KVMemConfig:
         _require(self.kv_dtype in KV_DTYPES, f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         _require(0.0 <= self.relevance <= 1.0, "--kvmem-relevance must be between 0 and 1")
         _require(self.block_tokens >= 16, "--kvmem-block-tokens must be at least 16")
-        for name in ("ctx", "budget", "gen_budget"):
+        _require(self.ctx >= 0, "--ctx must be positive (or auto)")
+        for name in ("budget", "gen_budget"):
             _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")
         for name in ("sink_tokens", "recent_tokens"):
             _require(getattr(self, name) >= 0, f"--kvmem-{_flag(name)} must be >= 0")
@@ -131,10 +135,20 @@ class KVMemConfig:
             f"engine's view of {max_view_tokens} tokens; lower them",
         )
 
+    def sized_to(self, layout: BlockLayout) -> KVMemConfig:
+        """This config with ``ctx`` set: an ``auto`` one becomes the tokens the storage tier holds at ``layout``
+        (whole blocks); ConfigError when a set one does not fit (``validate_capacity``)."""
+        if self.ctx != AUTO_CTX:
+            self.validate_capacity(layout)
+            return self
+        blocks = int(self._tier_bytes() // layout.kv_bytes_per_block)
+        _require(blocks > 0, f"the storage tier ({self._tier_bytes() / GIB:.2f} GiB) holds no block of this model")
+        return self.replace(ctx=blocks * layout.block_tokens)
+
     def validate_capacity(self, layout: BlockLayout) -> None:
         """Raise ConfigError unless one full workspace (``ctx``) fits the tiers at this layout."""
         need = self.ctx * layout.bytes_per_token
-        have = (self.nvme_gb if self.nvme_dir is not None else self.cpu_gb) * GIB
+        have = self._tier_bytes()
         where = "--kvmem-nvme-gb" if self.nvme_dir is not None else "--kvmem-cpu-gb (or set --kvmem-nvme-dir)"
         _require(
             need <= have,
@@ -142,9 +156,13 @@ class KVMemConfig:
             f"({layout.bytes_per_token} bytes/token) but the tier holds {have / GIB:.2f} GiB; raise {where}",
         )
 
+    def _tier_bytes(self) -> float:
+        return (self.nvme_gb if self.nvme_dir is not None else self.cpu_gb) * GIB
+
     def describe(self) -> dict[str, object]:
         """Plain dict of every knob, for logs and ``--dry-run``."""
         out = dataclasses.asdict(self)
+        out["ctx"] = self.ctx or "auto"
         out["nvme_dir"] = str(self.nvme_dir) if self.nvme_dir else None
         return out
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from kvmem_core.config import KVMemConfig
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Decoding knobs; ``temperature == 0`` is greedy. ``top_k == 0`` disables top-k. ``max_tokens`` None:
-    until the model stops or the workspace is full (``--ctx`` less the prompt). ``grammar``: Lark text (llguidance's
+    until the model stops, the workspace is full (``--ctx`` less the prompt) or the answer is as long as the model's
+    trained context. ``grammar``: Lark text (llguidance's
     dialect) the answer must follow, from its start or, with ``grammar_trigger``, from each place the text ends
     with the trigger (``kvmem_core.structured``)."""
 
@@ -84,6 +87,7 @@ class Engine(Protocol):
 
     model_id: str
     chat_template: str  # the model's chat template source (what its answers look like follows from it)
+    config: KVMemConfig  # as loaded: ``ctx`` is set (an ``auto`` one sized to the storage tier)
 
     def tokenize(self, text: str) -> list[int]: ...
 

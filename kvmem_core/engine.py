@@ -70,7 +70,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         store: BlockStore | None = None,
     ) -> None:
         config.validate_view(adapter.caps.max_view_tokens)
-        config.validate_capacity(adapter.layout)
+        config = config.sized_to(adapter.layout)
         check_mode(config.speculative, adapter)
         self.adapter, self.config, self.layout = adapter, config, adapter.layout
         self.model_id = adapter.model_id
@@ -173,7 +173,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle, probe)
         t2 = time.perf_counter()
         steer = thinking_for(self.adapter, request, prompt.ids)
-        sampling = within(request.sampling, cfg.ctx - len(prompt.ids))
+        sampling = within(request.sampling, min(cfg.ctx - len(prompt.ids), self.adapter.caps.trained_ctx))
         text, ids, finish, completed, drafts = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.ids)
         t3 = time.perf_counter()
         self._archive(ws, completed)

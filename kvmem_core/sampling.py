@@ -169,7 +169,8 @@ def _partial(text: str, stop: str) -> int:
 
 
 def within(params: SamplingParams, room: int) -> SamplingParams:
-    """``params`` with a number for ``max_tokens``: its own, or ``room`` (what the workspace has left) for None."""
+    """``params`` with a number for ``max_tokens``: its own, or ``room`` (what the workspace has left, at most the
+    model's trained context) for None."""
     return params if params.max_tokens is not None else replace(params, max_tokens=room)
 
 

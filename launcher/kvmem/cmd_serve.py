@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_positive,
         default=env("KVMEM_MAX_TOKENS_DEFAULT"),
         help="longest answer to a request that sets no max_tokens (default: the room left in the workspace, "
-        "--ctx less the prompt, as OpenAI does; env KVMEM_MAX_TOKENS_DEFAULT)",
+        "--ctx less the prompt, as OpenAI does, at most the model's trained context; env KVMEM_MAX_TOKENS_DEFAULT)",
     )
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.add_argument(

@@ -220,7 +220,15 @@ def serve(in_addr: str, out_addr: str, spec: P.EngineSpec) -> int:
         return 1
     chat_format = P.to_wire_format(ChatFormat.detect(engine.chat_template))
     outbox.send(
-        P.encode(P.Ready(model_id=engine.model_id, pid=os.getpid(), chat_format=chat_format, metrics=engine.metrics()))
+        P.encode(
+            P.Ready(
+                model_id=engine.model_id,
+                pid=os.getpid(),
+                ctx=engine.config.ctx,
+                chat_format=chat_format,
+                metrics=engine.metrics(),
+            )
+        )
     )
     try:
         EngineLoop(engine, inbox, outbox).run()

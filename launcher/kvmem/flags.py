@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvmem_core.config import (
+    AUTO_CTX,
     FIELD_HELP,
     KV_DTYPES,
     METHOD_ALIASES,
@@ -64,8 +65,17 @@ def parse_switch(text: str) -> bool:
     return text == "on"
 
 
+def parse_ctx(text: str) -> int:
+    """``--ctx``: ``auto`` (``AUTO_CTX``) or a positive token count; argparse.ArgumentTypeError otherwise."""
+    if text == "auto":
+        return AUTO_CTX
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"want a positive token count or auto, got {text!r}")
+    return int(text)
+
+
 KNOBS = (
-    Knob("ctx", "--ctx", int),
+    Knob("ctx", "--ctx", parse_ctx),
     Knob("budget", "--kvmem-budget", int),
     Knob("gen_budget", "--kvmem-gen-budget", int),
     Knob("block_tokens", "--kvmem-block-tokens", int),
@@ -90,8 +100,9 @@ KNOBS = (
 def add_kvmem_flags(parser: argparse.ArgumentParser) -> None:
     """Add every knob as a flag whose help shows its default and environment variable."""
     group = parser.add_argument_group("KVMem memory")
+    defaults = _DEFAULTS.describe()
     for knob in KNOBS:
-        default = getattr(_DEFAULTS, knob.field)
+        default = defaults[knob.field]
         group.add_argument(
             knob.flag,
             dest=knob.dest,

@@ -15,7 +15,7 @@ from typing import Any, Union
 import msgspec
 
 from kvmem.output_parser import ChatFormat
-from kvmem_core.config import KVMemConfig
+from kvmem_core.config import AUTO_CTX, KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.reasoning import ThinkTags
 
@@ -121,6 +121,7 @@ class Shutdown(_Msg):
 class Ready(_Msg):
     model_id: str
     pid: int
+    ctx: int  # the workspace's token limit (``--ctx``, an ``auto`` one sized to the storage tier)
     chat_format: WireChatFormat
     metrics: dict[str, float]
 
@@ -268,6 +269,8 @@ def config_to_wire(config: KVMemConfig) -> dict[str, Any]:
 
 def config_from_wire(data: dict[str, Any]) -> KVMemConfig:
     data = dict(data)
+    if data.get("ctx") == "auto":
+        data["ctx"] = AUTO_CTX
     if data.get("retrieval_heads") is not None:
         data["retrieval_heads"] = tuple(tuple(pair) for pair in data["retrieval_heads"])
     return KVMemConfig(**data)

@@ -24,6 +24,9 @@ from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, usable_cores
 DEFAULT_MODEL = f"{DEFAULT.name}, {DEFAULT.title}"
 
 
+ROOM_LEFT = "the room left (at most the model's trained context)"  # an answer's length without max_tokens
+
+
 def config_fingerprint(args: argparse.Namespace, config: KVMemConfig, placement: devices.Placement) -> str:
     """A short hash of everything that makes two servers behave differently."""
     key = hashlib.sha256(args.api_key.encode()).hexdigest() if args.api_key else None
@@ -108,7 +111,7 @@ def describe(
         f"hosts     {', '.join(args.allowed_hosts) or 'the bound address'}; "
         f"CORS {', '.join(args.cors_origins) or 'off'}",
         f"names     {', '.join(args.served_model_name) or 'the model id'}",
-        f"answers   up to {args.max_tokens_default or 'the room left in the workspace'} tokens without max_tokens",
+        f"answers   up to {args.max_tokens_default or ROOM_LEFT} tokens without max_tokens",
         f"web UI    {ui_dir(args) or 'off'}",
         f"restart   {persistence(config)}",
         "knobs:",

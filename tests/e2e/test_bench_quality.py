@@ -50,7 +50,7 @@ def test_methods_share_one_bounded_prefill_and_leave_nothing_behind(server: Live
     fits = fit_kinds(api.count_tokens, ("passkey", "record"))
     for kind in ("passkey", "record"):
         session = make_any_session(kind, 2000, 0.2, "tuning", 1, fits[kind])
-        heads, recent, oracle = run_session(api, session, View("default", None, None))
+        heads, recent, oracle = run_session(api, session, View("default", None))
         n = heads.prompt_tokens
         assert heads.method == "retrieval" and heads.cached_tokens < 128  # the first request prefills the workspace
         assert recent.cached_tokens >= n // 128 * 128 - 128 and oracle.cached_tokens >= n // 128 * 128 - 128
@@ -118,7 +118,7 @@ def test_the_command_prints_the_contract_and_resumes_what_it_did_not_finish(serv
 def test_a_server_that_cannot_start_turns_its_sessions_into_counted_errors(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "outcomes.jsonl", resume=False)
     sessions = tuple(make_any_session(k, 1000, 0.5, "tuning", 0) for k in ("kv", "port"))
-    queue = Queue(Cell(1000), View("default", None, None), 0, sessions)
+    queue = Queue(Cell(1000), View("default", None), 0, sessions)
     opts = RunOptions(tmp_path, model=str(tmp_path / "missing.gguf"))
     run_queue(queue, opts, journal, threading.Event(), lambda line: None)
     assert len(journal.outcomes) == 6 and all(o["error"].startswith("server:") for o in journal.outcomes)

@@ -12,7 +12,6 @@ from kvmem_bench.quality_cli import _queues, add_arguments
 from kvmem_bench.quality_plan import (
     ALL_KINDS,
     DEFAULT_BUDGET,
-    DEFAULT_CTX,
     DEFAULT_GEN,
     ORACLE,
     PLANS,
@@ -29,7 +28,7 @@ from kvmem_bench.quality_plan import (
 )
 from kvmem_bench.sessions import KINDS
 
-from kvmem_core.config import KVMemConfig
+from kvmem_core.config import AUTO_CTX, KVMemConfig
 from kvmem_core.errors import ConfigError
 
 QWEN_CTX = 32768
@@ -37,25 +36,23 @@ QWEN_CTX = 32768
 
 def test_the_bench_assumes_kvmem_serves_defaults() -> None:
     cfg = KVMemConfig()
-    assert (cfg.budget, cfg.ctx, cfg.gen_budget) == (DEFAULT_BUDGET, DEFAULT_CTX, DEFAULT_GEN)
+    assert (cfg.budget, cfg.ctx, cfg.gen_budget) == (DEFAULT_BUDGET, AUTO_CTX, DEFAULT_GEN)
 
 
-def test_every_view_is_its_own_server_with_only_the_budget_and_context_changed() -> None:
+def test_every_view_is_its_own_server_with_only_the_budget_changed() -> None:
     report = plan_named("report")
     views = {c.size: report.views(c, QWEN_CTX) for c in report.cells}
-    assert views[8192] == [View("default", None, None), View("1/8", 1024, None), View("full", 32256, 32768)]
-    assert views[30000] == [View("default", None, None), View("1/8", 3750, None), View("full", 32256, 32768)]
-    assert views[131072] == [View("default", None, 163840), View("1/8", 16384, 163840)]  # compact, no full
-    assert views[262144] == [View("default", None, 327680), View("1/8", 32768, 327680)]
-    assert View("default", None, None).flags() == []  # a default server: nothing but the model and backend
-    assert View("1/8", 1024, None).flags() == ["--kvmem-budget", "1024"]
+    assert views[8192] == [View("default", None), View("1/8", 1024), View("full", 32256)]
+    assert views[30000] == [View("default", None), View("1/8", 3750), View("full", 32256)]
+    assert views[131072] == [View("default", None), View("1/8", 16384)]  # past the trained context: no full
+    assert views[262144] == [View("default", None), View("1/8", 32768)]
+    assert View("default", None).flags() == []  # a default server: nothing but the model and backend
+    assert View("1/8", 1024).flags() == ["--kvmem-budget", "1024"]
     opts = RunOptions(Path("."), model="m.gguf", backend="torch")
-    assert opts.server_flags(View("full", 32256, 32768)) == [
+    assert opts.server_flags(View("full", 32256)) == [
         "--no-ui",
         "--kvmem-budget",
         "32256",
-        "--ctx",
-        "32768",
         "--model",
         "m.gguf",
         "--backend",
@@ -130,7 +127,7 @@ def test_flags_pick_views_and_limit_sessions_per_size() -> None:
     with pytest.raises(ConfigError, match="--views"):
         _queues(parser.parse_args(["--views", "half"]), plan_named("quick"), QWEN_CTX, {})
     url = _queues(parser.parse_args(["--quick", "--url", "http://x"]), plan_named("quick"), QWEN_CTX, {})
-    assert [q.view for q in url] == [View("default", None, None)]
+    assert [q.view for q in url] == [View("default", None)]
 
 
 def fake_tokens(text: str) -> int:

@@ -3,16 +3,32 @@ from __future__ import annotations
 import pytest
 
 from kvmem_core import BlockLayout, ConfigError, KVMemConfig
-from kvmem_core.config import parse_retrieval_heads
+from kvmem_core.config import AUTO_CTX, parse_retrieval_heads
 
 SMOL = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9)
 
 
+QWEN_05B = BlockLayout(n_layers=24, n_kv_heads=2, head_dim=64, n_heads=14, block_tokens=64)
+
+
 def test_defaults_are_valid_and_fit_the_default_model():
-    cfg = KVMemConfig()
+    cfg = KVMemConfig().sized_to(SMOL)
     cfg.validate_capacity(SMOL)
     cfg.validate_view(8192)
     assert cfg.view_tokens == cfg.budget + cfg.gen_budget
+
+
+def test_an_auto_workspace_is_what_the_storage_tier_holds_in_whole_blocks(tmp_path):
+    assert KVMemConfig().describe()["ctx"] == "auto"
+    host = KVMemConfig().sized_to(QWEN_05B)  # 12 KiB a token: 4 GiB hold 349,525 tokens, 5,461 blocks of 64
+    assert host.ctx == 5461 * 64 and host.ctx * QWEN_05B.bytes_per_token <= 4 << 30
+    disk = KVMemConfig(nvme_dir=tmp_path).sized_to(QWEN_05B)  # the disk tier bounds the store when there is one
+    assert disk.ctx == (32 << 30) // QWEN_05B.kv_bytes_per_block * 64
+    assert KVMemConfig(ctx=4096).sized_to(QWEN_05B).ctx == 4096  # a set workspace stays as set
+    with pytest.raises(ConfigError, match="needs"):
+        KVMemConfig(ctx=1_000_000).sized_to(QWEN_05B)
+    with pytest.raises(ConfigError, match="holds no block"):
+        KVMemConfig(cpu_gb=1e-6).sized_to(QWEN_05B)
 
 
 def test_aliases_map_to_canonical_names():
@@ -74,3 +90,19 @@ def test_groups_switch_reads_on_or_off_from_flag_or_env(monkeypatch):
         resolve_config(parser.parse_args([]))
     with pytest.raises(ConfigError, match="--kvmem-groups must be on or off"):
         KVMemConfig(groups="off")
+
+
+def test_ctx_reads_auto_or_a_positive_count_from_flag_or_env(monkeypatch):
+    import argparse
+
+    from kvmem.flags import add_kvmem_flags, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_kvmem_flags(parser)
+    assert "(default: auto; env KVMEM_CTX)" in " ".join(parser.format_help().split())
+    assert resolve_config(parser.parse_args(["--ctx", "auto"]))[0].ctx == AUTO_CTX
+    assert resolve_config(parser.parse_args(["--ctx", "131072"]))[0].ctx == 131072
+    for bad in ("0", "-4", "128k"):
+        monkeypatch.setenv("KVMEM_CTX", bad)
+        with pytest.raises(ConfigError, match="want a positive token count or auto"):
+            resolve_config(parser.parse_args([]))

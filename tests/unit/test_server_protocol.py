@@ -42,7 +42,9 @@ def test_step_result_round_trips_through_a_frame() -> None:
         P.Call(id="c", op="tokenize", arg="hello"),
         P.Abort(id="x"),
         P.Shutdown(),
-        P.Ready(model_id="m", pid=1, chat_format=P.WireChatFormat("hermes", ("<think>", "</think>")), metrics={}),
+        P.Ready(
+            model_id="m", pid=1, ctx=4096, chat_format=P.WireChatFormat("hermes", ("<think>", "</think>")), metrics={}
+        ),
         P.Started(id="x", workspace_id="ws-1"),
         P.Text(id="x", text="piece"),
         P.Reply(id="x", value=[1, 2]),

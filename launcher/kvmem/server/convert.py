@@ -162,7 +162,7 @@ def chat_tools(body: S.ChatRequest) -> list[dict[str, Any]] | None:
 
 def chat_step(body: S.ChatRequest, config: KVMemConfig, fmt: ChatFormat, default_max: int | None = None) -> StepRequest:
     """The engine step for a chat completion request; ``default_max`` caps an answer the request sets no
-    ``max_tokens`` for (None: the room left in the workspace)."""
+    ``max_tokens`` for (None: the room left in the workspace, at most the model's trained context)."""
     tools = chat_tools(body)
     client = chat_messages(body.messages)
     messages, engine_tools = engine_transcript(client, tools, fmt)

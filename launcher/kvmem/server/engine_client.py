@@ -230,7 +230,7 @@ class EngineClient:
             self.state = "ready"
             self._last_dead = ""
             self._ready.set()
-            log.info("engine ready: %s (pid %d)", msg.model_id, msg.pid)
+            log.info("engine ready: %s (pid %d), workspaces up to %d tokens", msg.model_id, msg.pid, msg.ctx)
         elif isinstance(msg, P.Dead):
             self._last_dead = msg.message
             log.error("engine died: %s", msg.message)
