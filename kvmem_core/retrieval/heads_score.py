@@ -70,11 +70,14 @@ class NumpyOps:
     def logits(rows: np.ndarray, keys: np.ndarray, n_tokens: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
         """rows [R, D] (pre-scaled) · keys [nb, B, D] (times ``scales`` [nb, B]) -> float32 [R, nb, B], padding -inf."""
         nb, width, dim = keys.shape
-        # keys @ rows.T (tall-skinny) runs about twice as fast in BLAS as rows @ keys.T
-        tall = keys.astype(np.float32, copy=False).reshape(nb * width, dim) @ rows.T
-        if scales is not None:
-            tall *= scales.reshape(-1, 1)
-        logits = np.ascontiguousarray(tall.T).reshape(len(rows), nb, width)
+        # the scales go on the keys (nb*B*D products), not the logits (R*nb*B), and the GEMM writes the logits in
+        # the layout the reductions read: a transposed copy of them cost a quarter of the scoring
+        wide = (
+            keys.astype(np.float32, copy=False)
+            if scales is None
+            else np.multiply(keys, scales[..., None], dtype=np.float32)
+        )
+        logits = (rows @ wide.reshape(nb * width, dim).T).reshape(len(rows), nb, width)
         if (n_tokens < width).any():
             logits[:, np.arange(width)[None, :] >= n_tokens[:, None]] = -np.inf
         return logits
@@ -87,6 +90,11 @@ class NumpyOps:
     @staticmethod
     def exp_(x: np.ndarray) -> np.ndarray:
         return np.exp(x, out=x)
+
+    @staticmethod
+    def sum_last(x: np.ndarray) -> np.ndarray:
+        """``x.sum(-1)`` as a product with ones: BLAS reduces a short last axis several times faster."""
+        return (x.reshape(-1, x.shape[-1]) @ np.ones(x.shape[-1], dtype=x.dtype)).reshape(x.shape[:-1])
 
     @staticmethod
     def pick(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -139,6 +147,10 @@ def _torch_ops() -> type:
             return x.exp_()
 
         @staticmethod
+        def sum_last(x: torch.Tensor) -> torch.Tensor:
+            return x.sum(-1)
+
+        @staticmethod
         def pick(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             return x.gather(0, rows[None])[0]
 
@@ -185,7 +197,7 @@ class StreamingMass:
         bmax, arg = self._ops.max_arg(logits, 2)
         m = self._ops.max_arg(bmax, 1)[0]
         logits -= m[:, None, None]
-        sums = self._ops.exp_(logits).sum(2)
+        sums = self._ops.sum_last(self._ops.exp_(logits))
         self._block_sum[:, b0:b1] = sums
         self._block_max[:, b0:b1] = bmax
         self._block_arg[:, b0:b1] = arg
