@@ -210,29 +210,32 @@ class ArchiveOps:
         for b in blocks:
             probe.held[b] = self.adapter.read_block(self.view.blocks[b], self.layout.block_tokens)
 
-    def _held_metas(self, ws: Workspace, probe: Probe, mandatory: Sequence[Span]) -> list[BlockMeta]:
-        """Metas of the held blocks not stored yet, chained after the stored ones: what selection sees of them
-        (their summaries' retrieval-head keys are the stored ones' to be; deeper layers are not read)."""
+    def _held_blocks(
+        self, ws: Workspace, probe: Probe, mandatory: Sequence[Span]
+    ) -> dict[int, tuple[BlockMeta, BlockKV]]:
+        """The held blocks not stored yet, by view block in order, each with its meta chained after the stored
+        ones: what selection sees of them (their summaries' retrieval-head keys are the stored ones' to be; deeper
+        layers are not read) and the probed KV a view loads them from."""
         todo = sorted(b for b in probe.held if b >= len(ws.hashes))
         assert todo == list(range(len(ws.hashes), len(ws.hashes) + len(todo))), "held blocks follow the stored ones"
         tagged = overlapping(mandatory, max(todo, default=-1) + 1, self.layout.block_tokens)
-        metas, parent = [], ws.hashes[-1] if ws.hashes else ROOT_HASH
+        out: dict[int, tuple[BlockMeta, BlockKV]] = {}
+        parent = ws.hashes[-1] if ws.hashes else ROOT_HASH
         for b in todo:
-            metas.append(self._block_meta(parent, b, probe.held[b], tagged[b]))
-            parent = metas[-1].chain_hash
-        return metas
+            meta = self._block_meta(parent, b, probe.held[b], tagged[b])
+            out[b], parent = (meta, probe.held[b]), meta.chain_hash
+        return out
 
-    def _store_held(self, ws: Workspace, probe: Probe, metas: Sequence[BlockMeta]) -> None:
-        """Store the held blocks once the full forward has computed their deeper layers (``merge_layers``), at the
-        positions they were probed at (their summaries' and the store's; compaction may have moved them since)."""
-        first = len(ws.hashes)
-        for b, meta in enumerate(metas, start=first):
+    def _store_held(self, ws: Workspace, probe: Probe, held: Mapping[int, tuple[BlockMeta, BlockKV]]) -> None:
+        """Store the ``held`` blocks once the full forward has computed their deeper layers (``merge_layers``), at
+        the positions they were probed at (their summaries' and the store's; compaction may have moved them since)."""
+        for b, (meta, probed) in held.items():
             assert len(ws.hashes) == b, "held blocks follow the stored ones"
             pos = self.view.blocks[b]
             full = self.adapter.read_block(pos, self.layout.block_tokens)
             if pos != meta.start_pos:
                 full = cast(MovedBlocks, self.adapter).moved(full, pos, meta.start_pos)
-            kv = merge_layers(probe.held[b], full, probe.stop_after)
+            kv = merge_layers(probed, full, probe.stop_after)
             self._put(
                 ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)), kv
             )

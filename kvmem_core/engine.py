@@ -287,8 +287,8 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         """Score and select blocks, materialize them, replay the query; return its logits and the selection.
         A ``probe``'s held blocks are candidates as the stored ones are, and stored once the window is computed."""
         metas = self.store.workspace_blocks(ws.id)
-        stored, held = len(metas), self._held_metas(ws, probe, prompt.mandatory) if probe is not None else []
-        metas = metas + held
+        stored, held = len(metas), self._held_blocks(ws, probe, prompt.mandatory) if probe is not None else {}
+        metas = metas + [meta for meta, _ in held.values()]
         n, bt = len(prompt.ids), self.layout.block_tokens
         scores, method = None, cfg.method
         if oracle is not None:
@@ -311,8 +311,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         spans = self._spans(cfg, prompt, ws.id, metas, ((r0 - 1, r0),) if r0 > 0 and not recompute else ())
         sel = Selector.from_config(cfg).select(spans, scores, n - len(metas) * bt, method)
         target = sorted(set(sel.blocks) | set(range(r0 // bt, len(metas))))  # the replayed tokens stay resident
-        held_kv = {stored + i: (m, probe.held[stored + i]) for i, m in enumerate(held)} if probe is not None else None
-        changed = self._materialize(mode, target, len(metas), held_kv)
+        changed = self._materialize(mode, target, len(metas), held)
         replayed = n - r0 if changed else 0
         if recompute:
             logits = refill(self.view, self.adapter, lambda: self.checkpoints.restore(()))

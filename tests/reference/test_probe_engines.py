@@ -139,9 +139,9 @@ def test_a_compact_probe_stores_held_blocks_at_the_positions_they_were_probed_at
     engine = load_engine("llama.cpp", str(small_model()), config, n_threads=1, n_threads_batch=1)
     held, store_held = [], engine._store_held
 
-    def recording(ws, probe, metas):
-        store_held(ws, probe, metas)
-        held.extend((m, probe.stop_after) for m in metas)
+    def recording(ws, probe, blocks):
+        store_held(ws, probe, blocks)
+        held.extend((meta, probe.stop_after) for meta, _ in blocks.values())
 
     engine._store_held = recording
     messages, checked = [{"role": "system", "content": "Track the failed batches."}], 0

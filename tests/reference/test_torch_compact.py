@@ -46,3 +46,19 @@ def test_a_prompt_past_the_trained_context_streams_through_a_renumbered_view(ggu
         assert len(stored) == (result.prompt_tokens + 3) // 16  # every whole block of prompt and answer, once
     finally:
         engine.close()
+
+
+def test_an_answer_without_max_tokens_stops_at_the_trained_context(gguf: Path) -> None:
+    """``--ctx auto`` makes a workspace far longer than the model's context; an answer the request does not bound
+    still ends at the trained context (decoding through the view, renumbered as its positions near the end)."""
+    adapter = TorchAdapter(gguf, view_tokens=CFG.view_tokens, block_tokens=16, device="cpu", progress=False)
+    engine = KVMemEngine(adapter, CFG, heads=((0, 0),))
+    trained = adapter.caps.trained_ctx
+    assert engine.config.ctx > 4 * trained  # auto: what the host tier holds
+    request = StepRequest(prompt="1 2 3 4 5 6 7 8", sampling=SamplingParams(temperature=0.0, max_tokens=None))
+    try:
+        result = engine.step(request, lambda _: True)
+        assert result.finish_reason == "length" and result.completion_tokens == trained
+        assert engine.view.next_pos < trained
+    finally:
+        engine.close()
