@@ -337,7 +337,10 @@ def check_prompt(
     if n == 0:
         raise ContextLengthError("the prompt is empty")
     if n > cfg.ctx:
-        raise ContextLengthError(f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx")
+        raise ContextLengthError(
+            f"the prompt has {n} tokens but --ctx is {cfg.ctx}; raise --ctx (its default, auto, is what "
+            "--kvmem-cpu-gb, or --kvmem-nvme-gb with --kvmem-nvme-dir, holds)"
+        )
     check_heads(cfg.retrieval_heads or (), layout)
     if cfg.method == "retrieval" and cfg.scorer == "key-direction" and not has_prototypes:
         raise ConfigError(
