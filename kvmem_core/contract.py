@@ -19,9 +19,8 @@ from kvmem_core.config import KVMemConfig
 class SamplingParams:
     """Decoding knobs; ``temperature == 0`` is greedy. ``top_k == 0`` disables top-k. ``max_tokens`` None:
     until the model stops, the workspace is full (``--ctx`` less the prompt) or the answer is as long as the model's
-    trained context. ``grammar``: Lark text (llguidance's
-    dialect) the answer must follow, from its start or, with ``grammar_trigger``, from each place the text ends
-    with the trigger (``kvmem_core.structured``)."""
+    trained context. ``grammar``: Lark text (llguidance's dialect) the answer must follow, from its start or, with
+    ``grammar_trigger``, from each place the text ends with the trigger (``kvmem_core.structured``)."""
 
     temperature: float = 0.8
     top_p: float = 0.95
