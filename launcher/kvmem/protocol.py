@@ -15,7 +15,7 @@ from typing import Any, Union
 import msgspec
 
 from kvmem.output_parser import ChatFormat
-from kvmem_core.config import AUTO_CTX, KVMemConfig
+from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.reasoning import ThinkTags
 
@@ -263,14 +263,13 @@ def from_wire_format(w: WireChatFormat) -> ChatFormat:
 
 
 def config_to_wire(config: KVMemConfig) -> dict[str, Any]:
-    """A plain dict of the config; ``config_from_wire`` rebuilds an equal config."""
-    return config.describe()
+    """A plain dict of the config's values (``describe`` is for people: it shows an auto ``ctx`` as ``auto``);
+    ``config_from_wire`` rebuilds an equal config."""
+    return msgspec.to_builtins(config, enc_hook=str)  # a Path (nvme_dir) as its text
 
 
 def config_from_wire(data: dict[str, Any]) -> KVMemConfig:
     data = dict(data)
-    if data.get("ctx") == "auto":
-        data["ctx"] = AUTO_CTX
     if data.get("retrieval_heads") is not None:
         data["retrieval_heads"] = tuple(tuple(pair) for pair in data["retrieval_heads"])
     return KVMemConfig(**data)

@@ -6,6 +6,7 @@ staged blocks stored first."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -33,32 +34,31 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_prompt_past_the_trained_context_streams_through_a_renumbered_view(gguf: Path) -> None:
+@pytest.fixture
+def engine(gguf: Path) -> Iterator[KVMemEngine]:
     adapter = TorchAdapter(gguf, view_tokens=CFG.view_tokens, block_tokens=16, device="cpu", progress=False)
     engine = KVMemEngine(adapter, CFG, heads=((0, 0),))
-    ids = torch.randint(0, 160, (2 * adapter.caps.trained_ctx + 100,), generator=torch.Generator().manual_seed(1))
+    yield engine
+    engine.close()
+
+
+def test_a_prompt_past_the_trained_context_streams_through_a_renumbered_view(engine: KVMemEngine) -> None:
+    trained = engine.adapter.caps.trained_ctx
+    ids = torch.randint(0, 160, (2 * trained + 100,), generator=torch.Generator().manual_seed(1))
     request = StepRequest(prompt=" ".join(map(str, ids.tolist())), sampling=SamplingParams(max_tokens=4))
-    try:
-        result = engine.step(request, lambda _: True)
-        assert result.selection["position_mode"] == "compact" and result.completion_tokens == 4
-        assert engine.view.next_pos < adapter.caps.trained_ctx
-        stored = engine.store.workspaces[result.workspace_id].hashes
-        assert len(stored) == (result.prompt_tokens + 3) // 16  # every whole block of prompt and answer, once
-    finally:
-        engine.close()
+    result = engine.step(request, lambda _: True)
+    assert result.selection["position_mode"] == "compact" and result.completion_tokens == 4
+    assert engine.view.next_pos < trained
+    stored = engine.store.workspaces[result.workspace_id].hashes
+    assert len(stored) == (result.prompt_tokens + 3) // 16  # every whole block of prompt and answer, once
 
 
-def test_an_answer_without_max_tokens_stops_at_the_trained_context(gguf: Path) -> None:
+def test_an_answer_without_max_tokens_stops_at_the_trained_context(engine: KVMemEngine) -> None:
     """``--ctx auto`` makes a workspace far longer than the model's context; an answer the request does not bound
     still ends at the trained context (decoding through the view, renumbered as its positions near the end)."""
-    adapter = TorchAdapter(gguf, view_tokens=CFG.view_tokens, block_tokens=16, device="cpu", progress=False)
-    engine = KVMemEngine(adapter, CFG, heads=((0, 0),))
-    trained = adapter.caps.trained_ctx
+    trained = engine.adapter.caps.trained_ctx
     assert engine.config.ctx > 4 * trained  # auto: what the host tier holds
     request = StepRequest(prompt="1 2 3 4 5 6 7 8", sampling=SamplingParams(temperature=0.0, max_tokens=None))
-    try:
-        result = engine.step(request, lambda _: True)
-        assert result.finish_reason == "length" and result.completion_tokens == trained
-        assert engine.view.next_pos < trained
-    finally:
-        engine.close()
+    result = engine.step(request, lambda _: True)
+    assert result.finish_reason == "length" and result.completion_tokens == trained
+    assert engine.view.next_pos < trained

@@ -77,9 +77,7 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     security: Security = field(default_factory=Security)
     model_names: tuple[str, ...] = ()  # --served-model-name
-    max_tokens_default: int | None = (
-        None  # --max-tokens-default: cap of an answer without max_tokens (None: room left, at most the trained context)
-    )
+    max_tokens_default: int | None = None  # --max-tokens-default (None: room left, at most the trained context)
 
     def __post_init__(self) -> None:
         self.metrics.watch(self.engine)
