@@ -7,9 +7,8 @@ The method (docs/benchmarks.md) is enforced here:
   first request of a session prefills the workspace through the view being measured, as a user's server
   does. ``full`` runs on a server whose view holds the whole workspace.
 - **Default knobs.** The servers get no other knob: sink, recent, generation reserve, block size, relevance
-  floor, groups and ``--ctx`` (auto: what the host tier holds) are ``kvmem serve``'s defaults; a workspace past
-  the default host tier raises ``--kvmem-cpu-gb`` (what a user must do too), named in ``Cell.extra`` as any
-  other change is.
+  floor, groups, the host tier (auto: a share of the machine's memory) and ``--ctx`` (auto: what the host tier
+  holds) are ``kvmem serve``'s defaults; a run's change (``--change``) is named in its results.
 - **Tuning and report splits.** A session's seed is its split, plan seed, size, kind and depth; the
   ``tuning`` split is for choosing methods and knobs, the ``report`` split (fixed with the plans below) is
   only reported, never tuned on.
@@ -60,12 +59,11 @@ METHODS = (RETRIEVAL, RECENT, ORACLE)
 
 @dataclass(frozen=True)
 class View:
-    """One server configuration: ``label`` ("default", "1/8", "full"), its ``--kvmem-budget`` (None: the
-    default), and any named change (``extra`` flags)."""
+    """One server configuration: ``label`` ("default", "1/8", "full") and its ``--kvmem-budget`` (None: the
+    default)."""
 
     label: str
     budget: int | None
-    extra: tuple[str, ...] = ()
 
     @property
     def methods(self) -> tuple[Method, ...]:
@@ -73,17 +71,16 @@ class View:
 
     def flags(self) -> list[str]:
         """``kvmem serve`` flags beyond the model and backend: only what differs from the defaults."""
-        return ([] if self.budget is None else ["--kvmem-budget", str(self.budget)]) + list(self.extra)
+        return [] if self.budget is None else ["--kvmem-budget", str(self.budget)]
 
 
 @dataclass(frozen=True)
 class Cell:
-    """Sessions of one workspace size: every kind at every depth; ``extra`` server flags name a change."""
+    """Sessions of one workspace size: every kind at every depth."""
 
     size: int
     kinds: tuple[str, ...] = ALL_KINDS
     depths: tuple[float, ...] = DEPTHS
-    extra: tuple[str, ...] = ()
 
     def pairs(self) -> list[tuple[str, float]]:
         """(kind, depth) of each session, ordered so that any first N cover the kinds evenly and vary depth."""
@@ -110,11 +107,11 @@ class Plan:
     def views(self, cell: Cell, trained_ctx: int) -> list[View]:
         """The servers of ``cell``: default view, 1/8 of the size (when it differs and the default sink, recent
         window and a block fit it), full (when the workspace fits the trained context)."""
-        out = [View("default", None, cell.extra)]
+        out = [View("default", None)]
         if self.eighth and cell.size // 8 != DEFAULT_BUDGET and cell.size // 8 >= MIN_BUDGET:
-            out.append(View("1/8", cell.size // 8, cell.extra))
+            out.append(View("1/8", cell.size // 8))
         if self.full and math.ceil(FIT_MARGIN * cell.size) + MAX_TOKENS <= trained_ctx - DEFAULT_GEN:
-            out.append(View("full", trained_ctx - DEFAULT_GEN, cell.extra))
+            out.append(View("full", trained_ctx - DEFAULT_GEN))
         return out
 
     def sessions(self, cell: Cell, seed: int, fits: Mapping[str, float] | None = None) -> list[Session]:
@@ -178,9 +175,9 @@ PLANS = {
         Plan(
             "report-1m",
             "report",
-            (Cell(1 << 20, depths=(0.1, 0.5, 0.9), extra=("--kvmem-cpu-gb", "24")),),
+            (Cell(1 << 20, depths=(0.1, 0.5, 0.9)),),
             eighth=False,
-            note="the report split at 1M tokens (host tier raised to hold the workspace), default view only",
+            note="the report split at 1M tokens, default view only",
         ),
     )
 }

@@ -123,6 +123,8 @@ def run(
             "gen_budget": config.gen_budget,
             "recent_tokens": config.recent_tokens,
             "block_tokens": config.block_tokens,
+            "cpu_gb": config.cpu_gb,
+            "host_tier": "auto" if config.cpu_gb == KVMemConfig().with_host_tier().cpu_gb else "raised",
             "heads": [list(h) for h in engine.heads],
         },
         "weights_GB": weights / GB,
@@ -159,15 +161,14 @@ def resolve_plan(plan: dict[str, Any], sizes: Sequence[int] | None, default_knob
 
 
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:
-    """The engine's knobs for ``plan``: its view, a host tier that holds a little more than the largest size, and
-    ``--ctx`` auto (what that tier holds)."""
+    """The engine's knobs for ``plan``: its view, ``--ctx`` auto and the default host tier (auto: half of the
+    machine's memory), raised to a little more than the largest size where that does not hold it (the result's
+    ``config.cpu_gb`` then reads ``raised``)."""
     tokens = max(plan["sizes"]) + 64 * plan["lines"] + 4096
-    return KVMemConfig(
-        budget=plan["budget"],
-        gen_budget=plan["gen"],
-        recent_tokens=plan["recent"],
-        cpu_gb=1.25 * tokens * bytes_per_token / GIB,
-    )
+    config = KVMemConfig(budget=plan["budget"], gen_budget=plan["gen"], recent_tokens=plan["recent"])
+    need = 1.25 * tokens * bytes_per_token / GIB
+    auto = config.with_host_tier()
+    return auto if auto.cpu_gb >= need else auto.replace(cpu_gb=need)
 
 
 def index_heads(adapter: Any) -> tuple[tuple[int, int], ...]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvmem_core.errors import ConfigError
 from kvmem_core.layout import BlockLayout
+from kvmem_core.machine_memory import HOST_TIER_SHARE, usable_memory_bytes
 
 METHODS = ("retrieval", "recent", "sink-recent", "full")
 SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "key-direction", "per-token")  # the bench's order
@@ -25,6 +26,7 @@ METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
 GIB = 1 << 30
 AUTO_CTX = 0  # ``ctx``'s default: sized to the storage tier when the engine loads (``sized_to``)
+AUTO_GB = 0.0  # ``cpu_gb``'s default: a share of the machine's memory (``with_host_tier``)
 
 FIELD_HELP = {
     "ctx": "logical workspace tokens per conversation (may exceed the model's trained context in compact mode); "
@@ -39,7 +41,8 @@ FIELD_HELP = {
     "sink_tokens": "first tokens always kept in the view",
     "recent_tokens": "most recent history tokens always kept in the view",
     "positions": "position mode: compact renumbers the view (auto: the default), original keeps positions",
-    "cpu_gb": "host-RAM tier capacity in GiB",
+    "cpu_gb": "host-RAM tier capacity in GiB; auto: half of the memory this machine (or its container) has, "
+    "shared by the engine replicas",
     "nvme_dir": "directory of the NVMe tier (unset: no disk tier)",
     "nvme_gb": "NVMe tier capacity in GiB",
     "retention": "when storage is full: evict-idle drops whole idle workspaces oldest first, "
@@ -74,7 +77,7 @@ class KVMemConfig:
     sink_tokens: int = 128
     recent_tokens: int = 512
     positions: str = "auto"
-    cpu_gb: float = 4.0
+    cpu_gb: float = AUTO_GB
     nvme_dir: Path | None = None
     nvme_gb: float = 32.0
     retention: str = "evict-idle"
@@ -110,7 +113,7 @@ class KVMemConfig:
             _require(getattr(self, name) > 0, f"--{_flag(name)} must be positive")
         for name in ("sink_tokens", "recent_tokens"):
             _require(getattr(self, name) >= 0, f"--kvmem-{_flag(name)} must be >= 0")
-        _require(self.cpu_gb > 0, "--kvmem-cpu-gb must be positive")
+        _require(self.cpu_gb >= 0, "--kvmem-cpu-gb must be positive (or auto)")
         _require(self.nvme_gb > 0, "--kvmem-nvme-gb must be positive")
         _require(
             self.sink_tokens + self.recent_tokens + self.block_tokens <= self.budget,
@@ -136,14 +139,24 @@ class KVMemConfig:
         )
 
     def sized_to(self, layout: BlockLayout) -> KVMemConfig:
-        """This config with ``ctx`` set: an ``auto`` one becomes the tokens the storage tier holds at ``layout``
-        (whole blocks); ConfigError when a set one does not fit (``validate_capacity``)."""
-        if self.ctx != AUTO_CTX:
-            self.validate_capacity(layout)
+        """This config with ``cpu_gb`` (``with_host_tier``) and ``ctx`` set: an ``auto`` ``ctx`` becomes the tokens
+        the storage tier holds at ``layout`` (whole blocks); ConfigError when a set one does not fit
+        (``validate_capacity``)."""
+        config = self.with_host_tier()
+        if config.ctx != AUTO_CTX:
+            config.validate_capacity(layout)
+            return config
+        tier = config._tier_bytes()
+        blocks = int(tier // layout.kv_bytes_per_block)
+        _require(blocks > 0, f"the storage tier ({tier / GIB:.2f} GiB) holds no block of this model")
+        return config.replace(ctx=blocks * layout.block_tokens)
+
+    def with_host_tier(self, replicas: int = 1) -> KVMemConfig:
+        """This config with ``cpu_gb`` set: an ``auto`` one becomes ``HOST_TIER_SHARE`` of the memory this process
+        may use (``usable_memory_bytes``), split evenly among ``replicas`` engine processes; a set one stays."""
+        if self.cpu_gb != AUTO_GB:
             return self
-        blocks = int(self._tier_bytes() // layout.kv_bytes_per_block)
-        _require(blocks > 0, f"the storage tier ({self._tier_bytes() / GIB:.2f} GiB) holds no block of this model")
-        return self.replace(ctx=blocks * layout.block_tokens)
+        return self.replace(cpu_gb=round(HOST_TIER_SHARE * usable_memory_bytes() / replicas / GIB, 2))
 
     def validate_capacity(self, layout: BlockLayout) -> None:
         """Raise ConfigError unless one full workspace (``ctx``) fits the tiers at this layout."""
@@ -163,6 +176,7 @@ class KVMemConfig:
         """Plain dict of every knob, for logs and ``--dry-run``."""
         out = dataclasses.asdict(self)
         out["ctx"] = self.ctx or "auto"
+        out["cpu_gb"] = self.cpu_gb or "auto"
         out["nvme_dir"] = str(self.nvme_dir) if self.nvme_dir else None
         return out
 

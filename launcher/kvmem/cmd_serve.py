@@ -33,6 +33,7 @@ from kvmem.serve_config import (
     engine_envs,
     persistence,
     replica_opts,
+    sized_host_tier,
     ui_dir,
 )
 from kvmem_core.config import KVMemConfig
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from kvmem.server.security import Security, exposure_warning
 
     config, sources = resolve_config(args)
+    config = sized_host_tier(args, config, sources)
     security = Security(args.host, tuple(args.allowed_hosts), tuple(args.cors_origins))
     warning = exposure_warning(args.host, args.api_key)
     if warning:

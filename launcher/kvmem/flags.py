@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from kvmem_core.config import (
     AUTO_CTX,
+    AUTO_GB,
     FIELD_HELP,
     KV_DTYPES,
     METHOD_ALIASES,
@@ -74,6 +75,19 @@ def parse_ctx(text: str) -> int:
     return int(text)
 
 
+def parse_gb(text: str) -> float:
+    """``--kvmem-cpu-gb``: ``auto`` (``AUTO_GB``) or a positive number of GiB; argparse.ArgumentTypeError otherwise."""
+    if text == "auto":
+        return AUTO_GB
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"want a positive number of GiB or auto, got {text!r}")
+    return value
+
+
 KNOBS = (
     Knob("ctx", "--ctx", parse_ctx),
     Knob("budget", "--kvmem-budget", int),
@@ -84,7 +98,7 @@ KNOBS = (
     Knob("method", "--kvmem-method", _choice(METHODS, tuple(METHOD_ALIASES))),
     Knob("scorer", "--kvmem-retrieval-method", _choice(SCORERS, tuple(SCORER_ALIASES))),
     Knob("retrieval_heads", "--kvmem-retrieval-heads", parse_retrieval_heads),
-    Knob("cpu_gb", "--kvmem-cpu-gb", float),
+    Knob("cpu_gb", "--kvmem-cpu-gb", parse_gb),
     Knob("nvme_dir", "--kvmem-nvme-dir", str),
     Knob("nvme_gb", "--kvmem-nvme-gb", float),
     Knob("positions", "--kvmem-positions", _choice(POSITION_MODES)),

@@ -17,7 +17,7 @@ from kvmem import devices
 from kvmem.compute import compute_opts, describe_compute
 from kvmem.flags import chat_template_opts, show_value
 from kvmem.models import DEFAULT
-from kvmem_core.config import KVMemConfig
+from kvmem_core.config import AUTO_GB, KVMemConfig
 from kvmem_core.errors import ConfigError
 from kvmem_core.threads import THREADS_BATCH_ENV, THREADS_ENV, usable_cores
 
@@ -68,6 +68,14 @@ def replica_count(args: argparse.Namespace) -> int:
     if not all(gpu.isdigit() for gpu in args.gpus):
         raise ConfigError("--gpus takes GPU indexes (0,1,...)")
     return count
+
+
+def sized_host_tier(args: argparse.Namespace, config: KVMemConfig, sources: dict[str, str]) -> KVMemConfig:
+    """``config`` with an ``auto`` host tier sized for this server's replicas (``KVMemConfig.with_host_tier``); its
+    entry in ``sources`` then reads ``auto``, as ``--dry-run`` shows it."""
+    if config.cpu_gb == AUTO_GB:
+        sources["cpu_gb"] = "auto"
+    return config.with_host_tier(replica_count(args))
 
 
 def replica_opts(args: argparse.Namespace, placement: devices.Placement, progress: bool) -> dict[str, object]:

@@ -144,3 +144,6 @@ def test_default_knobs_give_the_plan_the_view_a_user_gets_and_sizes_replace_the_
     view = (config.budget, config.gen_budget, config.recent_tokens)
     assert view == (user.budget, user.gen_budget, user.recent_tokens)
     assert resolve_plan(PLANS["quick"], None, default_knobs=False) == PLANS["quick"]  # the plan's own 16K view
+    assert config.cpu_gb == user.with_host_tier().cpu_gb  # the default host tier holds 262K tokens of 1 KiB
+    huge = session_config(plan, bytes_per_token=1 << 30)  # ... and is raised where it does not hold the session
+    assert huge.cpu_gb > user.with_host_tier().cpu_gb

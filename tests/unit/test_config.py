@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from kvmem_core import BlockLayout, ConfigError, KVMemConfig
-from kvmem_core.config import AUTO_CTX, parse_retrieval_heads
+from kvmem_core.config import AUTO_CTX, AUTO_GB, parse_retrieval_heads
+from kvmem_core.machine_memory import usable_memory_bytes
 
 SMOL = BlockLayout(n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9)
 
@@ -20,13 +21,13 @@ def test_defaults_are_valid_and_fit_the_default_model():
 
 def test_an_auto_workspace_is_what_the_storage_tier_holds_in_whole_blocks(tmp_path):
     assert KVMemConfig().describe()["ctx"] == "auto"
-    host = KVMemConfig().sized_to(QWEN_05B)  # 12 KiB a token: 4 GiB hold 349,525 tokens, 5,461 blocks of 64
+    host = KVMemConfig(cpu_gb=4.0).sized_to(QWEN_05B)  # 12 KiB a token: 4 GiB hold 349,525 tokens, 5,461 blocks
     assert host.ctx == 5461 * 64 and host.ctx * QWEN_05B.bytes_per_token <= 4 << 30
     disk = KVMemConfig(nvme_dir=tmp_path).sized_to(QWEN_05B)  # the disk tier bounds the store when there is one
     assert disk.ctx == (32 << 30) // QWEN_05B.kv_bytes_per_block * 64
     assert KVMemConfig(ctx=4096).sized_to(QWEN_05B).ctx == 4096  # a set workspace stays as set
     with pytest.raises(ConfigError, match="needs"):
-        KVMemConfig(ctx=1_000_000).sized_to(QWEN_05B)
+        KVMemConfig(ctx=1_000_000, cpu_gb=4.0).sized_to(QWEN_05B)
     with pytest.raises(ConfigError, match="holds no block"):
         KVMemConfig(cpu_gb=1e-6).sized_to(QWEN_05B)
 
@@ -105,4 +106,50 @@ def test_ctx_reads_auto_or_a_positive_count_from_flag_or_env(monkeypatch):
     for bad in ("0", "-4", "128k"):
         monkeypatch.setenv("KVMEM_CTX", bad)
         with pytest.raises(ConfigError, match="want a positive token count or auto"):
+            resolve_config(parser.parse_args([]))
+
+
+def _mem_total() -> int:
+    """The machine's RAM as the kernel reports it, read independently of ``usable_memory_bytes``."""
+    with open("/proc/meminfo") as f:
+        line = next(line for line in f if line.startswith("MemTotal:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_usable_memory_is_the_machine_s_unless_a_cgroup_limits_it(tmp_path):
+    assert usable_memory_bytes(tmp_path) == _mem_total()  # no limit files: the machine's RAM
+    (tmp_path / "memory.max").write_text("max\n")  # cgroup v2 without a limit
+    assert usable_memory_bytes(tmp_path) == _mem_total()
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("2147483648\n")  # cgroup v1: 2 GiB
+    assert usable_memory_bytes(tmp_path) == 2 << 30
+    (tmp_path / "memory.max").write_text("1073741824\n")  # v2: 1 GiB, the lower one counts
+    assert usable_memory_bytes(tmp_path) == 1 << 30
+
+
+def test_an_auto_host_tier_is_half_the_memory_shared_by_the_replicas():
+    assert KVMemConfig().cpu_gb == AUTO_GB and KVMemConfig().describe()["cpu_gb"] == "auto"
+    half = _mem_total() / 2 / (1 << 30)
+    one = KVMemConfig().with_host_tier()
+    assert one.cpu_gb == pytest.approx(min(half, usable_memory_bytes() / 2 / (1 << 30)), abs=0.01)
+    assert KVMemConfig().with_host_tier(replicas=4).cpu_gb == pytest.approx(one.cpu_gb / 4, abs=0.01)
+    assert KVMemConfig(cpu_gb=3.0).with_host_tier(replicas=4).cpu_gb == 3.0  # a set tier stays as set
+    sized = KVMemConfig().sized_to(QWEN_05B)  # the engine sizes both: the tier, then the workspace it holds
+    assert sized.cpu_gb == one.cpu_gb
+    assert sized.ctx == int(one.cpu_gb * (1 << 30) // QWEN_05B.kv_bytes_per_block) * 64
+
+
+def test_cpu_gb_reads_auto_or_a_positive_size_from_flag_or_env(monkeypatch):
+    import argparse
+
+    from kvmem.flags import add_kvmem_flags, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_kvmem_flags(parser)
+    assert "(default: auto; env KVMEM_CPU_GB)" in " ".join(parser.format_help().split())
+    assert resolve_config(parser.parse_args(["--kvmem-cpu-gb", "auto"]))[0].cpu_gb == AUTO_GB
+    assert resolve_config(parser.parse_args(["--kvmem-cpu-gb", "2.5"]))[0].cpu_gb == 2.5
+    for bad in ("0", "-1", "4G", "nan", "inf"):
+        monkeypatch.setenv("KVMEM_CPU_GB", bad)
+        with pytest.raises(ConfigError, match="want a positive number of GiB or auto"):
             resolve_config(parser.parse_args([]))
