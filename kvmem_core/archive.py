@@ -60,11 +60,16 @@ def _digest(kv: BlockKV, summarize: Callable[[], dict[str, np.ndarray]]) -> tupl
     return kv.checksum(), summarize()
 
 
-def merge_layers(probed: BlockKV, full: BlockKV, stop_after: int) -> BlockKV:
-    """A held block's stored KV: layers up to ``stop_after`` from ``probed``, deeper ones from ``full``."""
-    k, v = np.array(full.k, copy=True), np.array(full.v, copy=True)
-    k[: stop_after + 1], v[: stop_after + 1] = probed.k[: stop_after + 1], probed.v[: stop_after + 1]
-    return BlockKV(k, v)
+def deep_layers(kv: BlockKV, stop_after: int) -> BlockKV:
+    """The layers of ``kv`` past ``stop_after`` (views, not copies)."""
+    return BlockKV(kv.k[stop_after + 1 :], kv.v[stop_after + 1 :])
+
+
+def merge_layers(probed: BlockKV, deep: BlockKV, stop_after: int) -> BlockKV:
+    """A held block's stored KV: layers up to ``stop_after`` from ``probed``, then ``deep`` (the full forward's
+    layers past it, ``deep_layers``); a new array, neither input written to."""
+    s = stop_after + 1
+    return BlockKV(np.concatenate((probed.k[:s], deep.k)), np.concatenate((probed.v[:s], deep.v)))
 
 
 class ArchiveOps:
@@ -232,10 +237,10 @@ class ArchiveOps:
         for b, (meta, probed) in held.items():
             assert len(ws.hashes) == b, "held blocks follow the stored ones"
             pos = self.view.blocks[b]
-            full = self.adapter.read_block(pos, self.layout.block_tokens)
-            if pos != meta.start_pos:
-                full = cast(MovedBlocks, self.adapter).moved(full, pos, meta.start_pos)
-            kv = merge_layers(probed, full, probe.stop_after)
+            deep = deep_layers(self.adapter.read_block(pos, self.layout.block_tokens), probe.stop_after)
+            if pos != meta.start_pos:  # only the layers the probe did not compute move back
+                deep = cast(MovedBlocks, self.adapter).moved(deep, pos, meta.start_pos)
+            kv = merge_layers(probed, deep, probe.stop_after)
             self._put(
                 ws, dataclasses.replace(meta, checksum=kv.checksum(), summary=self._summarize(kv, meta.start_pos)), kv
             )

@@ -17,28 +17,31 @@ NORM, NEOX = 0, 2
 def _angles(
     positions: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [T, 1, n_rot/2] in float32: angles are formed in float64 (positions reach millions), the
+    rotation itself runs in float32 (float64 factors would promote every product of it)."""
     inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
     if factors is not None:
         inv = inv / factors
     theta = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]  # [T, n_rot/2]
-    return np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, n_rot/2]
+    return np.cos(theta).astype(np.float32)[:, None, :], np.sin(theta).astype(np.float32)[:, None, :]
 
 
 def rotate(
     x: np.ndarray, positions: np.ndarray, *, n_rot: int, base: float, style: int, factors: np.ndarray | None = None
 ) -> np.ndarray:
-    """Rotate ``x`` ``[..., T, heads, head_dim]`` by ``positions`` (negative values undo); float32 out.
-    ``factors`` divide the frequencies (rope scaling), as llama.cpp's ``rope_freqs`` do."""
+    """Rotate ``x`` ``[..., T, heads, head_dim]`` by ``positions`` (negative values undo); a new float32 array,
+    ``x`` is not written to. ``factors`` divide the frequencies (rope scaling), as llama.cpp's ``rope_freqs`` do."""
     cos, sin = _angles(positions, n_rot, base, factors)
-    out = np.array(x, dtype=np.float32)
-    rot = out[..., :n_rot]
-    if style == NORM:
-        a, b = rot[..., 0::2].copy(), rot[..., 1::2].copy()
-        rot[..., 0::2] = a * cos - b * sin
-        rot[..., 1::2] = a * sin + b * cos
-    else:
-        half = n_rot // 2
-        a, b = rot[..., :half].copy(), rot[..., half:].copy()
-        rot[..., :half] = a * cos - b * sin
-        rot[..., half:] = a * sin + b * cos
+    src = np.asarray(x, dtype=np.float32)
+    out = np.array(src, copy=True) if n_rot < src.shape[-1] else np.empty_like(src)
+    first, second = (slice(0, n_rot, 2), slice(1, n_rot, 2)) if style == NORM else _halves(n_rot)
+    a, b, out_a, out_b = src[..., first], src[..., second], out[..., first], out[..., second]
+    np.multiply(a, cos, out=out_a)
+    out_a -= b * sin
+    np.multiply(a, sin, out=out_b)
+    out_b += b * cos
     return out
+
+
+def _halves(n_rot: int) -> tuple[slice, slice]:
+    return slice(0, n_rot // 2), slice(n_rot // 2, n_rot)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem_core.archive import merge_layers
+from kvmem_core.archive import deep_layers, merge_layers
 from kvmem_core.layout import BlockKV, BlockMeta
 from kvmem_core.retrieval import BlockIndex, QueryFeatures
 from kvmem_core.retrieval.token_mass import RetrievalHeadsScorer
@@ -72,6 +72,9 @@ def test_retrieval_heads_scores_rank_blocks_as_a_float64_reference(seed):
 def test_merge_layers_takes_shallow_layers_from_the_probe_and_deep_ones_from_the_full_forward():
     probed = BlockKV(np.zeros((4, 2, 1, 3), np.float16), np.zeros((4, 2, 1, 3), np.float16))
     full = BlockKV(np.ones((4, 2, 1, 3), np.float16), np.full((4, 2, 1, 3), 2, np.float16))
-    kv = merge_layers(probed, full, 1)
+    deep = deep_layers(full, 1)
+    assert deep.k.shape[0] == 2 and np.shares_memory(deep.k, full.k)  # the two layers past the probe's, no copy
+    kv = merge_layers(probed, deep, 1)
+    assert kv.k.shape == full.k.shape and kv.v.shape == full.v.shape
     assert kv.k[:2].sum() == 0 and (kv.k[2:] == 1).all() and kv.v[:2].sum() == 0 and (kv.v[2:] == 2).all()
-    assert (full.k == 1).all(), "the full forward's read-out is not written to"
+    assert (full.k == 1).all() and (probed.k == 0).all(), "neither input is written to"
