@@ -29,6 +29,7 @@ from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0
 from kvmem_llamacpp.lowlevel import LlamaContext, LlamaModel, init_backend
 from kvmem_llamacpp.offload import can_offload, describe, offload_runtime, resolve_gpu_layers
 from kvmem_llamacpp.rope import rotate
+from kvmem_llamacpp.scoring import ThreadedHeadsScorer
 from kvmem_llamacpp.vocab import cut_tokens, tokens
 
 # ChatML, the common default of instruction-tuned GGUFs that carry no template
@@ -283,6 +284,13 @@ class LlamaCppAdapter:
             return kv
         shifted = self._rotate(kv.k, np.full(kv.k.shape[1], dst_pos - src_pos))
         return BlockKV(q8_0.quantize(shifted) if self.layout.quantized else shifted.astype(kv.k.dtype), kv.v)
+
+    def make_scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> ThreadedHeadsScorer | None:
+        """``retrieval-heads`` scoring on as many threads as a prefill computes with (the model is idle while a
+        step selects); None for the other scorers (the core's)."""
+        if name != "retrieval-heads" or not heads:
+            return None
+        return ThreadedHeadsScorer(tuple(heads), self.ctx.threads.batch)
 
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
         return self._rotate(k, -np.arange(start_pos, start_pos + k.shape[1]))

@@ -15,6 +15,7 @@ on any device (torch is imported only then). Results come back as numpy arrays.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable, Sequence
@@ -179,20 +180,22 @@ def backend(x: Array) -> Any:
 class StreamingMass:
     """Softmax mass per (row, block) over chunks of logits [rows, blocks, block tokens], on ``ops``' arrays.
 
-    Block sums are kept relative to their chunk's row maxima and rescaled once in ``finish``.
+    Block sums are kept relative to their chunk's row maxima and rescaled once in ``finish``. Chunks may be
+    added in any order and from several threads at once (each writes only its own blocks and chunk slot).
     """
 
-    def __init__(self, ops: Any, like: Array, n_rows: int, n_blocks: int) -> None:
+    def __init__(self, ops: Any, like: Array, n_rows: int, n_blocks: int, n_chunks: int) -> None:
         self._ops = ops
         self._block_sum = ops.new(like, (n_rows, n_blocks), 0.0, "float32")
         self._block_max = ops.new(like, (n_rows, n_blocks), -np.inf, "float32")
         self._block_arg = ops.new(like, (n_rows, n_blocks), 0, "int64")
         self._block_chunk = ops.new(like, (n_blocks,), 0, "int64")
-        self._chunk_max: list[Array] = []
-        self._chunk_sum: list[Array] = []
+        self._chunk_max: list[Array] = [None] * n_chunks
+        self._chunk_sum: list[Array] = [None] * n_chunks
 
-    def add(self, logits: Array, b0: int) -> None:
-        """Take one chunk of logits [rows, blocks, block tokens] for blocks ``b0:``; overwrites it."""
+    def add(self, logits: Array, b0: int, chunk: int) -> None:
+        """Take chunk number ``chunk`` of the logits [rows, blocks, block tokens], for blocks ``b0:``; overwrites
+        it."""
         b1 = b0 + logits.shape[1]
         bmax, arg = self._ops.max_arg(logits, 2)
         m = self._ops.max_arg(bmax, 1)[0]
@@ -201,9 +204,9 @@ class StreamingMass:
         self._block_sum[:, b0:b1] = sums
         self._block_max[:, b0:b1] = bmax
         self._block_arg[:, b0:b1] = arg
-        self._block_chunk[b0:b1] = len(self._chunk_max)
-        self._chunk_max.append(m)
-        self._chunk_sum.append(sums.sum(1))
+        self._block_chunk[b0:b1] = chunk
+        self._chunk_max[chunk] = m
+        self._chunk_sum[chunk] = sums.sum(1)
 
     def finish(self) -> tuple[Array, Array, Array]:
         """Mass per (row, block) [rows, N] float64, and each block's peak (log mass [N], offset [N])."""
@@ -224,19 +227,34 @@ def chunks(n_blocks: int, block_tokens: int, chunk_tokens: int) -> list[tuple[in
     return [(b0, min(n_blocks, b0 + step)) for b0 in range(0, n_blocks, step)]
 
 
-def head_block_mass(rows: np.ndarray, keys: HeadKeys, n_query_tokens: int) -> HeadMass:
+def head_block_mass(rows: np.ndarray, keys: HeadKeys, n_query_tokens: int, workers: int = 1) -> HeadMass:
     """Retrieval-heads scores of the heads whose query rows are ``rows`` (float32 [heads * query tokens,
-    dim], head-major, pre-scaled by 1/√d) over ``keys``, on ``keys``' backend; numpy results."""
+    dim], head-major, pre-scaled by 1/√d) over ``keys``, on ``keys``' backend; numpy results. On numpy, up to
+    ``workers`` threads score chunks at once (the same arithmetic per chunk, so the same scores)."""
     ops = backend(keys.keys)
     n_blocks, width = keys.keys.shape[:2]
     rows_x = ops.rows(rows, keys)
-    acc = StreamingMass(ops, rows_x, len(rows), n_blocks)
-    for b0, b1 in chunks(n_blocks, width, CHUNK_TOKENS[ops.name]):
+    spans = chunks(n_blocks, width, CHUNK_TOKENS[ops.name])
+    acc = StreamingMass(ops, rows_x, len(rows), n_blocks, len(spans))
+
+    def add(chunk: int) -> None:
+        b0, b1 = spans[chunk]
         scales = None if keys.scales is None else keys.scales[b0:b1]
-        acc.add(ops.logits(rows_x, keys.keys[b0:b1], keys.n_tokens[b0:b1], scales), b0)
+        acc.add(ops.logits(rows_x, keys.keys[b0:b1], keys.n_tokens[b0:b1], scales), b0, chunk)
+
+    if ops is NumpyOps and workers > 1 and len(spans) > 1:  # numpy releases the GIL in the GEMM, exp and reductions
+        list(_pool(workers).map(add, range(len(spans))))
+    else:
+        for chunk in range(len(spans)):
+            add(chunk)
     mass, peak, arg = acc.finish()
     per_head = ops.max_arg(mass.reshape(-1, n_query_tokens, n_blocks), 1)[0]
     return HeadMass(ops.numpy(per_head), ops.numpy(peak), ops.numpy(arg))
+
+
+@cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(workers, thread_name_prefix="kvmem-score")
 
 
 class PeakMerge:
@@ -268,12 +286,14 @@ def score_heads(
     pairs: Sequence[tuple[int, int]],
     keys_of: Callable[[int, int], HeadKeys],
     n_blocks: int,
+    workers: int = 1,
 ) -> BlockScores:
     """Block scores summed over the (layer, query head) ``heads``, reading each (layer, kv head) of
-    ``pairs`` through ``keys_of``; a block's peak is its strongest token over every head."""
+    ``pairs`` through ``keys_of``; a block's peak is its strongest token over every head. ``workers``: threads
+    per (layer, kv head) on numpy (``head_block_mass``)."""
     merge = PeakMerge(n_blocks)
     for layer, kv in pairs:
         picked = [h for l, h in heads if l == layer and h // query.group_size == kv]
-        got = head_block_mass(head_rows(query.q[layer], picked), keys_of(layer, kv), query.n_query_tokens)
+        got = head_block_mass(head_rows(query.q[layer], picked), keys_of(layer, kv), query.n_query_tokens, workers)
         merge.add(got.mass.sum(axis=0), got.peak_log, got.peak_at)
     return BlockScores(merge.total, merge.peaks)

@@ -56,6 +56,7 @@ class RetrievalHeadsScorer:
 
     heads: tuple[tuple[int, int], ...]
     name: str = "retrieval-heads"
+    workers: int = 1  # threads scoring a (layer, kv head)'s chunks at once (the adapter's, ``make_scorer``)
 
     def score(self, query: QueryFeatures, index: BlockIndex) -> BlockScores:
         if index.n_blocks == 0:
@@ -66,7 +67,8 @@ class RetrievalHeadsScorer:
             slot = index.head_pairs.index((layer, kv))
             return HeadKeys(keys[slot], index.n_tokens, scales[slot])
 
-        return score_heads(self.heads, query, indexed_pairs(self.heads, query, index), keys_of, index.n_blocks)
+        pairs = indexed_pairs(self.heads, query, index)
+        return score_heads(self.heads, query, pairs, keys_of, index.n_blocks, self.workers)
 
 
 @dataclass(frozen=True)
@@ -85,16 +87,19 @@ class PerTokenScorer:
         n_layers, n_kv, group = query.n_layers, query.n_kv_heads, query.group_size
         scale = np.float32(query.head_dim**-0.5)
         rows = [query.grouped(layer) * scale for layer in range(n_layers)]
+        spans = chunks(index.n_blocks, index.block_tokens, CHUNK_TOKENS["numpy"])
+        n_rows = group * query.n_query_tokens
         accs = [
-            [StreamingMass(NumpyOps, rows[0], group * query.n_query_tokens, index.n_blocks) for _ in range(n_kv)]
+            [StreamingMass(NumpyOps, rows[0], n_rows, index.n_blocks, len(spans)) for _ in range(n_kv)]
             for _ in range(n_layers)
         ]
-        for b0, b1 in chunks(index.n_blocks, index.block_tokens, CHUNK_TOKENS["numpy"]):
+        for chunk, (b0, b1) in enumerate(spans):
             keys = self._load(index, b0, b1)  # [nb, L, B, Hkv, D]
             for layer in range(n_layers):
                 for kv in range(n_kv):
-                    chunk = np.ascontiguousarray(keys[:, layer, :, kv])
-                    accs[layer][kv].add(NumpyOps.logits(rows[layer][kv], chunk, index.n_tokens[b0:b1], None), b0)
+                    part = np.ascontiguousarray(keys[:, layer, :, kv])
+                    logits = NumpyOps.logits(rows[layer][kv], part, index.n_tokens[b0:b1], None)
+                    accs[layer][kv].add(logits, b0, chunk)
         merge = PeakMerge(index.n_blocks)
         for acc in (a for per_layer in accs for a in per_layer):
             mass, rel, arg = acc.finish()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from kvmem.serve_process import ServeError, ServeProcess, free_port
+from kvmem_core.config import KVMemConfig
 
 
 def test_a_child_that_exits_raises_with_its_log_tail(tmp_path: Path) -> None:
@@ -68,7 +69,12 @@ def test_sigterm_unwinds_like_ctrl_c_so_children_are_stopped() -> None:
     ("flags", "says"),
     [
         (
-            (),
+            (),  # the auto host tier: half of this machine's memory
+            "conversations are kept in host RAM only (up to AUTO GiB) and a restart loses them; "
+            "--kvmem-nvme-dir DIR keeps them on disk",
+        ),
+        (
+            ("--kvmem-cpu-gb", "4"),
             "conversations are kept in host RAM only (up to 4 GiB) and a restart loses them; "
             "--kvmem-nvme-dir DIR keeps them on disk",
         ),
@@ -85,4 +91,5 @@ def test_serve_says_whether_conversations_survive_a_restart(tmp_path: Path, flag
     shown = subprocess.run(server.argv, env=server.env, capture_output=True, text=True, timeout=120, check=False)
     assert shown.returncode == 0, shown.stderr
     line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("restart"))
-    assert line.split(None, 1)[1] == says.replace("NVME", str(tmp_path / "nvme"))
+    auto = KVMemConfig().with_host_tier().cpu_gb
+    assert line.split(None, 1)[1] == says.replace("NVME", str(tmp_path / "nvme")).replace("AUTO", f"{auto:g}")

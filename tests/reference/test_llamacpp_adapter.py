@@ -38,6 +38,18 @@ def test_adapter_meets_the_protocol(adapter):
     assert adapter.detokenize(adapter.tokenize("plain words")) == "plain words"
 
 
+def test_retrieval_heads_score_on_the_prefill_threads(adapter):
+    from kvmem_core.threads import Threads
+
+    before = adapter.ctx.threads
+    adapter.set_threads(Threads(1, 3))
+    try:
+        assert adapter.make_scorer("retrieval-heads", [(3, 1)]).workers == 3
+    finally:
+        adapter.set_threads(before)
+    assert adapter.make_scorer("mean-k", [(3, 1)]) is None and adapter.make_scorer("retrieval-heads", []) is None
+
+
 @pytest.mark.parametrize("f32_cache", [False, True])
 def test_blob_parse_then_synthesize_is_byte_identical(ids, f32_cache):
     from kvmem_llamacpp import blob

@@ -142,6 +142,21 @@ def test_dense_torch_keys_score_as_the_same_numpy_keys(dtype: torch.dtype) -> No
     np.testing.assert_array_equal(got.peak_at, want.peak_at)
 
 
+def test_chunks_scored_on_several_threads_give_the_same_scores_bit_for_bit() -> None:
+    rng = np.random.default_rng(11)
+    n_blocks, width, dim = 7 * CHUNK_TOKENS["numpy"] // 16 + 3, 16, 32  # 8 chunks, the last one short
+    keys = rng.integers(-127, 128, size=(n_blocks, width, dim), dtype=np.int8)
+    scales = rng.uniform(0.01, 0.05, size=(n_blocks, width)).astype(np.float32)
+    n_tokens = np.full(n_blocks, width)
+    n_tokens[-1] = 5
+    rows = head_rows(rng.standard_normal((6, 4, dim)).astype(np.float32) * 2, [1, 3])
+    one = head_block_mass(rows, HeadKeys(keys, n_tokens, scales), 6)
+    for workers in (2, 3):
+        many = head_block_mass(rows, HeadKeys(keys, n_tokens, scales), 6, workers=workers)
+        for name in ("mass", "peak_log", "peak_at"):
+            np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=f"{workers}: {name}")
+
+
 def test_other_array_types_are_refused() -> None:
     with pytest.raises(TypeError, match="numpy arrays or torch tensors"):
         head_block_mass(np.zeros((1, 4), np.float32), HeadKeys([[[0.0] * 4]], [1]), 1)

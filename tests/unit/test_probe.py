@@ -78,3 +78,18 @@ def test_merge_layers_takes_shallow_layers_from_the_probe_and_deep_ones_from_the
     assert kv.k.shape == full.k.shape and kv.v.shape == full.v.shape
     assert kv.k[:2].sum() == 0 and (kv.k[2:] == 1).all() and kv.v[:2].sum() == 0 and (kv.v[2:] == 2).all()
     assert (full.k == 1).all() and (probed.k == 0).all(), "neither input is written to"
+
+
+def test_retrieval_heads_on_several_threads_score_as_on_one():
+    from kvmem_llamacpp.scoring import ThreadedHeadsScorer
+
+    rng = np.random.default_rng(3)
+    n_blocks, bt, dim, group = 300, 16, 32, 4  # 16-token blocks: 128 a chunk, 3 chunks
+    keys = rng.normal(size=(n_blocks, 3, bt, 2, dim)).astype(np.float32)
+    q = rng.normal(size=(3, 5, 8, dim)).astype(np.float32)
+    index, query = index_of(keys, HEADS, group), QueryFeatures(q, 2)
+    one = RetrievalHeadsScorer(HEADS).score(query, index)
+    for scorer in (RetrievalHeadsScorer(HEADS, workers=3), ThreadedHeadsScorer(HEADS, 2)):
+        got = scorer.score(query, index)
+        np.testing.assert_array_equal(got.scores, one.scores)
+        np.testing.assert_array_equal(got.peaks, one.peaks)
