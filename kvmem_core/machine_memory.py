@@ -12,6 +12,7 @@ from pathlib import Path
 HOST_TIER_SHARE = 0.5  # of the usable memory; the rest stays for weights, the engine and everything else
 FALLBACK_BYTES = 8 << 30  # where the platform reports no memory size: a 4 GiB host tier
 CGROUP_LIMITS = ("memory.max", "memory/memory.limit_in_bytes")  # cgroup v2, v1 (relative to the cgroup root)
+NO_LIMIT = 1 << 62
 
 
 def usable_memory_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -27,5 +28,5 @@ def _cgroup_limit(path: Path) -> int:
     try:
         text = path.read_text().strip()
     except OSError:
-        return 1 << 62
-    return int(text) if text.isdigit() else 1 << 62
+        return NO_LIMIT
+    return int(text) if text.isdigit() else NO_LIMIT
