@@ -10,7 +10,9 @@ environment variable pins every engine a process tree starts (the tests pin 1).
 
 from __future__ import annotations
 
+import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -36,6 +38,13 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # platforms without affinity masks (macOS)
         return max(1, os.cpu_count() or 1)
+
+
+@functools.cache
+def worker_pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads for host work split into pieces (numpy releases the GIL in its
+    loops): scoring chunks, rotating blocks. One per count, kept for the process's life."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=f"kvmem-work{workers}")
 
 
 def parse_count(text: str, what: str) -> int:

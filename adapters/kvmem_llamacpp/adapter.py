@@ -22,7 +22,7 @@ from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.tokens import PrefixTokenizer
-from kvmem_core.threads import Threads, resolve_threads
+from kvmem_core.threads import Threads, resolve_threads, worker_pool
 from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
 from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0
@@ -268,10 +268,17 @@ class LlamaCppAdapter:
         self._view.update(int(p) for p in kv.positions)
 
     def _assemble(self, placements: Sequence[Placement]) -> blob.SeqKV:
+        """The placements' KV, each at its ``dst_pos``, as one sequence; moved blocks are rotated on the prefill
+        threads (the model is idle meanwhile)."""
         ks, vs, pos = [], [], []
-        for p in placements:
+
+        def move(p: Placement) -> BlockKV:
+            return self.moved(p.kv, p.src_pos, p.dst_pos)
+
+        workers = self.ctx.threads.batch
+        moved = worker_pool(workers).map(move, placements) if workers > 1 else map(move, placements)
+        for p, kv in zip(placements, moved):
             n = p.kv.k.shape[1]
-            kv = self.moved(p.kv, p.src_pos, p.dst_pos)
             ks.append(kv.k.reshape(self.model.n_layer, n, -1))
             vs.append(kv.v.reshape(self.model.n_layer, n, -1))
             pos.append(np.arange(p.dst_pos, p.dst_pos + n, dtype=np.int32))

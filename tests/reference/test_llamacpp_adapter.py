@@ -109,6 +109,26 @@ def test_moving_a_block_rerotates_keys_like_computing_it_there(adapter, ids):
     assert content[0].max() < 0.01 and content.mean() < 0.03 * scale
 
 
+def test_blocks_moved_on_several_threads_land_as_on_one(adapter, ids):
+    from kvmem_core.threads import Threads
+
+    prefill(adapter, ids[:192])
+    blocks = [adapter.read_block(s, 64) for s in (0, 64, 128)]
+    placements = [Placement(kv, s, d) for kv, s, d in zip(blocks, (0, 64, 128), (700, 0, 350))]
+    before, views = adapter.ctx.threads, []
+    try:
+        for threads in (Threads(1, 1), Threads(1, 3)):
+            adapter.set_threads(threads)
+            adapter.clear_view()
+            adapter.write_blocks(placements)
+            views.append([adapter.read_block(d, 64) for d in (700, 0, 350)])
+    finally:
+        adapter.set_threads(before)
+    for one, many in zip(*views):
+        assert np.array_equal(one.k, many.k) and np.array_equal(one.v, many.v)
+    assert not np.array_equal(views[0][0].k, blocks[0].k)  # the block moved: its keys were rotated
+
+
 def test_query_capture_is_pre_rope(adapter, ids):
     adapter.clear_view()
     a = adapter.forward(ids[:40], list(range(40)), capture_from=30).queries
