@@ -93,19 +93,36 @@ def test_groups_switch_reads_on_or_off_from_flag_or_env(monkeypatch):
         KVMemConfig(groups="off")
 
 
-def test_ctx_reads_auto_or_a_positive_count_from_flag_or_env(monkeypatch):
+@pytest.mark.parametrize(
+    "flag, env, field, auto, good, bad, message",
+    [
+        ("--ctx", "KVMEM_CTX", "ctx", AUTO_CTX, ("131072", 131072), ("0", "-4", "128k"), "token count"),
+        (
+            "--kvmem-cpu-gb",
+            "KVMEM_CPU_GB",
+            "cpu_gb",
+            AUTO_GB,
+            ("2.5", 2.5),
+            ("0", "-1", "4G", "nan", "inf"),
+            "number of GiB",
+        ),
+    ],
+)
+def test_auto_knobs_read_auto_or_a_positive_value_from_flag_or_env(
+    monkeypatch, flag, env, field, auto, good, bad, message
+):
     import argparse
 
     from kvmem.flags import add_kvmem_flags, resolve_config
 
     parser = argparse.ArgumentParser()
     add_kvmem_flags(parser)
-    assert "(default: auto; env KVMEM_CTX)" in " ".join(parser.format_help().split())
-    assert resolve_config(parser.parse_args(["--ctx", "auto"]))[0].ctx == AUTO_CTX
-    assert resolve_config(parser.parse_args(["--ctx", "131072"]))[0].ctx == 131072
-    for bad in ("0", "-4", "128k"):
-        monkeypatch.setenv("KVMEM_CTX", bad)
-        with pytest.raises(ConfigError, match="want a positive token count or auto"):
+    assert f"(default: auto; env {env})" in " ".join(parser.format_help().split())
+    assert getattr(resolve_config(parser.parse_args([flag, "auto"]))[0], field) == auto
+    assert getattr(resolve_config(parser.parse_args([flag, good[0]]))[0], field) == good[1]
+    for text in bad:
+        monkeypatch.setenv(env, text)
+        with pytest.raises(ConfigError, match=f"want a positive {message} or auto"):
             resolve_config(parser.parse_args([]))
 
 
@@ -137,19 +154,3 @@ def test_an_auto_host_tier_is_half_the_memory_shared_by_the_replicas():
     sized = KVMemConfig().sized_to(QWEN_05B)  # the engine sizes both: the tier, then the workspace it holds
     assert sized.cpu_gb == one.cpu_gb
     assert sized.ctx == int(one.cpu_gb * (1 << 30) // QWEN_05B.kv_bytes_per_block) * 64
-
-
-def test_cpu_gb_reads_auto_or_a_positive_size_from_flag_or_env(monkeypatch):
-    import argparse
-
-    from kvmem.flags import add_kvmem_flags, resolve_config
-
-    parser = argparse.ArgumentParser()
-    add_kvmem_flags(parser)
-    assert "(default: auto; env KVMEM_CPU_GB)" in " ".join(parser.format_help().split())
-    assert resolve_config(parser.parse_args(["--kvmem-cpu-gb", "auto"]))[0].cpu_gb == AUTO_GB
-    assert resolve_config(parser.parse_args(["--kvmem-cpu-gb", "2.5"]))[0].cpu_gb == 2.5
-    for bad in ("0", "-1", "4G", "nan", "inf"):
-        monkeypatch.setenv("KVMEM_CPU_GB", bad)
-        with pytest.raises(ConfigError, match="want a positive number of GiB or auto"):
-            resolve_config(parser.parse_args([]))
