@@ -134,14 +134,35 @@ def _mem_total() -> int:
 
 
 def test_usable_memory_is_the_machine_s_unless_a_cgroup_limits_it(tmp_path):
-    assert usable_memory_bytes(tmp_path) == _mem_total()  # no limit files: the machine's RAM
+    proc = tmp_path / "proc-self-cgroup"  # absent: only the root's limit files are read
+    assert usable_memory_bytes(tmp_path, proc) == _mem_total()  # no limit files: the machine's RAM
     (tmp_path / "memory.max").write_text("max\n")  # cgroup v2 without a limit
-    assert usable_memory_bytes(tmp_path) == _mem_total()
+    assert usable_memory_bytes(tmp_path, proc) == _mem_total()
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "memory.limit_in_bytes").write_text("2147483648\n")  # cgroup v1: 2 GiB
-    assert usable_memory_bytes(tmp_path) == 2 << 30
+    assert usable_memory_bytes(tmp_path, proc) == 2 << 30
     (tmp_path / "memory.max").write_text("1073741824\n")  # v2: 1 GiB, the lower one counts
-    assert usable_memory_bytes(tmp_path) == 1 << 30
+    assert usable_memory_bytes(tmp_path, proc) == 1 << 30
+
+
+@pytest.mark.parametrize(
+    "line, limits",
+    [
+        ("0::/system.slice/kvmem.service", "system.slice/memory.max"),  # v2: a parent's limit binds its children
+        ("0::/system.slice/kvmem.service", "system.slice/kvmem.service/memory.max"),
+        ("7:cpu,memory:/docker/abc", "memory/docker/abc/memory.limit_in_bytes"),  # v1: the memory hierarchy's path
+    ],
+)
+def test_the_process_s_own_cgroup_and_its_ancestors_limit_it(tmp_path, line, limits):
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(f"3:cpuset:/elsewhere\nnot a cgroup line\n{line}\n")
+    assert usable_memory_bytes(tmp_path, proc) == _mem_total()  # the files are not there yet
+    (tmp_path / limits).parent.mkdir(parents=True)
+    (tmp_path / limits).write_text("3221225472\n")
+    assert usable_memory_bytes(tmp_path, proc) == 3 << 30
+    (tmp_path / "cpuset" / "elsewhere").mkdir(parents=True)  # another controller's hierarchy is not read
+    (tmp_path / "cpuset" / "elsewhere" / "memory.max").write_text("1024\n")
+    assert usable_memory_bytes(tmp_path, proc) == 3 << 30
 
 
 def test_an_auto_host_tier_is_half_the_memory_shared_by_the_replicas():
