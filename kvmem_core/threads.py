@@ -14,10 +14,12 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from kvmem_core.errors import ConfigError
 
+T = TypeVar("T")
+R = TypeVar("R")
 THREADS_ENV = "KVMEM_THREADS"
 THREADS_BATCH_ENV = "KVMEM_THREADS_BATCH"
 
@@ -45,6 +47,14 @@ def worker_pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for host work split into pieces (numpy releases the GIL in its
     loops): scoring chunks, rotating blocks. One per count, kept for the process's life."""
     return ThreadPoolExecutor(workers, thread_name_prefix=f"kvmem-work{workers}")
+
+
+def map_on(workers: int, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(x) for x in items]``, in order, on ``worker_pool(workers)`` when ``workers`` > 1 and there is more than
+    one item."""
+    if workers > 1 and len(items) > 1:
+        return list(worker_pool(workers).map(fn, items))
+    return [fn(x) for x in items]
 
 
 def parse_count(text: str, what: str) -> int:

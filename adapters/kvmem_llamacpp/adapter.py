@@ -22,7 +22,7 @@ from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.thread_governor import ThreadGovernor
 from kvmem_core.tokens import PrefixTokenizer
-from kvmem_core.threads import Threads, resolve_threads, worker_pool
+from kvmem_core.threads import Threads, map_on, resolve_threads
 from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
 from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0
@@ -275,9 +275,7 @@ class LlamaCppAdapter:
         def move(p: Placement) -> BlockKV:
             return self.moved(p.kv, p.src_pos, p.dst_pos)
 
-        workers = self.ctx.threads.batch
-        moved = worker_pool(workers).map(move, placements) if workers > 1 else map(move, placements)
-        for p, kv in zip(placements, moved):
+        for p, kv in zip(placements, map_on(self.ctx.threads.batch, move, placements)):
             n = p.kv.k.shape[1]
             ks.append(kv.k.reshape(self.model.n_layer, n, -1))
             vs.append(kv.v.reshape(self.model.n_layer, n, -1))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kvmem_core.retrieval.base import BlockScores, QueryFeatures
-from kvmem_core.threads import worker_pool
+from kvmem_core.threads import map_on
 
 CHUNK_TOKENS = {
     "numpy": 2048,  # widening int8 keys to float32 bounds scoring on a CPU: a chunk's keys stay in cache
@@ -242,11 +242,7 @@ def head_block_mass(rows: np.ndarray, keys: HeadKeys, n_query_tokens: int, worke
         scales = None if keys.scales is None else keys.scales[b0:b1]
         acc.add(ops.logits(rows_x, keys.keys[b0:b1], keys.n_tokens[b0:b1], scales), b0, chunk)
 
-    if ops is NumpyOps and workers > 1 and len(spans) > 1:  # numpy releases the GIL in the GEMM, exp and reductions
-        list(worker_pool(workers).map(add, range(len(spans))))
-    else:
-        for chunk in range(len(spans)):
-            add(chunk)
+    map_on(workers if ops is NumpyOps else 1, add, range(len(spans)))  # numpy releases the GIL in its loops
     mass, peak, arg = acc.finish()
     per_head = ops.max_arg(mass.reshape(-1, n_query_tokens, n_blocks), 1)[0]
     return HeadMass(ops.numpy(per_head), ops.numpy(peak), ops.numpy(arg))
