@@ -19,13 +19,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import kvmem_core.lookup
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.engine import KVMemEngine
 
 CFG = KVMemConfig(ctx=8192, budget=4096, gen_budget=512, method="full")
-FILE = Path(kvmem_core.lookup.__file__)  # a file of this project, about 800 tokens
+# the file the rewrite turn reads back (about 800 tokens): a frozen copy of an earlier lookup.py, so the turn, and
+# the answer it gets, do not change when that module does
+FILE = Path(__file__).with_name("rewrite_source.txt")
 
 
 def turns() -> dict[str, tuple[dict[str, str], ...]]:

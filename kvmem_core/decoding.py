@@ -14,6 +14,7 @@ import numpy as np
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import OnText, SamplingParams
+from kvmem_core.draft_budget import ForwardCosts
 from kvmem_core.reasoning import Thinking
 from kvmem_core.sampling import decode
 from kvmem_core.speculative import ViewVerifier, speculative_advance
@@ -30,6 +31,7 @@ class DecodeOps:
     formats: Formats
     last_logits: np.ndarray | None
     decode_alive: Callable[[], bool] | None
+    forward_costs: ForwardCosts  # the engine's timed forwards by row count, for lookup's draft lengths
 
     if TYPE_CHECKING:  # the engine's, which this phase calls
 
@@ -78,6 +80,7 @@ class DecodeOps:
             constraint is not None,
             history,
             lambda: ViewVerifier(adapter, self.view, room, pending),
+            self.forward_costs,
         )
         try:
             text, ids, finish = decode(

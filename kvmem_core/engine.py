@@ -23,6 +23,7 @@ from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
 from kvmem_core.decoding import DecodeOps
 from kvmem_core.archive import ArchiveOps, Probe
+from kvmem_core.draft_budget import ForwardCosts
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, block_groups, overlapping
 from kvmem_core.layout import BlockKV, BlockMeta
@@ -90,6 +91,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         self.formats = Formats(adapter)
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk
         self.decode_alive: Callable[[], bool] | None = None  # after each decoded token; False: the client left
+        self.forward_costs = ForwardCosts()
         self._indexes: dict[str, BlockIndex] = {}
         self._stored_spans: dict[str, StoredSpans] = {}
         self._view_ws: str | None = None

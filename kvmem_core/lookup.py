@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-DRAFT_TOKENS = 8  # k: a longer draft costs a CPU verification forward more than it usually wins
+DRAFT_TOKENS = 32  # k: the longest draft; how much of it a verification carries is ``draft_budget``'s choice
 NGRAM_MAX = 4
 NGRAM_MIN = 2  # single-token matches are common in any text and mostly wrong
 

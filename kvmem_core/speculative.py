@@ -16,6 +16,7 @@ the argmax, and a grammar's mask changes the choice (``kvmem_core.engine`` decid
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -24,6 +25,7 @@ import numpy as np
 
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.contract import SamplingParams
+from kvmem_core.draft_budget import DraftBudget, ForwardCosts
 from kvmem_core.errors import ConfigError
 from kvmem_core.lookup import LookupDrafter
 from kvmem_core.step import ViewState, append_computed
@@ -73,9 +75,12 @@ class DraftStats:
 class LookupAdvance:
     """Greedy decoding's ``Advance`` with a ``Drafter``'s drafts (prompt lookup or MTP; see module docstring)."""
 
-    def __init__(self, verifier: Verifier, drafter: Drafter, max_tokens: int) -> None:
-        """``drafter``: lookup's holds the transcript; ``max_tokens``: the step's limit (no draft runs past it)."""
-        self.verifier, self.drafter, self.max_tokens = verifier, drafter, max_tokens
+    def __init__(
+        self, verifier: Verifier, drafter: Drafter, max_tokens: int, budget: DraftBudget | None = None
+    ) -> None:
+        """``drafter``: lookup's holds the transcript; ``max_tokens``: the step's limit (no draft runs past it);
+        ``budget``: how much of each draft to verify (None: all of it)."""
+        self.verifier, self.drafter, self.max_tokens, self.budget = verifier, drafter, max_tokens, budget
         self.stats = DraftStats()
         self._ready: deque[tuple[int, np.ndarray]] = deque()  # accepted draft tokens not yet taken, with their logits
         self._taken = 0  # tokens the loop advanced so far
@@ -83,6 +88,8 @@ class LookupAdvance:
     def __call__(self, token: int) -> Callable[[], np.ndarray]:
         self._taken += 1
         self.drafter.extend([token])
+        if self.budget is not None:
+            self.budget.advanced(token)
         if self._ready and self._ready[0][0] == token:
             _, logits = self._ready.popleft()
             self.verifier.commit(token)
@@ -99,11 +106,21 @@ class LookupAdvance:
     def _verify(self, token: int) -> Callable[[], np.ndarray]:
         limit = self.max_tokens - self._taken - 1  # draft tokens whose logits the loop may still sample from
         draft = self.drafter.propose(limit) if limit > 0 else []
+        if self.budget is not None and draft:
+            keep = self.budget.length(len(draft))
+            if not keep:
+                self.budget.shadow(draft)
+            draft = draft[:keep]
         draft = draft[: max(0, self.verifier.room(1 + len(draft)) - 1)]
+        started = time.perf_counter()
         logits = self.verifier.run([token, *draft])
+        if self.budget is not None:
+            self.budget.timed(1 + len(draft), started, time.perf_counter())
         self.verifier.commit(token)
         if draft:
             accepted = accepted_prefix(logits, draft)
+            if self.budget is not None:
+                self.budget.verified(len(draft), accepted)
             self.verifier.discard(accepted)
             self._ready.extend((draft[i], logits[i + 1]) for i in range(accepted))
             self.stats.drafted += len(draft)
@@ -146,16 +163,19 @@ def speculative_advance(
     shaped: bool,
     history: Sequence[int],
     verifier: Callable[[], Verifier],
+    costs: ForwardCosts,
 ) -> LookupAdvance | None:
     """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off,
     a sampled step (temperature above 0), a step ``shaped`` by an output format, an adapter without
-    ``forward_every``. ``history``: the transcript the request sent (``lookup`` drafts from it; ``mtp`` asks the
-    adapter's ``draft_head``, which ``check_mode`` made sure it has)."""
+    ``forward_every``. ``history``: the transcript the request sent (``lookup`` drafts from it and verifies as
+    much of each draft as ``costs``, the engine's timed forwards, and the step's acceptance make worth it:
+    ``draft_budget``; ``mtp`` asks the adapter's ``draft_head``, which ``check_mode`` made sure it has)."""
     if mode == "off" or sampling.temperature > 0 or shaped or not hasattr(adapter, "forward_every"):
         return None
     assert sampling.max_tokens is not None
-    drafter = adapter.draft_head() if mode == "mtp" else LookupDrafter(history)  # type: ignore[attr-defined]
-    return LookupAdvance(verifier(), drafter, sampling.max_tokens)
+    if mode == "mtp":
+        return LookupAdvance(verifier(), adapter.draft_head(), sampling.max_tokens)  # type: ignore[attr-defined]
+    return LookupAdvance(verifier(), LookupDrafter(history), sampling.max_tokens, DraftBudget(costs))
 
 
 def check_mode(mode: str, adapter: EngineAdapter) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import kvmem_core.speculative as speculative
+from draft_support import verify_every_draft
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult
 from kvmem_core.engine import KVMemEngine
@@ -51,7 +52,7 @@ def engine() -> Iterator[KVMemEngine]:
         path = resolve_model("qwen2.5-coder-0.5b")
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
-    e = KVMemEngine(create_adapter(str(path), CFG, n_threads=1), CFG)
+    e = verify_every_draft(KVMemEngine(create_adapter(str(path), CFG, n_threads=1), CFG))
     yield e
     e.close()
 

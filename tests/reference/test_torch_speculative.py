@@ -28,6 +28,7 @@ from kvmem_core.lookup import LookupDrafter  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
 from kvmem_torch.mtp import MTPDrafter  # noqa: E402
+from draft_support import verify_every_draft  # noqa: E402
 from gguf_writer import write_gguf  # noqa: E402
 from torch_tiny import tiny_hf_config, tiny_hf_model, tiny_mtp_state  # noqa: E402
 
@@ -66,7 +67,7 @@ def plain(model_path: Path) -> tuple[StepResult, KVMemEngine]:
 
 def make_engine(path: Path, cfg: KVMemConfig = CFG) -> KVMemEngine:
     adapter = TorchAdapter(path, view_tokens=cfg.view_tokens, block_tokens=B, device="cpu", progress=False)
-    return KVMemEngine(adapter, cfg, heads=((0, 0),))
+    return verify_every_draft(KVMemEngine(adapter, cfg, heads=((0, 0),)))
 
 
 def greedy(engine: KVMemEngine, mode: str) -> StepResult:
