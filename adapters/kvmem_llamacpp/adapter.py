@@ -255,32 +255,29 @@ class LlamaCppAdapter:
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         if not placements:
             return
-        kv = self._assemble(placements)
+        runs = self._assemble(placements)
         c = self.ctx
-        size = blob.blob_size(kv.positions.size, self.model.n_layer, kv.k.shape[2] * kv.k.itemsize)
+        n_cells = sum(run.positions.size for run in runs)
+        size = blob.blob_size(n_cells, self.model.n_layer, runs[0].k.shape[2] * runs[0].k.itemsize)
         if self._import.size < size:
             self._import = np.empty(size, dtype=np.uint8)
-        n = blob.synthesize(self._import, c.SCRATCH, kv, self._v_trans)
+        n = blob.synthesize(self._import, c.SCRATCH, runs, self._v_trans)
         assert n == size
         c.set_state(c.SCRATCH, self._import, n)
         c.seq_cp(c.SCRATCH, c.VIEW)
         c.seq_rm(c.SCRATCH)
-        self._view.update(int(p) for p in kv.positions)
+        self._view.update(int(p) for run in runs for p in run.positions)
 
-    def _assemble(self, placements: Sequence[Placement]) -> blob.SeqKV:
-        """The placements' KV, each at its ``dst_pos``, as one sequence; moved blocks are rotated on the prefill
-        threads (the model is idle meanwhile)."""
-        ks, vs, pos = [], [], []
+    def _assemble(self, placements: Sequence[Placement]) -> list[blob.SeqKV]:
+        """The placements' KV, each at its ``dst_pos``, as runs of one sequence; moved blocks are rotated on the
+        prefill threads (the model is idle meanwhile)."""
 
-        def move(p: Placement) -> BlockKV:
-            return self.moved(p.kv, p.src_pos, p.dst_pos)
+        def move(p: Placement) -> blob.SeqKV:
+            kv, n = self.moved(p.kv, p.src_pos, p.dst_pos), p.kv.k.shape[1]
+            k, v = kv.k.reshape(self.model.n_layer, n, -1), kv.v.reshape(self.model.n_layer, n, -1)
+            return blob.SeqKV(np.arange(p.dst_pos, p.dst_pos + n, dtype=np.int32), k, v)
 
-        for p, kv in zip(placements, map_on(self.ctx.threads.batch, move, placements)):
-            n = p.kv.k.shape[1]
-            ks.append(kv.k.reshape(self.model.n_layer, n, -1))
-            vs.append(kv.v.reshape(self.model.n_layer, n, -1))
-            pos.append(np.arange(p.dst_pos, p.dst_pos + n, dtype=np.int32))
-        return blob.SeqKV(np.concatenate(pos), np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+        return map_on(self.ctx.threads.batch, move, placements)
 
     def moved(self, kv: BlockKV, src_pos: int, dst_pos: int) -> BlockKV:
         """K rotated by ``dst_pos - src_pos`` positions in its own storage (q8_0: dequantized, rotated, quantized

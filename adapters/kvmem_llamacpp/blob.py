@@ -14,6 +14,7 @@ under flash attention).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -105,32 +106,62 @@ def blob_size(n_cells: int, n_layer: int, row_bytes: int) -> int:
     return 24 + n_cells * _CELL.itemsize + n_layer * (24 + 2 * n_cells * row_bytes)
 
 
-def synthesize(out: np.ndarray, seq: int, kv: SeqKV, v_trans: int) -> int:
-    """Write ``kv`` as a blob for sequence ``seq`` into ``out`` (uint8, large enough); return its size."""
-    n_layer, n, width = kv.k.shape
-    dt = kv.k.dtype
+def synthesize(out: np.ndarray, seq: int, runs: Sequence[SeqKV], v_trans: int) -> int:
+    """Write the cells of ``runs`` (one after another, in position order) as a blob for sequence ``seq`` into
+    ``out`` (uint8, large enough); return its size. Each run's rows are copied once, straight into ``out``."""
+    n_layer, _, width = runs[0].k.shape
+    dt = runs[0].k.dtype
     type_id = next(t for t, d in _DTYPES.items() if d == dt)
-    parts: list[bytes | np.ndarray] = [np.array([MAGIC, seq, 1, n], dtype="<u4")]
+    n = sum(run.positions.size for run in runs)
+    w = _Writer(out)
+    w.put(np.array([MAGIC, seq, 1, n], dtype="<u4"))
     cells = np.empty(n, dtype=_CELL)
-    cells["pos"], cells["n_seq"], cells["seq"] = kv.positions, 1, seq
-    parts += [cells, np.array([v_trans, n_layer], dtype="<u4")]
+    cells["pos"], cells["n_seq"], cells["seq"] = np.concatenate([run.positions for run in runs]), 1, seq
+    w.put(cells)
+    w.put(np.array([v_trans, n_layer], dtype="<u4"))
     row_hdr = np.array([type_id], "<i4").tobytes() + np.array([width * dt.itemsize], "<u8").tobytes()
     for il in range(n_layer):
-        parts += [row_hdr, kv.k[il]]
+        w.put(row_hdr)
+        w.rows([run.k[il] for run in runs])
     vt_hdr = np.array([type_id], "<i4").tobytes() + np.array([dt.itemsize, width], "<u4").tobytes()
     for il in range(n_layer):
-        parts += [vt_hdr, kv.v[il].T] if v_trans else [row_hdr, kv.v[il]]
-    return _write(out, parts)
+        w.put(vt_hdr if v_trans else row_hdr)
+        if v_trans:
+            w.columns([run.v[il] for run in runs])
+        else:
+            w.rows([run.v[il] for run in runs])
+    return w.off
 
 
-def _write(out: np.ndarray, parts: list[bytes | np.ndarray]) -> int:
-    off = 0
-    for part in parts:
-        raw = (
-            np.frombuffer(part, dtype=np.uint8)
-            if isinstance(part, bytes)
-            else np.ascontiguousarray(part).view(np.uint8).reshape(-1)
-        )
-        out[off : off + raw.size] = raw
-        off += raw.size
-    return off
+class _Writer:
+    """Appends to a uint8 buffer: raw parts, and [cells, width] arrays as rows or transposed."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out, self.off = out, 0
+
+    def put(self, part: bytes | np.ndarray) -> None:
+        raw = np.frombuffer(part, dtype=np.uint8) if isinstance(part, bytes) else part.view(np.uint8).reshape(-1)
+        self.out[self.off : self.off + raw.size] = raw
+        self.off += raw.size
+
+    def _region(self, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
+        size = shape[0] * shape[1] * dtype.itemsize
+        region = self.out[self.off : self.off + size].view(dtype).reshape(shape)
+        self.off += size
+        return region
+
+    def rows(self, parts: Sequence[np.ndarray]) -> None:
+        """The parts' rows one after another."""
+        region = self._region(parts[0].dtype, (sum(len(p) for p in parts), parts[0].shape[1]))
+        row = 0
+        for part in parts:
+            region[row : row + len(part)] = part
+            row += len(part)
+
+    def columns(self, parts: Sequence[np.ndarray]) -> None:
+        """The parts' rows as the columns of one [width, cells] array (llama.cpp's transposed V)."""
+        region = self._region(parts[0].dtype, (parts[0].shape[1], sum(len(p) for p in parts)))
+        col = 0
+        for part in parts:
+            region[:, col : col + len(part)] = part.T
+            col += len(part)

@@ -51,7 +51,7 @@ def test_retrieval_heads_score_on_the_prefill_threads(adapter):
 
 
 @pytest.mark.parametrize("f32_cache", [False, True])
-def test_blob_parse_then_synthesize_is_byte_identical(ids, f32_cache):
+def test_blob_parse_then_synthesize_is_byte_identical_from_one_run_or_several(ids, f32_cache):
     from kvmem_llamacpp import blob
     from kvmem_llamacpp.adapter import LlamaCppAdapter
 
@@ -63,10 +63,13 @@ def test_blob_parse_then_synthesize_is_byte_identical(ids, f32_cache):
         kv, v_trans = blob.parse(memoryview(raw), 30, 192)
         assert v_trans == int(f32_cache) and kv.k.dtype == (np.float32 if f32_cache else np.float16)
         assert kv.positions.tolist() == list(range(10, 74))
-        out = np.zeros(len(raw) + 64, dtype=np.uint8)
-        n = blob.synthesize(out, 1, kv, v_trans)
-        assert n == len(raw) == blob.blob_size(64, 30, 192 * kv.k.itemsize)
-        assert out[:n].tobytes() == raw
+        cuts = (0, 17, 40, 64)  # the cells as runs of placements written one after another
+        runs = [blob.SeqKV(kv.positions[a:b], kv.k[:, a:b], kv.v[:, a:b]) for a, b in zip(cuts, cuts[1:])]
+        for parts in ([kv], runs):
+            out = np.zeros(len(raw) + 64, dtype=np.uint8)
+            n = blob.synthesize(out, 1, parts, v_trans)
+            assert n == len(raw) == blob.blob_size(64, 30, 192 * kv.k.itemsize)
+            assert out[:n].tobytes() == raw
     finally:
         a.close()
 

@@ -42,7 +42,7 @@ def test_q8_0_blobs_parse_and_synthesize_byte_identical_at_about_half_the_bytes(
     kv, v_trans = blob.parse(memoryview(raw), 30, 192)
     assert v_trans == 0 and kv.k.dtype == np.uint8 and kv.k.shape == (30, 64, 3 * 68)
     out = np.zeros(len(raw), dtype=np.uint8)
-    assert blob.synthesize(out, 1, kv, v_trans) == len(raw) and out.tobytes() == raw
+    assert blob.synthesize(out, 1, [kv], v_trans) == len(raw) and out.tobytes() == raw
     f16 = CFG.replace(kv_dtype="f16")
     assert f16.kv_dtype == "f16" and adapter.layout.bytes_per_token / (2 * 30 * 3 * 64 * 2) == 68 / 128
 
