@@ -1,11 +1,13 @@
-"""Decode speed with speculative decoding (prompt lookup, or a qwen35 model's MTP layer) against without, on two
+"""Decode speed with speculative decoding (prompt lookup, or a qwen35 model's MTP layer) against without, on four
 greedy turns.
 
 ``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most lookup
-drafts are right); ``story`` asks for new text with nothing to copy. Each round runs both modes on the same engine,
-off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the share of drafted
-tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH]
-[--speculative lookup|mtp] [--random SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are JSON lines.
+drafts are right); ``story`` asks for new text with nothing to copy; ``edit_json`` and ``explain``, held out from
+tuning (``turns``), are one of each kind again (each row names its ``split``). Each round runs both modes on the
+same engine, off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the
+share of drafted tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch]
+[--model NAME|PATH] [--speculative lookup|mtp] [--random SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are
+JSON lines.
 ``--random SHAPE`` (torch) runs random qwen35 weights of a ``kvmem_bench.torch_device`` shape with ``--model``'s
 tokenizer, with a random MTP layer for ``mtp``: its drafts are as random as its weights, so such a row measures
 what drafting and verifying cost, not what MTP gains (acceptance needs trained weights).
@@ -30,21 +32,41 @@ FILE = Path(__file__).with_name("rewrite_source.txt")
 
 
 def turns() -> dict[str, tuple[dict[str, str], ...]]:
+    """The bench's turns, ``rewrite`` and ``story`` first (the draft budget was shaped on them), then the held-out
+    ``edit_json`` (copy with changes: a tool's arguments sent back edited) and ``explain`` (prose), fixed on
+    2026-12-05 before any run and never used to tune (``SPLITS``)."""
     source = FILE.read_text()
     return {
-        "rewrite": (
-            {
-                "role": "user",
-                "content": f"Here is lookup.py:\n```python\n{source}```\nRewrite the whole file "
-                "with LookupDrafter renamed to NgramDrafter. Output only the file.",
-            },
+        "rewrite": _user(
+            f"Here is lookup.py:\n```python\n{source}```\nRewrite the whole file "
+            "with LookupDrafter renamed to NgramDrafter. Output only the file."
         ),
-        "story": (
-            {
-                "role": "user",
-                "content": "Write a short story about a lighthouse keeper who finds a strange bottle on the shore.",
-            },
+        "story": _user("Write a short story about a lighthouse keeper who finds a strange bottle on the shore."),
+        "edit_json": _user(
+            f"Here is services.json:\n```json\n{json.dumps(_services(), indent=2)}\n```\nReturn the whole "
+            "file with every port increased by 1. Output only the JSON."
         ),
+        "explain": _user("Explain how a hash table handles collisions, with the trade-offs of each approach."),
+    }
+
+
+SPLITS = {"rewrite": "tuning", "story": "tuning", "edit_json": "held-out", "explain": "held-out"}
+
+
+def _user(content: str) -> tuple[dict[str, str], ...]:
+    return ({"role": "user", "content": content},)
+
+
+def _services() -> dict[str, Any]:
+    """A settings file of 12 services, the same every run."""
+    return {
+        f"service_{i}": {
+            "host": f"10.0.{i}.1",
+            "port": 8000 + 7 * i,
+            "retries": i % 4,
+            "tags": ["api", f"zone-{i % 3}"],
+        }
+        for i in range(12)
     }
 
 
@@ -69,6 +91,7 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
         rows.append(
             {
                 "turn": name,
+                "split": SPLITS[name],
                 "off_tok_s": round(off, 2),
                 f"{mode}_tok_s": round(on, 2),
                 "speedup": round(on / off, 3),
