@@ -86,8 +86,8 @@ class Acceptance:
     def expected_tokens(self, most: int) -> list[float]:
         """Tokens a verification of a draft of 0, 1, ..., ``most`` tokens yields: its accepted prefix and the
         model's own next token."""
-        s = self.streak + 1
         if self.streak:
+            s = self.streak + 1
             all_right = (s / (s + j) for j in range(1, most + 1))
         else:
             all_right = (self.first_rate * 2 / (1 + j) for j in range(1, most + 1))

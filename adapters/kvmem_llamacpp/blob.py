@@ -126,15 +126,12 @@ def synthesize(out: np.ndarray, seq: int, runs: Sequence[SeqKV], v_trans: int) -
     vt_hdr = np.array([type_id], "<i4").tobytes() + np.array([dt.itemsize, width], "<u4").tobytes()
     for il in range(n_layer):
         w.put(vt_hdr if v_trans else row_hdr)
-        if v_trans:
-            w.columns([run.v[il] for run in runs])
-        else:
-            w.rows([run.v[il] for run in runs])
+        w.rows([run.v[il] for run in runs], transposed=bool(v_trans))
     return w.off
 
 
 class _Writer:
-    """Appends to a uint8 buffer: raw parts, and [cells, width] arrays as rows or transposed."""
+    """Appends to a uint8 buffer: raw parts, and the rows of [cells, width] arrays."""
 
     def __init__(self, out: np.ndarray) -> None:
         self.out, self.off = out, 0
@@ -144,24 +141,15 @@ class _Writer:
         self.out[self.off : self.off + raw.size] = raw
         self.off += raw.size
 
-    def _region(self, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
-        size = shape[0] * shape[1] * dtype.itemsize
-        region = self.out[self.off : self.off + size].view(dtype).reshape(shape)
+    def rows(self, parts: Sequence[np.ndarray], transposed: bool = False) -> None:
+        """The parts' rows one after another, each copied once; ``transposed``: as the columns of one [width,
+        cells] array (llama.cpp's transposed V)."""
+        dtype, cells, width = parts[0].dtype, sum(len(p) for p in parts), parts[0].shape[1]
+        size = cells * width * dtype.itemsize
+        region = self.out[self.off : self.off + size].view(dtype)
+        region = region.reshape(width, cells).T if transposed else region.reshape(cells, width)
         self.off += size
-        return region
-
-    def rows(self, parts: Sequence[np.ndarray]) -> None:
-        """The parts' rows one after another."""
-        region = self._region(parts[0].dtype, (sum(len(p) for p in parts), parts[0].shape[1]))
         row = 0
         for part in parts:
             region[row : row + len(part)] = part
             row += len(part)
-
-    def columns(self, parts: Sequence[np.ndarray]) -> None:
-        """The parts' rows as the columns of one [width, cells] array (llama.cpp's transposed V)."""
-        region = self._region(parts[0].dtype, (parts[0].shape[1], sum(len(p) for p in parts)))
-        col = 0
-        for part in parts:
-            region[:, col : col + len(part)] = part.T
-            col += len(part)
