@@ -186,7 +186,7 @@ class TorchAdapter:
         self._use_threads(self.threads.batch if len(tokens) > 1 else self.threads.decode)
         self.stager.wait()
         before = self.runner.state.snapshot() if self.caps.recurrent_state else None
-        logits, _ = self.runner.forward(list(tokens), list(positions), last_only=False)
+        logits = self.runner.forward_all(list(tokens), list(positions))
         self._keep_rows(tokens, positions)
         self._verified = None if before is None else Verified(before, list(tokens), list(positions))
         return _to_host(logits.float()).numpy()

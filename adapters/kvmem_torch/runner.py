@@ -14,10 +14,30 @@ from typing import Sequence
 
 import torch
 
+from kvmem_core.lookup import DRAFT_TOKENS
 from kvmem_core.step import chunk_cuts
 from kvmem_torch.model import Model, RecurrentState
 
 GRAPH_ARGS = ("tok", "pos", "slot", "q")
+VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the longest lookup draft
+
+
+class GraphInputs:
+    """A graph's inputs (token, position, slot, view index of each of its ``rows``) in one device tensor, sent
+    from page-locked memory in one copy."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.dev = torch.zeros(len(GRAPH_ARGS), rows, dtype=torch.long, device=device)
+        self.static = {name: self.dev[i] for i, name in enumerate(GRAPH_ARGS)}
+        self._host = torch.zeros_like(self.dev, device="cpu", pin_memory=True)
+        self._sent = torch.cuda.Event()  # the last copy has read _host
+
+    def send(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], first: int) -> None:
+        """Queue the rows' inputs; view indices run from ``first``."""
+        self._sent.synchronize()
+        self._host.numpy()[:] = (tokens, positions, slots, range(first, first + len(slots)))
+        self.dev.copy_(self._host, non_blocking=True)
+        self._sent.record()
 
 
 class Runner:
@@ -38,13 +58,12 @@ class Runner:
         self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        # bucket -> (graph, its logits, its hidden states for an MTP head or None): outputs the replays rewrite
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
-        # a decode graph's inputs (token, position, slot, view index) in one device tensor, sent in one copy
-        self.args = torch.zeros(len(GRAPH_ARGS), dtype=torch.long, device=model.device)
-        self.static = {name: self.args[i : i + 1] for i, name in enumerate(GRAPH_ARGS)}
-        self._args_host = torch.zeros_like(self.args, device="cpu", pin_memory=self.use_graphs)
-        self._args_sent = torch.cuda.Event() if self.use_graphs else None  # the last copy has read _args_host
+        # (rows, bucket) -> (graph, its logits, its hidden states for an MTP head or None): outputs replays rewrite
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
+        self.inputs = {n: GraphInputs(n, model.device) for n in (1, VERIFY_ROWS)} if self.use_graphs else {}
+        # rejected draft tokens roll back by dropping cells: a recurrent state (and an MTP head's hidden rows,
+        # only on such models) takes the eager path
+        self.graph_verify = self.use_graphs and not model.spec.deltanet_layers and model.mtp is None
         self._pool = None
 
     @property
@@ -93,7 +112,7 @@ class Runner:
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
         assert all(0 < o < len(tokens) for o, _ in snapshots), "a snapshot falls inside the forward"
         if len(tokens) == 1 and self.use_graphs and not capture:
-            return self._decode_graph(tokens[0], positions[0]), None
+            return self._graph_step(tokens, positions), None
         dev, start = self.model.device, len(self.cells)
         slots = self._take_slots(len(tokens))
         self.cells.extend(slots)
@@ -132,36 +151,54 @@ class Runner:
         step = max(self.B, octave // 8)
         return min(-(-n // step) * step, self.max_view_tokens)
 
-    def _decode_graph(self, token: int, position: int) -> torch.Tensor:
-        """One decode step through a CUDA graph captured for the view's size bucket."""
-        slot = self._take_slots(1)[0]
+    def forward_all(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """``forward`` with the logits of every token [len(tokens), vocab] (a draft's verification). On CUDA, up to
+        ``VERIFY_ROWS`` tokens on a model without recurrent layers replay a graph captured per view-size bucket for
+        ``VERIFY_ROWS`` rows: fewer tokens are padded with copies of the last at the positions after it, whose
+        cells leave the view after the replay (their logits are not returned)."""
+        n = len(tokens)
+        if not self.graph_verify or not 1 < n <= VERIFY_ROWS or self.view_free() < VERIFY_ROWS:
+            return self.forward(tokens, positions, last_only=False)[0]
+        pad = VERIFY_ROWS - n
+        padded = [*positions, *range(positions[-1] + 1, positions[-1] + 1 + pad)]
+        logits = self._graph_step([*tokens, *[tokens[-1]] * pad], padded)
+        if pad:
+            self.drop(padded[n], 1 << 62)
+        return logits[:n]
+
+    def _graph_step(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``) through the graph of their row count and the view's size
+        bucket, capturing it the first time. -> the graph's logits [rows, vocab] (rewritten by its next replay)"""
+        assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
+        rows = len(tokens)
+        slots = self._take_slots(rows)
         self._sync()
-        self.cells.append(slot)
-        self.positions.append(position)
-        self._args_sent.synchronize()
-        self._args_host.numpy()[:] = (token, position, slot, len(self.cells) - 1)
-        self.args.copy_(self._args_host, non_blocking=True)
-        self._args_sent.record()
-        self.synced = len(self.cells)  # the graph mirrors the new slot itself
-        bucket = self._bucket(len(self.cells))
-        if bucket not in self.graphs:
-            self.graphs[bucket] = self._capture(bucket)
-        graph, out, self.model.hidden = self.graphs[bucket]
+        first = len(self.cells)
+        self.cells.extend(slots)
+        self.positions.extend(positions)
+        self.inputs[rows].send(tokens, positions, slots, first)
+        self.synced = len(self.cells)  # the graph mirrors the new slots itself
+        key = (rows, self._bucket(len(self.cells)))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(key[1], self.inputs[rows].static)
+        graph, out, self.model.hidden = self.graphs[key]
         graph.replay()
         return out
 
     def drop_graphs(self) -> None:
-        """Forget the captured decode graphs and their memory pool (after the model's decode path changed)."""
+        """Forget the captured graphs and their memory pool (after the model's decode path changed)."""
         self.graphs.clear()
         self._pool = None
 
-    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
-        s, snap = self.static, self.state.snapshot()
+    def _capture(
+        self, bucket: int, s: dict[str, torch.Tensor]
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
+        snap = self.state.snapshot()
 
         def step() -> torch.Tensor:
             self.slots_dev.index_copy_(0, s["q"], s["slot"])
             ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
-            return self.model.forward(s["tok"], ctx, self.cache, self.state)
+            return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=False)
 
         with torch.inference_mode():
             side = torch.cuda.Stream()
