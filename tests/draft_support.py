@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmem_core.draft_budget import FIRST_DRAFT, ForwardCosts
+from kvmem_core.draft_budget import FIRST_DRAFT, KNOWN_AFTER, ForwardCosts
 from kvmem_core.engine import KVMemEngine
 from kvmem_core.lookup import DRAFT_TOKENS
 
@@ -14,6 +14,7 @@ class FlatCosts(ForwardCosts):
     def __init__(self) -> None:
         super().__init__()
         self.seconds = {1: 1.0, FIRST_DRAFT + 1: 1.0, DRAFT_TOKENS + 1: 1.0}
+        self.timings.update({rows: KNOWN_AFTER for rows in self.seconds})
 
     def record(self, rows: int, seconds: float) -> None:
         pass
