@@ -42,6 +42,9 @@ class Capabilities:
     # archives a chunk's blocks while the next chunk computes)
     staged_reads: bool = False
     draft_head: bool = False  # True: the model carries MTP layers and ``draft_head()`` makes a drafter from them
+    # True: ``forward_every`` of a lookup draft costs about a one-token step (a CUDA graph verifies it), so
+    # ``--speculative auto`` drafts
+    cheap_drafts: bool = False
     # True: ``forward`` takes ``snapshot_at`` (offsets into its tokens) and hands out the recurrent state after
     # each in ``ForwardOut.states``, so a checkpoint does not end a forward (``kvmem_core.prefill``)
     snapshots: bool = False

@@ -20,7 +20,7 @@ SCORERS = ("retrieval-heads", "mean-k", "sub-block-mean-k", "key-direction", "pe
 POSITION_MODES = ("auto", "original", "compact")
 RETENTIONS = ("evict-idle", "keep-all")
 RECURRENT_MODES = ("keep", "recompute")
-SPECULATIVE_MODES = ("off", "lookup", "mtp")
+SPECULATIVE_MODES = ("auto", "off", "lookup", "mtp")
 KV_DTYPES = ("auto", "f16", "bf16", "fp8", "q8_0")
 METHOD_ALIASES = {"recency": "recent"}
 SCORER_ALIASES = {"key-direction-fixed4": "key-direction", "key-direction-adaptive": "key-direction"}
@@ -56,8 +56,9 @@ FIELD_HELP = {
     "its results, a user or an assistant turn) when that fits half the free budget (on|off)",
     "speculative": "speculative decoding of greedy steps without an output format: lookup drafts tokens from n-gram "
     "matches in the workspace's transcript, mtp from the model's own multi-token-prediction layers (torch "
-    "engine, qwen35 checkpoints that carry them), and either is verified in one forward (lossless); "
-    + "|".join(SPECULATIVE_MODES),
+    "engine, qwen35 checkpoints that carry them), and either is verified in one forward (lossless); auto: lookup "
+    "where a draft's verification costs about one token's step (the torch engine on CUDA, models without recurrent "
+    "layers), off elsewhere; " + "|".join(SPECULATIVE_MODES),
     "kv_dtype": "KV dtype in the view and every tier: auto (16-bit: f16 on llama.cpp, the run dtype on torch), f16, "
     "bf16 (torch), fp8 (torch: e4m3 with a scale per token and kv head), q8_0 (llama.cpp); 8-bit halves "
     "the bytes per token; " + "|".join(KV_DTYPES),
@@ -85,7 +86,7 @@ class KVMemConfig:
     recurrent: str = "keep"
     groups: bool = True
     relevance: float = 0.35
-    speculative: str = "off"
+    speculative: str = "auto"
     kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:

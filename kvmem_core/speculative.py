@@ -165,11 +165,14 @@ def speculative_advance(
     verifier: Callable[[], Verifier],
     costs: ForwardCosts,
 ) -> LookupAdvance | None:
-    """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off,
+    """The speculating ``Advance`` for a step, or None where it would not be lossless or cannot run: ``mode`` off
+    (``auto``: lookup where the adapter's ``caps.cheap_drafts``, off elsewhere),
     a sampled step (temperature above 0), a step ``shaped`` by an output format, an adapter without
     ``forward_every``. ``history``: the transcript the request sent (``lookup`` drafts from it and verifies as
     much of each draft as ``costs``, the engine's timed forwards, and the step's acceptance make worth it:
     ``draft_budget``; ``mtp`` asks the adapter's ``draft_head``, which ``check_mode`` made sure it has)."""
+    if mode == "auto":
+        mode = "lookup" if adapter.caps.cheap_drafts else "off"
     if mode == "off" or sampling.temperature > 0 or shaped or not hasattr(adapter, "forward_every"):
         return None
     assert sampling.max_tokens is not None

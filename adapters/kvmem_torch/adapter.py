@@ -108,6 +108,7 @@ class TorchAdapter:
             prefill_chunk=self.prefill_chunk,
             staged_reads=True,
             draft_head=self.model.mtp is not None,
+            cheap_drafts=self.runner.graph_verify,
             snapshots=bool(spec.deltanet_layers),
         )
         self._forwarded: Forwarded | None = None  # with an MTP head: the last forward's rows (``draft_head``)

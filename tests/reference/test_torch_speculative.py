@@ -9,6 +9,7 @@ without MTP layers refuses ``mtp`` by name, at load and per request."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -183,4 +184,21 @@ def test_mtp_is_refused_without_mtp_layers(model_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs a model with MTP layers"):
         greedy(engine, "mtp")
     assert greedy(engine, "off").token_ids
+    engine.close()
+
+
+def test_auto_drafts_only_where_verification_is_cheap(
+    model_path: Path, plain: tuple[StepResult, KVMemEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``speculative: auto`` (the default) drafts where the adapter says a draft costs about one token's step (on
+    CUDA a verification graph; ``tests/gpu/test_torch_verify_cuda.py``) and decodes plainly elsewhere, as here on
+    the CPU; either way the answer is greedy decoding's."""
+    off, _ = plain
+    monkeypatch.setattr(speculative, "LookupDrafter", oracle(off.token_ids, None))
+    engine = make_engine(model_path)
+    assert KVMemConfig().speculative == "auto" and not engine.adapter.caps.cheap_drafts
+    assert greedy(engine, "auto").timings.get("draft_tokens", 0) == 0
+    engine.adapter.caps = dataclasses.replace(engine.adapter.caps, cheap_drafts=True)
+    on = greedy(engine, "auto")
+    assert on.token_ids == off.token_ids and on.timings["draft_tokens"] >= len(off.token_ids) // 2
     engine.close()

@@ -39,7 +39,7 @@ class KVMemOptions(msgspec.Struct, forbid_unknown_fields=True):
     pin: list[Annotated[int, Meta(ge=0)]] | None = None  # message indexes kept in the view for this step
     groups: bool | None = None  # whole-message selection on or off for this step
     relevance: Annotated[float, Meta(ge=0, le=1)] | None = None  # share of the best score taken by score
-    speculative: Literal["off", "lookup", "mtp"] | None = None  # speculative decoding of this step (greedy, no format)
+    speculative: Literal["auto", "off", "lookup", "mtp"] | None = None  # speculative decoding (greedy, no format)
 
 
 class ContentPart(msgspec.Struct):
