@@ -20,6 +20,7 @@ import numpy as np
 from kvmem_bench.speed_common import headline, shown
 from kvmem_bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
+from kvmem_bench.speed_speculative import speed_row
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.prompt import measure as measure_prompt
 from kvmem_core.config import KVMemConfig
@@ -68,6 +69,7 @@ def run(
         transfer = transfers(engine)
         prompt_row = measure_prompt(engine.adapter)
         structured = structured_cost(engine)
+        speculative = speed_row(engine)
         model = engine.model_id
     finally:
         engine.close()
@@ -89,6 +91,7 @@ def run(
         overhead=overhead,
         prompt_building=prompt_row,
         structured=structured,
+        speculative=speculative,
     )
     log(
         f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "

@@ -4,10 +4,11 @@ greedy turns.
 ``rewrite`` is an agent turn that rewrites a file it has just read (the file is in the transcript, so most lookup
 drafts are right); ``story`` asks for new text with nothing to copy; ``edit_json`` and ``explain``, held out from
 tuning (``turns``), are one of each kind again (each row names its ``split``). Each round runs both modes on the
-same engine, off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, and the
-share of drafted tokens accepted. Run: ``python -m kvmem_bench.speed_speculative [--backend llamacpp|torch]
-[--model NAME|PATH] [--speculative lookup|mtp] [--random SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are
-JSON lines.
+same engine, off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, the share
+of drafted tokens accepted and whether every round's answers were the same token for token. Run: ``python -m
+kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH] [--speculative lookup|mtp] [--random
+SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are JSON lines. ``kvmem bench speed`` reports one round of
+each turn (``speed_row``).
 ``--random SHAPE`` (torch) runs random qwen35 weights of a ``kvmem_bench.torch_device`` shape with ``--model``'s
 tokenizer, with a random MTP layer for ``mtp``: its drafts are as random as its weights, so such a row measures
 what drafting and verifying cost, not what MTP gains (acceptance needs trained weights).
@@ -70,21 +71,36 @@ def _services() -> dict[str, Any]:
     }
 
 
+SPEED_ROW_TOKENS = 48  # ``kvmem bench speed``'s row: each turn once a mode, this many tokens
+
+
+def speed_row(engine: KVMemEngine, tokens: int = SPEED_ROW_TOKENS) -> list[dict[str, Any]]:
+    """``kvmem bench speed``'s ``speculative`` rows: ``measure`` on the bench's own engine after its session, one
+    round of ``tokens`` (on random weights they show what drafting and verifying cost, not what lookup gains; this
+    module's command measures that on a real model)."""
+    return measure(engine, tokens, rounds=1)
+
+
 def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup") -> list[dict[str, Any]]:
-    """One row per turn: median decode tok/s off and with ``mode``, their ratio, drafted and accepted tokens."""
+    """One row per turn: median decode tok/s off and with ``mode``, their ratio, drafted and accepted tokens, and
+    ``same_answer``: whether every round's answer with ``mode`` was off's, token for token (lossless in exact
+    arithmetic; a GPU's batched verification may round a near tie the other way)."""
     rows = []
     for name, messages in turns().items():
         rates: dict[str, list[float]] = {"off": [], mode: []}
+        answers: dict[str, list[tuple[int, ...]]] = {"off": [], mode: []}
         drafted = accepted = 0.0
         for _ in range(rounds):
-            for mode in rates:
+            for run in rates:
                 request = StepRequest(
                     messages=messages,
                     sampling=SamplingParams(temperature=0.0, max_tokens=tokens),
-                    overrides={"speculative": mode},
+                    overrides={"speculative": run},
                 )
-                t = engine.step(request, lambda piece: True).timings
-                rates[mode].append(t["decode_tokens"] / t["decode_s"])
+                result = engine.step(request, lambda piece: True)
+                t = result.timings
+                rates[run].append(t["decode_tokens"] / t["decode_s"])
+                answers[run].append(tuple(result.token_ids))
                 drafted += t.get("draft_tokens", 0.0)
                 accepted += t.get("draft_accepted", 0.0)
         off, on = statistics.median(rates["off"]), statistics.median(rates[mode])
@@ -97,6 +113,7 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
                 "speedup": round(on / off, 3),
                 "accepted_share": round(accepted / drafted, 3) if drafted else 0.0,
                 "drafted_per_round": drafted / rounds,
+                "same_answer": answers[mode] == answers["off"],
             }
         )
     return rows

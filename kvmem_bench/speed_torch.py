@@ -25,6 +25,7 @@ import torch
 from kvmem_bench.speed_common import floor_s, headline, ratio
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_phases import PhaseClock, phase_figures
+from kvmem_bench.speed_speculative import SPEED_ROW_TOKENS, speed_row
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.speed_torch_baselines import point_goals, turn_baselines
 from kvmem_core.config import GIB, KVMemConfig
@@ -95,6 +96,7 @@ def run(
         points, transcripts, previous = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
         structured = structured_cost(engine)
+        speculative = speed_row(engine, plan.get("speculative_tokens", SPEED_ROW_TOKENS))
     finally:
         engine.close()
     config, kv_token = engine.config, adapter.layout.bytes_per_token
@@ -136,6 +138,7 @@ def run(
         "transfer": transfer,
         "capacity": capacity(weights, kv_token, points),
         "structured": structured,
+        "speculative": speculative,
     }
     if plan["hf"] and cuda:
         spec = model.spec

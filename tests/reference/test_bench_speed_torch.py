@@ -12,7 +12,17 @@ from model_support import small_model
 from kvmem_bench.speed_common import floor_s
 from kvmem_bench.speed_torch import run
 
-PLAN = dict(sizes=(600, 1200), budget=512, recent=128, gen=128, lines=12, decode=4, stateless_max=600, hf=False)
+PLAN = dict(
+    sizes=(600, 1200),
+    budget=512,
+    recent=128,
+    gen=128,
+    lines=12,
+    decode=4,
+    stateless_max=600,
+    hf=False,
+    speculative_tokens=8,
+)
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +163,12 @@ def test_tool_results_longer_than_the_view_stream_through_it_turn_after_turn() -
     out = run(quick=True, shape="tiny", plan=plan, tokenizer=str(small_model()), log=lambda line: None)
     assert [p["prefill_tokens"] > 1500 for p in out["points"]] == [True, True]
     assert all(p["kvmem_tok_s"] > 0 for p in out["points"])
+
+
+def test_the_speculative_rows_compare_lookup_with_off_on_every_turn(result: dict) -> None:
+    rows = result["speculative"]  # random weights: what drafting and verifying cost, not what lookup gains
+    assert [row["turn"] for row in rows] == ["rewrite", "story", "edit_json", "explain"]
+    for row in rows:
+        assert row["off_tok_s"] > 0 and row["lookup_tok_s"] > 0
+        assert row["speedup"] == pytest.approx(row["lookup_tok_s"] / row["off_tok_s"], rel=0.01)
+        assert row["same_answer"], "lookup is lossless: fp32 on the CPU answers as off does"
