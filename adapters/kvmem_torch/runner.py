@@ -60,10 +60,11 @@ class Runner:
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         # (rows, bucket) -> (graph, its logits, its hidden states for an MTP head or None): outputs replays rewrite
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
-        self.inputs = {n: GraphInputs(n, model.device) for n in (1, VERIFY_ROWS)} if self.use_graphs else {}
         # rejected draft tokens roll back by dropping cells: a recurrent state (and an MTP head's hidden rows,
         # only on such models) takes the eager path
         self.graph_verify = self.use_graphs and not model.spec.deltanet_layers and model.mtp is None
+        rows = (1, VERIFY_ROWS) if self.graph_verify else (1,)
+        self.inputs = {n: GraphInputs(n, model.device) for n in rows} if self.use_graphs else {}
         self._pool = None
 
     @property
