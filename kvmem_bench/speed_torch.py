@@ -15,6 +15,7 @@ and NVMe→view are timed against a raw copy / file read of the same bytes
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import tempfile
 import time
@@ -119,6 +120,7 @@ def run(
         "ttft_speedup": _largest_ttft_speedup(points),
         "shape": shape,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "deltanet_prefill": deltanet_prefill(),
         "plan": plan,
         "config": {
             "budget": config.budget,
@@ -145,6 +147,14 @@ def run(
         del engine, adapter, model  # HF builds its own weights of the same shape: ours must be gone first
         out["hf_generate"] = _hf_generate(spec, points[0]["kvmem_tok_s"])
     return out
+
+
+def deltanet_prefill() -> str:
+    """Which kernels prefill the DeltaNet layers on CUDA: ``fla-core <version>`` where flash-linear-attention
+    imports (the ``cuda`` extra), else ``torch`` (the torch form, several times slower on the host)."""
+    from kvmem_torch.deltanet import fla_chunked_rule
+
+    return f"fla-core {importlib.metadata.version('fla-core')}" if fla_chunked_rule() else "torch"
 
 
 def add_fair(point: dict[str, Any], phases: dict[str, float], baselines: dict[str, Any]) -> None:

@@ -11,9 +11,12 @@ over 64-token chunks in Python, a few kernels per chunk and layer. Forwards shor
 **Snapshots in one call.** A prefill forward may hand out the state after given tokens (the engine's checkpoints).
 Through fla, a layer makes one call for them all: each snapshot's prefix of the tokens runs as another sequence
 of one variable-length batch, from the same starting state (``Prefixes``), so its final state is the state a
-forward cut there would leave. The extra tokens cost the GPU little; a call costs the host ~1 ms a layer (fla's
-Python wrappers), which a forward of a few hundred tokens cannot hide. The torch form splits its work at the
-offsets instead.
+forward cut there would leave. The extra tokens cost the GPU little. The torch form splits its work at the offsets
+instead.
+
+**Graphs.** An fla call costs the host ~1.5 ms (fla's Python wrappers, Triton's launchers), which a forward of a few
+hundred tokens cannot hide; the model's layers share a ``rule_graphs.RuleGraphs`` that replays the calls of a shape
+it has seen from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kvmem_torch import kernels
 from kvmem_torch.deltanet_kernels import deltanet_step
 from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.layers import fuse
+from kvmem_torch.rule_graphs import Rule
 from kvmem_torch.spec import ModelSpec
 
 CHUNK = 64
@@ -130,6 +134,33 @@ def _sent(values: list, device: torch.device) -> torch.Tensor:
     return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
+def fla_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    batch: Prefixes | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunked rule on inputs as it takes them: q,k [1, n, nk, dk] (L2-normalized in the kernel, q scaled by
+    dk^-1/2 there), v [1, n, nv, dv], g/beta [1, n, nv] fp32, initial_state [sequences, nv, dk, dv] fp32 (one
+    sequence, or ``batch``'s). -> (out [1, n, nv, dv] in v's dtype, final states like initial_state)"""
+    return fla_chunked_rule()(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=q.shape[-1] ** -0.5,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=None if batch is None else batch.cu_seqlens,
+        chunk_indices=None if batch is None else batch.chunk_indices,
+    )
+
+
 def fla_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -139,27 +170,15 @@ def fla_delta_rule(
     state: torch.Tensor,
     batch: Prefixes | None = None,
     snapshots: Sequence[torch.Tensor] = (),
+    rule: Rule = fla_rule,
 ) -> torch.Tensor:
-    """The chunked rule through flash-linear-attention, from the conv outputs as they are (no head repeat: its
-    value heads share key heads as ``repeat_interleave`` does). q,k [T, nk, dk] (L2-normalized in the
-    kernel, q scaled by dk^-1/2 there), v [T, nv, dv], g/beta [T, nv] fp32, state [nv, dk, dv] fp32
-    (updated). -> [T, nv, dv] in v's dtype. With a ``batch``, the inputs hold its sequences' rows (``Prefixes``):
-    the output and ``state`` are the first sequence's, and ``snapshots[i]`` receives the final state of sequence
-    ``i + 1``."""
+    """The chunked rule through ``rule`` (``fla_rule`` or the graphs replaying it, ``rule_graphs``), from the conv
+    outputs as they are (no head repeat: its value heads share key heads as ``repeat_interleave`` does). q,k [T,
+    nk, dk], v [T, nv, dv], g/beta [T, nv] fp32, state [nv, dk, dv] fp32 (updated). -> [T, nv, dv] in v's dtype.
+    With a ``batch``, the inputs hold its sequences' rows (``Prefixes``): the output and ``state`` are the first
+    sequence's, and ``snapshots[i]`` receives the final state of sequence ``i + 1``."""
     n = 1 if batch is None else len(batch.lengths)
-    out, final = fla_chunked_rule()(
-        q[None],
-        k[None],
-        v[None],
-        g[None],
-        beta[None],
-        scale=q.shape[-1] ** -0.5,
-        initial_state=state.expand(n, *state.shape).contiguous(),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-        cu_seqlens=None if batch is None else batch.cu_seqlens,
-        chunk_indices=None if batch is None else batch.chunk_indices,
-    )
+    out, final = rule(q[None], k[None], v[None], g[None], beta[None], state.expand(n, *state.shape), batch)
     state.copy_(final[0])
     for snapshot, after in zip(snapshots, final[1:]):
         snapshot.copy_(after)
@@ -169,8 +188,8 @@ def fla_delta_rule(
 class DeltaNet:
     """One Gated DeltaNet layer; ``__call__`` reads and updates (conv, recurrent) state in place."""
 
-    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor]) -> None:
-        self.w, self.eps = w, spec.rms_eps
+    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor], rule: Rule = fla_rule) -> None:
+        self.w, self.eps, self.rule = w, spec.rms_eps, rule
         self.nk, self.nv, self.dk, self.dv = (
             spec.linear_k_heads,
             spec.linear_v_heads,
@@ -243,6 +262,7 @@ class DeltaNet:
                 rec_state,
                 batch,
                 [rec for _, _, rec in snapshots],
+                self.rule,
             )
         return self.torch_rule(q, k, v, g, beta, rec_state).to(a.dtype)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kvmem_torch import kernels
-from kvmem_torch.deltanet import DeltaNet
+from kvmem_torch.deltanet import DeltaNet, fla_rule
 from kvmem_torch.gemv import NormedSum, output_projection, project
 from kvmem_torch.layers import (
     SMALL_QUERY,
@@ -28,6 +28,7 @@ from kvmem_torch.layers import (
     rope_inv_freq,
 )
 from kvmem_torch.mtp import MTPHead, has_mtp
+from kvmem_torch.rule_graphs import RuleGraphs
 from kvmem_torch.paged import PagedKV, View
 from kvmem_torch.spec import ATTENTION, ModelSpec
 
@@ -74,6 +75,7 @@ class Model:
         self.inv_freq = rope_inv_freq(spec, self.device)
         self.can_fuse_ops = self.fused_ops = kernels.eligible(self.device)
         self.layers: list[tuple[str, object, dict[str, torch.Tensor]]] = []
+        self.rule_graphs = RuleGraphs(fla_rule)  # the DeltaNet layers' fla calls (CUDA prefill), shared by shape
         attn_i = 0
         for i, kind in enumerate(spec.layer_kinds):
             w = {name[len(f"layers.{i}.") :]: t for name, t in weights.items() if name.startswith(f"layers.{i}.")}
@@ -85,7 +87,7 @@ class Model:
                 self.layers.append((kind, Attention(spec, w, attn_i, i), w))
                 attn_i += 1
             else:
-                self.layers.append((kind, DeltaNet(spec, w), w))
+                self.layers.append((kind, DeltaNet(spec, w, self.rule_graphs), w))
         self.mtp = MTPHead(spec, weights, self.embed, self.lm_head, self.inv_freq) if has_mtp(weights) else None
         self.hidden: torch.Tensor | None = None  # with an MTP head: final-normed hidden states of the last forward
 

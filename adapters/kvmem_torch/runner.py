@@ -58,6 +58,7 @@ class Runner:
         self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        model.rule_graphs.enabled = self.use_graphs
         # (rows, bucket) -> (graph, its logits, its hidden states for an MTP head or None): outputs replays rewrite
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         # rejected draft tokens roll back by dropping cells: a recurrent state (and an MTP head's hidden rows,
