@@ -146,11 +146,11 @@ def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monke
             out_dir=tmp_path,
             log=lambda line: None,
             shape="tiny",
-            plan=PLAN,
+            plan=dict(PLAN, sizes=(600,), decode=2, speculative_tokens=2),  # one short point shows the order
             tokenizer=str(small_model()),
         )
     written = json.loads((tmp_path / "speed.json").read_text())
-    assert [p["workspace_tokens"] >= size for p, size in zip(written["points"], PLAN["sizes"])] == [True, True]
+    assert [p["workspace_tokens"] >= 600 for p in written["points"]] == [True]
 
 
 @pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it

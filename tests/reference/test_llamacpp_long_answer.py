@@ -11,7 +11,7 @@ from kvmem_core.contract import SamplingParams, StepRequest
 from llamacpp_support import model_path
 
 pytestmark = pytest.mark.llamacpp
-CFG = KVMemConfig(ctx=4096, budget=256, gen_budget=64, block_tokens=32, sink_tokens=32, recent_tokens=64)
+CFG = KVMemConfig(ctx=4096, budget=128, gen_budget=32, block_tokens=32, sink_tokens=32, recent_tokens=32)
 
 
 def test_answer_longer_than_the_view_keeps_counting():
@@ -22,13 +22,14 @@ def test_answer_longer_than_the_view_keeps_counting():
     try:
         view = engine.adapter.caps.max_view_tokens
         prompt = ", ".join(str(i) for i in range(1, 60)) + ","
-        request = StepRequest(prompt=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=view + 64))
+        request = StepRequest(prompt=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=view + 32))
         result = engine.step(request, lambda piece: True)
-        assert result.finish_reason == "length" and len(result.token_ids) == view + 64
+        assert result.finish_reason == "length" and len(result.token_ids) == view + 32
         assert result.prompt_tokens + len(result.token_ids) > view
         assert engine.metrics()["blocks_dropped"] > 0 and engine.view.next_pos > view
         numbers = [int(x) for x in re.findall(r"\d+", result.text)]
-        assert numbers[:3] == [60, 61, 62] and numbers[-20:] == list(range(numbers[-20], numbers[-20] + 20))
+        last = numbers[-21:-1]  # the final number may be cut by max_tokens mid-way
+        assert numbers[:3] == [60, 61, 62] and last == list(range(last[0], last[0] + 20))
     finally:
         engine.close()
 

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.llamacpp
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=256, method="full")
 TIE = 0.25  # logits: two best tokens nearer than this are a near-tie that batch arithmetic may turn (docstring)
 TOKENS = 48
+WRONG_TOKENS = 16  # every wrong draft costs a verification forward: a shorter answer shows the same
 SOURCE = (Path(__file__).parents[2] / "kvmem_core" / "lookup.py").read_text()[:1600]
 REWRITE = (
     {
@@ -58,7 +59,7 @@ def engine() -> Iterator[KVMemEngine]:
 
 
 def greedy_with_margins(
-    engine: KVMemEngine, messages: tuple[dict[str, str], ...], monkeypatch: pytest.MonkeyPatch
+    engine: KVMemEngine, messages: tuple[dict[str, str], ...], monkeypatch: pytest.MonkeyPatch, tokens: int = TOKENS
 ) -> tuple[StepResult, list[float]]:
     """A greedy answer without speculation, with each pick's margin: its best logit less the second best."""
     margins: list[float] = []
@@ -71,7 +72,7 @@ def greedy_with_margins(
 
     with monkeypatch.context() as patch:
         patch.setattr(Sampler, "__call__", recorded)
-        return greedy(engine, messages, "off"), margins
+        return greedy(engine, messages, "off", tokens), margins
 
 
 def assert_same_up_to_a_near_tie(on: StepResult, off: StepResult, margins: list[float]) -> None:
@@ -85,9 +86,9 @@ def assert_same_up_to_a_near_tie(on: StepResult, off: StepResult, margins: list[
         assert on.text == off.text
 
 
-def greedy(engine: KVMemEngine, messages: tuple[dict[str, str], ...], mode: str) -> StepResult:
+def greedy(engine: KVMemEngine, messages: tuple[dict[str, str], ...], mode: str, tokens: int = TOKENS) -> StepResult:
     request = StepRequest(
-        messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS), overrides={"speculative": mode}
+        messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=tokens), overrides={"speculative": mode}
     )
     result = engine.step(request, lambda piece: True)
     assert_view_holds_exactly_the_committed_tokens(engine)
@@ -111,7 +112,7 @@ class WrongDrafter(LookupDrafter):
         return draft
 
 
-@pytest.mark.parametrize("messages", [REWRITE, STORY], ids=["rewrite", "story"])
+@pytest.mark.parametrize("messages", [REWRITE, pytest.param(STORY, marks=pytest.mark.slow)], ids=["rewrite", "story"])
 def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages, monkeypatch) -> None:
     off, margins = greedy_with_margins(engine, messages, monkeypatch)
     on = greedy(engine, messages, "lookup")
@@ -124,9 +125,9 @@ def test_lookup_answers_as_greedy_decoding_does(engine: KVMemEngine, messages, m
 
 
 def test_wrong_drafts_are_rejected(engine: KVMemEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    off, margins = greedy_with_margins(engine, REWRITE, monkeypatch)
+    off, margins = greedy_with_margins(engine, REWRITE, monkeypatch, WRONG_TOKENS)
     monkeypatch.setattr(speculative, "LookupDrafter", WrongDrafter)
-    on = greedy(engine, REWRITE, "lookup")
+    on = greedy(engine, REWRITE, "lookup", WRONG_TOKENS)
     assert_same_up_to_a_near_tie(on, off, margins)
     assert on.timings["draft_accepted"] < on.timings["draft_tokens"]
 
