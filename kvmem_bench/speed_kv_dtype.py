@@ -110,6 +110,17 @@ def measure(model: Any, kv_dtype: str, view: int, steps: int) -> dict[str, float
     return out
 
 
+def speed_row(model: Any, layout: BlockLayout, view: int, steps: int) -> dict[str, Any]:
+    """The torch KV dtypes of ``layout`` side by side (``sizes``); on CUDA also each one's decode and staging at
+    ``view`` tokens (``measure``) and fp8's decode speedup. ``kvmem bench speed``'s ``kv_dtype`` row."""
+    out: dict[str, Any] = sizes(layout, TORCH_DTYPES)
+    if model.device.type == "cuda":
+        for name in TORCH_DTYPES:
+            out[name] |= measure(model, name, view, steps)
+        out["fp8_decode_speedup"] = out["fp8"]["decode_tok_s"] / out["bf16"]["decode_tok_s"]
+    return out
+
+
 def torch_speed(shape: str, view: int, steps: int) -> dict[str, Any]:
     import torch
 
@@ -120,17 +131,9 @@ def torch_speed(shape: str, view: int, steps: int) -> dict[str, Any]:
     t = time.perf_counter()
     spec = qwen35_spec(shape)
     model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
-    out: dict[str, Any] = {
-        "shape": shape,
-        "view": view,
-        "build_s": time.perf_counter() - t,
-        "gpu": torch.cuda.get_device_name(),
-    }
-    per_dtype = sizes(torch_layout(shape), TORCH_DTYPES)
-    for name in TORCH_DTYPES:
-        out[name] = per_dtype[name] | measure(model, name, view, steps)
-    out["fp8_decode_speedup"] = out["fp8"]["decode_tok_s"] / out["bf16"]["decode_tok_s"]
-    return out
+    build_s = time.perf_counter() - t
+    out = speed_row(model, torch_layout(shape), view, steps)
+    return {"shape": shape, "view": view, "build_s": build_s, "gpu": torch.cuda.get_device_name(), **out}
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from kvmem_bench.speed_common import headline, shown
 from kvmem_bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
+from kvmem_bench.speed_kv_dtype import LLAMACPP_DTYPES, sizes
 from kvmem_bench.speed_speculative import speed_row
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.prompt import measure as measure_prompt
@@ -70,6 +71,7 @@ def run(
         prompt_row = measure_prompt(engine.adapter)
         structured = structured_cost(engine)
         speculative = speed_row(engine)
+        kv_dtype = sizes(engine.adapter.layout, LLAMACPP_DTYPES)
         model = engine.model_id
     finally:
         engine.close()
@@ -92,6 +94,7 @@ def run(
         prompt_building=prompt_row,
         structured=structured,
         speculative=speculative,
+        kv_dtype=kv_dtype,
     )
     log(
         f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "

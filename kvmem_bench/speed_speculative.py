@@ -76,9 +76,10 @@ SPEED_ROW_TOKENS = 48  # ``kvmem bench speed``'s row: each turn once a mode, thi
 
 def speed_row(engine: KVMemEngine, tokens: int = SPEED_ROW_TOKENS) -> list[dict[str, Any]]:
     """``kvmem bench speed``'s ``speculative`` rows: ``measure`` on the bench's own engine after its session, one
-    round of ``tokens`` (on random weights they show what drafting and verifying cost, not what lookup gains; this
-    module's command measures that on a real model)."""
-    return measure(engine, tokens, rounds=1)
+    round of ``tokens``, for lookup and, where the model carries MTP layers, for MTP (on random weights they show
+    what drafting and verifying cost, not what a real model gains; this module's command measures lookup on one)."""
+    modes = ("lookup", "mtp") if engine.adapter.caps.draft_head else ("lookup",)
+    return [row for mode in modes for row in measure(engine, tokens, rounds=1, mode=mode)]
 
 
 def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup") -> list[dict[str, Any]]:
@@ -107,6 +108,7 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
         rows.append(
             {
                 "turn": name,
+                "mode": mode,
                 "split": SPLITS[name],
                 "off_tok_s": round(off, 2),
                 f"{mode}_tok_s": round(on, 2),

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kvmem_bench.speed_common import floor_s, headline, ratio
+from kvmem_bench.speed_kv_dtype import speed_row as kv_dtype_row
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_phases import PhaseClock, phase_figures
 from kvmem_bench.speed_speculative import SPEED_ROW_TOKENS, speed_row
@@ -34,7 +35,8 @@ from kvmem_core.engine import KVMemEngine
 
 # sizes: workspace tokens measured (at the first turn past each); lines: log lines per tool result (~30 tokens
 # each); stateless_max: the largest of the sizes the plain engine re-prefills (its attention cost grows with the
-# square of the transcript)
+# square of the transcript); mtp (optional, False when absent): random weights with an MTP layer, whose drafts the
+# speculative rows then time too
 PLANS = {
     "full": dict(
         sizes=(32768, 131072, 524288, 1048576),
@@ -85,6 +87,7 @@ def run(
         device="cuda" if cuda else "cpu",
         view_tokens=plan["budget"] + plan["gen"],
         block_tokens=KVMemConfig.block_tokens,
+        mtp=plan.get("mtp", False),
     )
     model, weights = adapter.model, weight_bytes(adapter.model)
     log(f"{adapter.model_id}: {weights / GB:.2f} GB of weights built in {time.perf_counter() - t:.1f} s")
@@ -102,6 +105,7 @@ def run(
         engine.close()
     config, kv_token = engine.config, adapter.layout.bytes_per_token
     chunk = engine._prefill_chunk(config)
+    kv_dtype = kv_dtype_row(model, adapter.layout, config.view_tokens, plan["decode"])
     for size, point, ids, prev in zip(plan["sizes"], points, transcripts, previous):
         add_floors(point, weights, kv_token, config.view_tokens, bw["hbm_copy_GBps"])
         add_stateless(
@@ -141,6 +145,7 @@ def run(
         "capacity": capacity(weights, kv_token, points),
         "structured": structured,
         "speculative": speculative,
+        "kv_dtype": kv_dtype,
     }
     if plan["hf"] and cuda:
         spec = model.spec

@@ -45,3 +45,5 @@ def test_llamacpp_session_measures_every_size_against_the_plain_engine():
     block = KVMemConfig.block_tokens
     assert t["bytes"] == t["blocks"] * 2 * 30 * block * 3 * 64 * 2  # K and V, 30 layers x block x 3 heads x 64, f16
     assert t["host_to_view_GBps"] > 0 and t["nvme_to_view_GBps"] > 0
+    kv = result["kv_dtype"]
+    assert 1.8 * kv["q8_0"]["bytes_per_token"] < kv["f16"]["bytes_per_token"]

@@ -22,6 +22,7 @@ PLAN = dict(
     stateless_max=600,
     hf=False,
     speculative_tokens=8,
+    mtp=True,  # random weights with an MTP layer: the speculative rows add MTP's
 )
 
 
@@ -165,10 +166,18 @@ def test_tool_results_longer_than_the_view_stream_through_it_turn_after_turn() -
     assert all(p["kvmem_tok_s"] > 0 for p in out["points"])
 
 
-def test_the_speculative_rows_compare_lookup_with_off_on_every_turn(result: dict) -> None:
-    rows = result["speculative"]  # random weights: what drafting and verifying cost, not what lookup gains
-    assert [row["turn"] for row in rows] == ["rewrite", "story", "edit_json", "explain"]
+def test_the_speculative_rows_compare_lookup_and_mtp_with_off_on_every_turn(result: dict) -> None:
+    rows = result["speculative"]  # random weights: what drafting and verifying cost, not what a real model gains
+    turns = ["rewrite", "story", "edit_json", "explain"]
+    assert [(row["mode"], row["turn"]) for row in rows] == [(m, t) for m in ("lookup", "mtp") for t in turns]
     for row in rows:
-        assert row["off_tok_s"] > 0 and row["lookup_tok_s"] > 0
-        assert row["speedup"] == pytest.approx(row["lookup_tok_s"] / row["off_tok_s"], rel=0.01)
-        assert row["same_answer"], "lookup is lossless: fp32 on the CPU answers as off does"
+        mode = row["mode"]
+        assert row["off_tok_s"] > 0 and row[f"{mode}_tok_s"] > 0
+        assert row["speedup"] == pytest.approx(row[f"{mode}_tok_s"] / row["off_tok_s"], rel=0.01)
+        assert row["same_answer"], f"{mode} is lossless: fp32 on the CPU answers as off does"
+
+
+def test_the_kv_dtype_row_sets_fp8_against_bf16(result: dict) -> None:
+    kv = result["kv_dtype"]  # on the CPU the sizes only: decode and staging are measured on CUDA
+    assert kv["fp8"]["tokens_per_GiB"] >= 1.9 * kv["bf16"]["tokens_per_GiB"]
+    assert kv["fp8"]["bytes_per_token"] < kv["bf16"]["bytes_per_token"] and "fp8_decode_speedup" not in kv
