@@ -29,6 +29,7 @@ PROMPTS = (
     "Describe the history of the printing press in a few paragraphs.",
     "Write a C function that reverses a singly linked list, with comments.",
 )
+STAGED_BLOCKS = 64  # 128-token blocks staged at once (the view holds at least as many)
 CFG = KVMemConfig(ctx=4096, budget=2048, gen_budget=512, method="full")
 
 
@@ -100,8 +101,8 @@ def measure(model: Any, kv_dtype: str, view: int, steps: int) -> dict[str, float
     from kvmem_bench.torch_device import decode_speed, staging
     from kvmem_torch import plain_engine
 
-    runner = plain_engine(model, view + 256, 128, kv_fp8=kv_dtype == "fp8")
-    out = staging(runner, 64)
+    runner = plain_engine(model, max(view, STAGED_BLOCKS * 128) + 256, 128, kv_fp8=kv_dtype == "fp8")
+    out = staging(runner, STAGED_BLOCKS)
     out["staged_blocks_per_s"] = out["staged_blocks_GBps"] * 1e9 / runner.cache.block_nbytes
     sec = decode_speed(runner, view, steps)
     out |= {"decode_ms_per_token": sec * 1e3, "decode_tok_s": 1 / sec}

@@ -157,7 +157,7 @@ def run(
 def deltanet_prefill() -> str:
     """Which kernels prefill the DeltaNet layers on CUDA: ``fla-core <version>`` where flash-linear-attention
     imports (the ``cuda`` extra), else ``torch`` (the torch form, several times slower on the host)."""
-    from kvmem_torch.deltanet import fla_chunked_rule
+    from kvmem_torch import fla_chunked_rule
 
     return f"fla-core {importlib.metadata.version('fla-core')}" if fla_chunked_rule() else "torch"
 

@@ -80,6 +80,7 @@ _PUBLIC = {
     "from_gguf_meta": "tokenizer",
     "BlockStager": "transfer",
     "TorchRetrievalHeads": "scoring",
+    "fla_chunked_rule": "deltanet",
 }
 
 

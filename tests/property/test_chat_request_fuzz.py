@@ -186,7 +186,7 @@ def test_ten_thousand_chat_requests_fail_alone_or_render(
 
 @pytest.mark.llamacpp
 @given(body=chat_body.map(lambda b: {**b, "max_tokens": 2}), stops=st.lists(texts, max_size=2))
-@settings(max_examples=25, deadline=None, suppress_health_check=SLOW_OK)
+@settings(max_examples=12, deadline=None, suppress_health_check=SLOW_OK)
 def test_fuzzed_chat_steps_run_or_fail_alone(
     loops: dict[str, tuple[EngineLoop, Outbox]], body: dict[str, Any], stops: list[str]
 ) -> None:

@@ -21,7 +21,7 @@ PLAN = dict(
     decode=4,
     stateless_max=600,
     hf=False,
-    speculative_tokens=8,
+    speculative_tokens=4,
     mtp=True,  # random weights with an MTP layer: the speculative rows add MTP's
 )
 
@@ -131,27 +131,19 @@ def test_a_tokenizer_only_gguf_is_refused_clearly_and_the_thread_sweep_skips_it(
     assert "holds no weights" in swept["skipped"] and "rows" not in swept and "not measured" in lines[0]
 
 
-def test_the_session_figures_are_written_before_the_thread_sweep(tmp_path, monkeypatch) -> None:
-    from kvmem_bench import speed, speed_threads
+def test_the_session_figures_are_written_before_the_thread_sweep(result: dict, tmp_path, monkeypatch) -> None:
+    """``run_speed`` writes the session's figures (here the module's run) before the thread sweep, which fails."""
+    from kvmem_bench import speed, speed_threads, speed_torch
 
     def sweep_fails(*args, **kwargs):
         raise RuntimeError("thread sweep failed")
 
+    monkeypatch.setattr(speed_torch, "run", lambda **opts: dict(result))
     monkeypatch.setattr(speed_threads, "run", sweep_fails)
-    torch.set_num_threads(1)
     with pytest.raises(RuntimeError, match="thread sweep failed"):
-        speed.run_speed(
-            "torch",
-            str(small_model()),
-            quick=True,
-            out_dir=tmp_path,
-            log=lambda line: None,
-            shape="tiny",
-            plan=dict(PLAN, sizes=(600,), decode=2, speculative_tokens=2),  # one short point shows the order
-            tokenizer=str(small_model()),
-        )
+        speed.run_speed("torch", str(small_model()), quick=True, out_dir=tmp_path, log=lambda line: None)
     written = json.loads((tmp_path / "speed.json").read_text())
-    assert [p["workspace_tokens"] >= 600 for p in written["points"]] == [True]
+    assert written["points"] == result["points"] and "threads" not in written
 
 
 @pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it

@@ -68,7 +68,7 @@ def engine() -> Iterator[Any]:
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("max_tokens", [32, 60])  # 32: the answer must close early, under the dry-run closing
+@pytest.mark.parametrize("max_tokens", [32, pytest.param(60, marks=pytest.mark.slow)])  # 32: must close early
 def test_the_default_model_answers_the_same_with_and_without_planning_ahead(
     engine: Any, max_tokens: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
