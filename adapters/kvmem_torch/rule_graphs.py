@@ -90,21 +90,22 @@ class RuleGraphs:
 
     def _capture(self, shape: _Shape) -> None:
         """Record the rule over ``shape``'s static inputs on a side stream (nothing runs until a replay); the
-        caller's other threads may use the device meanwhile (thread-local capture)."""
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        caller's other threads may use the device meanwhile (thread-local capture). Where that fails for any reason
+        (a step that reads back to the host, a device without graphs), the shape stays eager."""
         try:
+            graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
             with _fla_tensor_cache_off(), torch.cuda.stream(side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     outputs = self.rule(*shape.inputs, shape.batch)
                 finally:
                     graph.capture_end()
-        except RuntimeError:
-            shape.failed = True  # a step that cannot be captured (a host read-back, a first launch): eager it stays
+            torch.cuda.current_stream().wait_stream(side)
+        except Exception:  # any: the eager call that follows raises whatever the rule itself raises
+            shape.failed = True
         else:
             shape.graph, shape.outputs = graph, outputs
-        torch.cuda.current_stream().wait_stream(side)
 
 
 @contextlib.contextmanager
