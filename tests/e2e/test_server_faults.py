@@ -115,7 +115,7 @@ def test_killed_engine_fails_the_stream_restarts_and_reuses_nvme_kv(server: Live
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say yes."}]
     first = client.chat.completions.create(model="", messages=turn1, max_tokens=4, temperature=0)
     ws_id = first.model_extra["kvmem"]["workspace_id"]
-    deadline = time.monotonic() + 60  # the write-behind lands in well under a second on a quiet machine
+    deadline = time.monotonic() + 60  # 10 s ran out once, on a loaded VM
     while get_json(f"{server.url}/v1/kvmem/workspaces/{ws_id}")[1]["totals"]["nvme_blocks"] == 0:
         assert time.monotonic() < deadline, "no block reached the NVMe tier"
         time.sleep(0.2)
