@@ -16,10 +16,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from kvmem_bench.speed_session import GREEDY_ONE, SYSTEM, tool_result
+from kvmem_bench.speed_session import GREEDY_ONE, Transcript
 from kvmem_bench.speed_torch import DEFAULT_VIEW, deltanet_prefill, index_heads, session_config
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import StepRequest
@@ -29,18 +28,16 @@ LINES = 100  # log lines a tool result (the quick plan's: ~2.8K tokens)
 
 
 class Session:
-    """One growing transcript sent whole every turn to ``engine`` (``speed_session.session``'s turns)."""
+    """``speed_session``'s transcript sent to ``engine`` one turn at a time."""
 
     def __init__(self, engine: KVMemEngine) -> None:
-        self.engine, self.rng, self.turn = engine, np.random.default_rng(0), 0
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        self.engine, self.transcript = engine, Transcript(LINES)
 
     def step(self) -> tuple[int, float]:
         """One more turn. -> (workspace tokens, TTFT in seconds as the engine times it)"""
-        self.messages.append({"role": "user", "content": tool_result(self.turn, LINES, self.rng)})
-        self.turn += 1
-        result = self.engine.step(StepRequest(messages=tuple(self.messages), sampling=GREEDY_ONE), lambda p: True)
-        self.messages.append({"role": "assistant", "content": f"Noted the failures of run {self.turn - 1}."})
+        messages = self.transcript.add_tool_result()
+        result = self.engine.step(StepRequest(messages=messages, sampling=GREEDY_ONE), lambda p: True)
+        self.transcript.add_reply()
         return result.prompt_tokens, result.timings["prefill_s"] + result.timings["select_s"]
 
 
@@ -61,7 +58,7 @@ def run(shape: str, model: str, workspace: int, rounds: int, log: Any = print) -
     session, turns = Session(engine), []
     try:
         while (point := session.step())[0] < workspace:
-            log(f"warm-up turn {session.turn}: {point[0]} tokens, TTFT {point[1]:.3f} s")
+            log(f"warm-up turn {session.transcript.turns}: {point[0]} tokens, TTFT {point[1]:.3f} s")
         for i in range(rounds):
             for graphs in (True, False) if i % 2 == 0 else (False, True):
                 adapter.model.rule_graphs.enabled = graphs

@@ -58,37 +58,51 @@ def baseline_ratios(point: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+class Transcript:
+    """The agent's transcript, sent whole every turn: a system prompt, then per turn a tool result of ``lines`` log
+    lines (``tool_result``) and a one-line reply."""
+
+    def __init__(self, lines: int) -> None:
+        self.lines, self.rng, self.turns = lines, np.random.default_rng(0), 0
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+
+    def add_tool_result(self) -> tuple[dict[str, str], ...]:
+        """The next turn's tool result appended. -> the messages to send"""
+        self.messages.append({"role": "user", "content": tool_result(self.turns, self.lines, self.rng)})
+        self.turns += 1
+        return tuple(self.messages)
+
+    def add_reply(self) -> None:
+        self.messages.append({"role": "assistant", "content": f"Noted the failures of run {self.turns - 1}."})
+
+
 def session(
     engine: Any, sizes: Sequence[int], decode_tokens: int, lines: int, log: Callable[[str], None]
 ) -> tuple[list[dict[str, Any]], list[list[int]], list[list[int]]]:
     """Grow one transcript turn by turn; time the first turn past each size. -> (points, token ids, the previous
     turn's prompt ids: what a prefix cache holds when the measured turn arrives)"""
-    rng, clock = np.random.default_rng(0), ForwardClock(engine.adapter)
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
-    points, transcripts, previous, todo, turn = [], [], [], list(sizes), 0
+    clock, transcript = ForwardClock(engine.adapter), Transcript(lines)
+    points, transcripts, previous, todo = [], [], [], list(sizes)
     while todo:
-        messages.append({"role": "user", "content": tool_result(turn, lines, rng)})
-        turn += 1
-        measure = engine.count_tokens(StepRequest(messages=tuple(messages))) >= todo[0]
+        messages = transcript.add_tool_result()
+        measure = engine.count_tokens(StepRequest(messages=messages)) >= todo[0]
         clock.reset()
-        request = StepRequest(
-            messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=decode_tokens)
-        )
+        request = StepRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=decode_tokens))
         result = engine.step(
-            request if measure else StepRequest(messages=tuple(messages), sampling=GREEDY_ONE), lambda piece: True
+            request if measure else StepRequest(messages=messages, sampling=GREEDY_ONE), lambda p: True
         )
         if measure:
             todo.pop(0)
             points.append(point(engine, result, clock))
             points[-1]["kvmem_tok_s"] = max([points[-1]["kvmem_tok_s"] or 0.0, *decode_rounds(engine, request)])
-            transcripts.append(engine.tokenize(engine.adapter.render_chat(messages)))
-            previous.append(engine.tokenize(engine.adapter.render_chat(messages[:-2])))
+            transcripts.append(engine.tokenize(engine.adapter.render_chat(list(messages))))
+            previous.append(engine.tokenize(engine.adapter.render_chat(list(messages[:-2]))))
             p = points[-1]
             log(
-                f"turn {turn}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
+                f"turn {transcript.turns}: {p['workspace_tokens']} tokens, ttft {p['reuse_ttft_s']:.3f} s "
                 f"({p['prefill_tokens']} prefilled), decode {p['kvmem_tok_s']:.1f} tok/s"
             )
-        messages.append({"role": "assistant", "content": f"Noted the failures of run {turn - 1}."})
+        transcript.add_reply()
     return points, transcripts, previous
 
 

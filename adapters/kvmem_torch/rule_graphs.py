@@ -27,12 +27,12 @@ Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class _Shape:
-    """One call shape's static inputs, the batch description they go with, and its graph and outputs once captured."""
+    """One call shape's static inputs, the batch description they go with, and once captured its graph with the
+    graph's own outputs (out, final states)."""
 
     inputs: tuple[torch.Tensor, ...]
     batch: Any
-    graph: torch.cuda.CUDAGraph | None = None
-    outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+    captured: tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor] | None = None
     failed: bool = False
 
 
@@ -69,17 +69,13 @@ class RuleGraphs:
         self.shapes.move_to_end(key)
         for static, x in zip(shape.inputs, args):
             static.copy_(x)
-        if not first and shape.graph is None and not shape.failed:
+        if not first and shape.captured is None and not shape.failed:
             self._capture(shape)
-        if shape.graph is None or shape.outputs is None:
+        if shape.captured is None:
             return self.rule(*shape.inputs, batch)
-        shape.graph.replay()
-        out, final = shape.outputs
+        graph, out, final = shape.captured
+        graph.replay()
         return out.clone(), final
-
-    def clear(self) -> None:
-        """Forget every shape and graph (their memory goes back to torch's allocator)."""
-        self.shapes.clear()
 
     def _add(self, key: tuple, args: tuple[torch.Tensor, ...], batch: Any) -> _Shape:
         if len(self.shapes) >= MAX_SHAPES:
@@ -98,14 +94,14 @@ class RuleGraphs:
             with _fla_tensor_cache_off(), torch.cuda.stream(side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    outputs = self.rule(*shape.inputs, shape.batch)
+                    out, final = self.rule(*shape.inputs, shape.batch)
                 finally:
                     graph.capture_end()
             torch.cuda.current_stream().wait_stream(side)
         except Exception:  # any: the eager call that follows raises whatever the rule itself raises
             shape.failed = True
         else:
-            shape.graph, shape.outputs = graph, outputs
+            shape.captured = graph, out, final
 
 
 @contextlib.contextmanager

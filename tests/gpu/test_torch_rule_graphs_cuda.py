@@ -53,7 +53,7 @@ def test_a_shape_runs_eager_then_captured_then_replayed_with_the_eager_answer(ma
     for seed in range(4):
         assert_replays_equal_eager(graphs, n, batch, seed)
         (shape,) = graphs.shapes.values()
-        assert (shape.graph is not None) == (seed >= 1) and not shape.failed
+        assert (shape.captured is not None) == (seed >= 1) and not shape.failed
 
 
 def test_shapes_taking_turns_keep_their_own_inputs_and_graphs() -> None:
@@ -63,7 +63,7 @@ def test_shapes_taking_turns_keep_their_own_inputs_and_graphs() -> None:
         assert_replays_equal_eager(graphs, 640, None, seed)
         assert_replays_equal_eager(graphs, 364, batch, 10 + seed)
         assert_replays_equal_eager(graphs, 261, None, 20 + seed)
-    assert len(graphs.shapes) == 3 and all(s.graph is not None for s in graphs.shapes.values())
+    assert len(graphs.shapes) == 3 and all(s.captured is not None for s in graphs.shapes.values())
 
 
 def test_disabled_graphs_run_the_rule_as_it_is() -> None:
