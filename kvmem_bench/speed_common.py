@@ -159,6 +159,24 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     return [path, *plot_speed(result["points"], result["backend"], out_dir, ttft)]
 
 
+def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
+    """One result from the ``speed.json`` files of several runs of one backend (a large workspace is measured one
+    size a run): ``backend``, ``sources`` and every run's ``points`` by workspace size. ``ValueError`` names a file
+    that is missing, not a speed result, or of another backend."""
+    runs = []
+    for path in paths:
+        try:
+            run = json.loads(Path(path).read_text())
+            runs.append((path, run["backend"], list(run["points"])))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a kvmem bench speed result ({type(exc).__name__}: {exc})") from None
+    backends = {backend for _, backend, _ in runs}
+    if len(backends) != 1:
+        raise ValueError(f"the runs are of different backends ({', '.join(sorted(backends))}): plot each apart")
+    points = sorted((p for _, _, pts in runs for p in pts), key=lambda p: p["workspace_tokens"])
+    return {"backend": backends.pop(), "sources": [str(path) for path, _, _ in runs], "points": points}
+
+
 def plot_speed(
     points: Sequence[dict[str, Any]], backend: str, out_dir: Path, ttft: Sequence[dict[str, Any]] | None = None
 ) -> list[Path]:

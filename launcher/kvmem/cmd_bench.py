@@ -64,6 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     speed.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     speed.add_argument(
+        "--plot-from",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="SPEED_JSON",
+        help="instead: draw the plots of earlier runs' speed.json files (one size a run) together into --out",
+    )
+    speed.add_argument(
         "--replicas",
         type=int,
         default=None,
@@ -155,6 +163,8 @@ def run_quality_cmd(args: argparse.Namespace) -> int:
 def run_speed_cmd(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return run_replicas_cmd(args)
+    if args.plot_from:
+        return plot_runs_cmd(args.plot_from, args.out)
     run_speed, table = bench_module("speed").run_speed, bench_module("speed_common").table
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     sizes = _sizes(args.sizes)
@@ -184,6 +194,20 @@ def run_speed_cmd(args: argparse.Namespace) -> int:
     verdict = {None: "not measured", True: "met", False: "MISSED"}
     print("goals  " + "  ".join(f"{k}: {verdict[v]}" for k, v in result["goals"].items()))
     print("wrote  " + ", ".join(result.get("files", [])))
+    return 0
+
+
+def plot_runs_cmd(paths: list[Path], out_dir: Path) -> int:
+    """``kvmem bench speed --plot-from A.json B.json``: the runs' points as one table and one set of plots."""
+    common = bench_module("speed_common")
+    try:
+        merged = common.merge_runs(paths)
+    except ValueError as exc:
+        raise ConfigError(f"--plot-from: {exc}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = common.plot_speed(merged["points"], merged["backend"], out_dir)
+    print(common.table(merged["points"]))
+    print("wrote  " + ", ".join(str(p) for p in files))
     return 0
 
 

@@ -1,15 +1,20 @@
 """``kvmem test``: the project's test suite (``--slow`` adds the long checks; other arguments go to pytest).
 
 Each test has pytest-timeout's limit from pyproject.toml (5 minutes); ``--slow`` raises it to 30 for the long checks.
+Test files run in parallel on up to ``MAX_WORKERS`` of the usable cores (pytest-xdist, one file to one worker, so a
+module's fixtures start once); ``-n`` among the other arguments overrides it (``-n 0``: one process).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
 SLOW_TIMEOUT_S = 1800
+MAX_WORKERS = 4  # each worker runs engines on one thread; more would mostly add model loads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,5 +32,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     marker = "not gpu" if args.slow else "not slow and not gpu"
     limit = ["-o", f"timeout={SLOW_TIMEOUT_S}"] if args.slow else []
-    code = pytest.main([str(TESTS_DIR), "-m", marker, *limit, *args.extra])
+    code = pytest.main([str(TESTS_DIR), "-m", marker, *limit, *workers(args.extra), *args.extra])
     return 1 if code == pytest.ExitCode.NO_TESTS_COLLECTED else int(code)
+
+
+def workers(extra: list[str]) -> list[str]:
+    """pytest-xdist's arguments for the usable cores (none where it is missing, one core is usable, or ``extra``
+    names its own ``-n``)."""
+    cores = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+    chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in extra)
+    if chosen or cores < 2 or importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", str(cores), "--dist", "loadfile"]

@@ -10,7 +10,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvmem_bench.speed_common import decode_rate, floor_s, goals, headline, ratio, rss_mb, table, write_outputs
+from kvmem_bench.speed_common import (
+    decode_rate,
+    floor_s,
+    goals,
+    headline,
+    merge_runs,
+    ratio,
+    rss_mb,
+    table,
+    write_outputs,
+)
 from kvmem_bench.speed_session import ForwardClock, baseline_ratios
 from kvmem_core.adapter import ForwardOut
 
@@ -86,6 +96,22 @@ def test_outputs_are_json_and_png_files(tmp_path):
     assert [p.name for p in paths] == ["speed.json", "ttft.png", "decode.png"]
     assert json.loads(paths[0].read_text()) == result
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths[1:])
+
+
+def test_runs_of_one_size_each_plot_together_and_a_foreign_file_is_named(tmp_path):
+    small, large = points()
+    for name, point in (("b", large), ("a", small)):
+        write_outputs({"backend": "torch", "points": [point]}, tmp_path / name)
+    paths = [tmp_path / "b" / "speed.json", tmp_path / "a" / "speed.json"]
+    merged = merge_runs(paths)
+    assert merged["backend"] == "torch" and merged["points"] == [small, large]
+    assert merged["sources"] == [str(p) for p in paths]
+    (tmp_path / "c.json").write_text(json.dumps({"backend": "llama.cpp", "points": [small]}))
+    with pytest.raises(ValueError, match="different backends"):
+        merge_runs([*paths, tmp_path / "c.json"])
+    (tmp_path / "d.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"d\.json: not a kvmem bench speed result"):
+        merge_runs([tmp_path / "d.json"])
 
 
 def test_rss_reads_this_process():
