@@ -2,7 +2,8 @@
 
 Each test has pytest-timeout's limit from pyproject.toml (5 minutes); ``--slow`` raises it to 30 for the long checks.
 Test files run in parallel on up to ``MAX_WORKERS`` of the usable cores (pytest-xdist, one file to one worker, so a
-module's fixtures start once); ``-n`` among the other arguments overrides it (``-n 0``: one process).
+module's fixtures start once); tests marked ``serial`` (they read wall-clock costs, which other workers would move)
+run after that pass, in one process. ``-n`` among the other arguments runs everything in one pass as it says.
 """
 
 from __future__ import annotations
@@ -32,8 +33,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     marker = "not gpu" if args.slow else "not slow and not gpu"
     limit = ["-o", f"timeout={SLOW_TIMEOUT_S}"] if args.slow else []
-    code = pytest.main([str(TESTS_DIR), "-m", marker, *limit, *workers(args.extra), *args.extra])
-    return 1 if code == pytest.ExitCode.NO_TESTS_COLLECTED else int(code)
+    parallel = workers(args.extra)
+    passes = [(" and not serial", parallel), (" and serial", [])] if parallel else [("", [])]
+    return combined(
+        [pytest.main([str(TESTS_DIR), "-m", marker + which, *limit, *xdist, *args.extra]) for which, xdist in passes]
+    )
+
+
+def combined(codes: list[int]) -> int:
+    """One exit code for several pytest passes: the first failure's; 1 where no pass collected a test."""
+    import pytest
+
+    empty = pytest.ExitCode.NO_TESTS_COLLECTED
+    failed = [c for c in codes if c not in (0, empty)]
+    return int(failed[0]) if failed else int(all(c == empty for c in codes))
 
 
 def workers(extra: list[str]) -> list[str]:

@@ -83,6 +83,7 @@ def test_structured_cost_times_the_grammar_mask_apart_from_the_decode_step():
 
 
 @pytest.mark.llamacpp
+@pytest.mark.serial  # the decode and the grammar's thread each need a core of their own
 def test_structured_cost_compares_the_same_model_work_and_shows_a_known_grammar_cost():
     """The free runs decode the constrained answer's own tokens and end as it does, and a known cost added to each
     token the grammar takes shows up in the exposed cost at its size, over what the grammar costs without it (a

@@ -1,4 +1,5 @@
-"""``kvmem test`` spreads test files over the usable cores with pytest-xdist, unless told otherwise."""
+"""``kvmem test`` spreads test files over the usable cores with pytest-xdist, unless told otherwise, and runs the
+wall-clock tests alone after them."""
 
 from __future__ import annotations
 
@@ -24,3 +25,10 @@ def test_without_xdist_the_suite_runs_in_one_process(monkeypatch):
     monkeypatch.setattr(cmd_test.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(cmd_test.importlib.util, "find_spec", lambda name: None)
     assert cmd_test.workers([]) == []
+
+
+@pytest.mark.parametrize(
+    "codes, expected", [([0, 0], 0), ([0, 5], 0), ([5, 0], 0), ([5, 5], 1), ([1, 0], 1), ([0, 2], 2), ([5, 1], 1)]
+)
+def test_the_passes_fail_together_and_an_empty_run_fails(codes, expected):
+    assert cmd_test.combined(codes) == expected
