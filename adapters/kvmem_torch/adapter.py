@@ -23,7 +23,7 @@ from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch import fp8
-from kvmem_torch.host_memory import host_tensor, queued_blocks, to_host_array
+from kvmem_torch.host_memory import LockedSlots, host_tensor, queued_blocks, to_host_array
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.mtp import Forwarded, MTPDrafter
 from kvmem_torch.runner import Runner
@@ -84,6 +84,7 @@ class TorchAdapter:
         num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs, kv_fp8)
         self.stager = BlockStager(self.runner.cache)
+        self._slots: LockedSlots | None = None  # page-locked memory for the blocks ``stage_reads`` copies out
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
@@ -235,12 +236,20 @@ class TorchAdapter:
             return
         k, v = self.runner.read_runs(starts, n_tokens)
         if k.is_cuda:  # straight into page-locked arrays the host tier keeps (``host_memory``)
-            block = queued_blocks(k, v, len(starts))
+            block = queued_blocks(k, v, len(starts), self._locked_slots(2 * k.nbytes // len(starts)))
             staged = [functools.partial(block, i) for i in range(len(starts))]
         else:
             runs = [slice(i * n_tokens, (i + 1) * n_tokens) for i in range(len(starts))]
             staged = [functools.partial(_run_of, k, v, run) for run in runs]
         self._staged.update(((start, n_tokens), read) for start, read in zip(starts, staged))
+
+    def _locked_slots(self, block_bytes: int) -> LockedSlots | None:
+        """The pool of page-locked memory for staged blocks of ``block_bytes`` (None: too large to pool)."""
+        if not LockedSlots.fits(block_bytes):
+            return None
+        if self._slots is None or self._slots.slot_bytes != block_bytes:
+            self._slots = LockedSlots(block_bytes)
+        return self._slots
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
@@ -312,6 +321,8 @@ class TorchAdapter:
 
     def close(self) -> None:
         self.stager.wait()
+        if self._slots is not None:
+            self._slots.close()
         del self.runner, self.model
 
 
