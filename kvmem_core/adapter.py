@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from kvmem_core.layout import BlockKV, BlockLayout
+from kvmem_core.retrieval.summaries import SummaryOptions
 
 PREFILL_CHUNK = 512  # tokens per prefill forward unless the adapter asks for more
 
@@ -238,6 +239,20 @@ class StagedReads(Protocol):
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` view cells from each of ``starts`` now; ``read_block`` of each hands it
         out later, after forwards and drops in between."""
+        ...
+
+
+@runtime_checkable
+class StagedSummaries(Protocol):
+    """Also implemented by adapters that summarize staged blocks where their KV is (a GPU), so the host need not."""
+
+    def summarize_staged(self, heads: Sequence[tuple[int, int]], opts: SummaryOptions) -> None:
+        """From now on ``stage_reads`` may also compute each block's scoring summaries for these index heads and
+        options, as ``summarize_block`` computes them from its content keys."""
+        ...
+
+    def staged_summary(self, start_pos: int, n_tokens: int) -> dict[str, np.ndarray] | None:
+        """A staged block's summaries, asked before its ``read_block``; None where ``stage_reads`` computed none."""
         ...
 
 

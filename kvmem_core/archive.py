@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter, MovedBlocks, StagedReads
+from kvmem_core.adapter import EngineAdapter, MovedBlocks, StagedReads, StagedSummaries
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, overlapping
@@ -58,6 +58,11 @@ class Probe:
 def _digest(kv: BlockKV, summarize: Callable[[], dict[str, np.ndarray]]) -> tuple[int, dict[str, Any]]:
     """A block's checksum and scoring summaries (``summarize``)."""
     return kv.checksum(), summarize()
+
+
+def _known(summary: dict[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
+    """A summarizer for ``_digest`` that returns ``summary``, computed already (``StagedSummaries``)."""
+    return lambda: summary
 
 
 def deep_layers(kv: BlockKV, stop_after: int) -> BlockKV:
@@ -99,26 +104,37 @@ class ArchiveOps:
         todo = [b for b in blocks if b >= len(ws.hashes)]  # the others are stored (a fully cached prompt recomputes
         assert todo == list(range(len(ws.hashes), len(ws.hashes) + len(todo))), "blocks must be archived in order"
         positions = [self.view.blocks[b] if staged is None else staged[b] for b in todo]  # its last block)
+        summaries = [self._staged_summary(pos) if staged is not None else None for pos in positions]
         reads = [self.adapter.read_block(pos, bt) for pos in positions]
-        for b, pos, kv, digest in zip(todo, positions, reads, self._digests(reads, positions)):
+        for b, pos, kv, digest in zip(todo, positions, reads, self._digests(reads, positions, summaries)):
             self._put(
                 ws, self._block_meta(ws.hashes[-1] if ws.hashes else ROOT_HASH, b, kv, tagged[b], pos, digest), kv
             )
 
-    def _digests(self, reads: Sequence[BlockKV], positions: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Each block's checksum and scoring summaries, in order. Where the model computes on a device
-        (``caps.async_copies``), on ``ARCHIVE_WORKERS`` threads of the otherwise idle host (CRC32 and numpy release
-        the GIL; ~10 ms of host work per 27B-shape block); on the CPU one after another, within the engine's
-        threads."""
+    def _digests(
+        self, reads: Sequence[BlockKV], positions: Sequence[int], summaries: Sequence[dict[str, np.ndarray] | None]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Each block's checksum and scoring summaries (those not in ``summaries`` already), in order. Where the
+        model computes on a device (``caps.async_copies``), on ``ARCHIVE_WORKERS`` threads of the otherwise idle host
+        (CRC32 and numpy release the GIL; ~10 ms of host work per 27B-shape block); on the CPU one after another,
+        within the engine's threads."""
         work = [
-            functools.partial(_digest, kv, functools.partial(self._summarize, kv, pos))
-            for kv, pos in zip(reads, positions)
+            functools.partial(
+                _digest, kv, functools.partial(self._summarize, kv, pos) if known is None else _known(known)
+            )
+            for kv, pos, known in zip(reads, positions, summaries)
         ]
         if len(work) < 2 or not self.adapter.caps.async_copies:
             return (job() for job in work)
         if self._archive_pool is None:
             self._archive_pool = ThreadPoolExecutor(ARCHIVE_WORKERS, thread_name_prefix="kvmem-archive")
         return (f.result() for f in [self._archive_pool.submit(job) for job in work])
+
+    def _staged_summary(self, pos: int) -> dict[str, np.ndarray] | None:
+        """The summaries the adapter computed for the block staged at view position ``pos``, if it did."""
+        if not isinstance(self.adapter, StagedSummaries):
+            return None
+        return self.adapter.staged_summary(pos, self.layout.block_tokens)
 
     def _stage(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span]) -> dict[int, int]:
         """Archive ``blocks`` now, or, where the adapter stages reads (``caps.staged_reads``), take their reads

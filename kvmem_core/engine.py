@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter
+from kvmem_core.adapter import EngineAdapter, StagedSummaries
 from kvmem_core.checkpoints import Checkpoints
 from kvmem_core.config import KVMemConfig, check_heads
 from kvmem_core.contract import OnStart, OnText, StepRequest, StepResult
@@ -87,6 +87,8 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             else None
         )
         self.summary_opts = SummaryOptions.for_layout(adapter.layout, prototypes=config.scorer == "key-direction")
+        if isinstance(adapter, StagedSummaries):
+            adapter.summarize_staged(self.heads, self.summary_opts)
         self.last_logits: np.ndarray | None = None
         self.formats = Formats(adapter)
         self.prefill_progress: Callable[[int, int], None] | None = None  # (done, total) after each chunk

@@ -8,7 +8,6 @@ take and apply checkpoints (the query-replay point, turn boundaries).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import weakref
 from dataclasses import dataclass
@@ -21,14 +20,16 @@ import torch
 from kvmem_core.adapter import PREFILL_CHUNK, Capabilities, ForwardOut, Placement, file_fingerprint
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.layout import BlockKV, BlockLayout
+from kvmem_core.retrieval.summaries import SummaryOptions
 from kvmem_core.threads import Threads, resolve_threads
 from kvmem_torch import fp8
-from kvmem_torch.host_memory import LockedSlots, host_tensor, queued_blocks, to_host_array
+from kvmem_torch.host_memory import host_tensor, to_host_array
 from kvmem_torch.model import Model, RecurrentState
 from kvmem_torch.mtp import Forwarded, MTPDrafter
 from kvmem_torch.runner import Runner
 from kvmem_torch.scoring import TorchRetrievalHeads
 from kvmem_torch.spec import ModelSpec
+from kvmem_torch.staged import StagedBlocks
 from kvmem_torch.tokenizer import IdTokenizer, Tokenizer, from_gguf_meta, from_hf_dir
 from kvmem_torch.transfer import BlockStager
 
@@ -84,7 +85,6 @@ class TorchAdapter:
         num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs, kv_fp8)
         self.stager = BlockStager(self.runner.cache)
-        self._slots: LockedSlots | None = None  # page-locked memory for the blocks ``stage_reads`` copies out
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
         self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
@@ -113,7 +113,7 @@ class TorchAdapter:
             snapshots=bool(spec.deltanet_layers),
         )
         self._forwarded: Forwarded | None = None  # with an MTP head: the last forward's rows (``draft_head``)
-        self._staged: dict[tuple[int, int], Callable[[], BlockKV]] = {}  # (start, n) -> its read (``stage_reads``)
+        self.staged = StagedBlocks()  # reads ``stage_reads`` took, for ``read_block``
 
     # ---- text ---------------------------------------------------------------------------
 
@@ -219,37 +219,27 @@ class TorchAdapter:
 
     def read_block(self, start_pos: int, n_tokens: int) -> BlockKV:
         """The cells' KV; a read ``stage_reads`` took is handed out as it was then (waiting only for its copy)."""
-        staged = self._staged.pop((start_pos, n_tokens), None)
+        staged = self.staged.take(start_pos, n_tokens)
         if staged is not None:
-            return staged()
+            return staged
         self.stager.wait()
         k, v = self.runner.read_cells(start_pos, n_tokens)
         return BlockKV(to_host_array(k), to_host_array(v))
 
     def stage_reads(self, starts: Sequence[int], n_tokens: int) -> None:
         """Take the KV of the ``n_tokens`` cells from each of ``starts`` now, for ``read_block`` later (after
-        forwards and drops in between): one gather of every block, on a GPU with copies into page-locked arrays of
-        each block's own (the host tier keeps them: ``host_memory``) queued behind the work so far, so the host may
-        queue the next forward before it waits for them."""
+        forwards and drops in between): one gather of every block, on a GPU copied into page-locked arrays the host
+        tier keeps, with the blocks' summaries where ``summarize_staged`` asked (``staged.StagedBlocks``), queued
+        behind the work so far, so the host may queue the next forward before it waits for them."""
         self.stager.wait()
-        if not starts:
-            return
-        k, v = self.runner.read_runs(starts, n_tokens)
-        if k.is_cuda:  # straight into page-locked arrays the host tier keeps (``host_memory``)
-            block = queued_blocks(k, v, len(starts), self._locked_slots(2 * k.nbytes // len(starts)))
-            staged = [functools.partial(block, i) for i in range(len(starts))]
-        else:
-            runs = [slice(i * n_tokens, (i + 1) * n_tokens) for i in range(len(starts))]
-            staged = [functools.partial(_run_of, k, v, run) for run in runs]
-        self._staged.update(((start, n_tokens), read) for start, read in zip(starts, staged))
+        if starts:
+            self.staged.stage(*self.runner.read_runs(starts, n_tokens), starts, n_tokens)
 
-    def _locked_slots(self, block_bytes: int) -> LockedSlots | None:
-        """The pool of page-locked memory for staged blocks of ``block_bytes`` (None: too large to pool)."""
-        if not LockedSlots.fits(block_bytes):
-            return None
-        if self._slots is None or self._slots.slot_bytes != block_bytes:
-            self._slots = LockedSlots(block_bytes)
-        return self._slots
+    def summarize_staged(self, heads: Sequence[tuple[int, int]], opts: SummaryOptions) -> None:
+        self.staged.summarize(heads, opts, self.layout.quantized)
+
+    def staged_summary(self, start_pos: int, n_tokens: int) -> dict[str, np.ndarray] | None:
+        return self.staged.summary(start_pos, n_tokens)
 
     def write_blocks(self, placements: Sequence[Placement]) -> None:
         """Insert blocks at ``dst_pos`` (K is pre-RoPE: nothing to re-rotate); copies run on the stager."""
@@ -289,7 +279,7 @@ class TorchAdapter:
     def clear_view(self) -> None:
         """Empty the view and reset the recurrent state (a fresh sequence); staged reads are forgotten."""
         self.stager.wait()
-        self._staged.clear()
+        self.staged.reads.clear()
         self.runner.clear()
         self._verified = self._forwarded = None
 
@@ -321,8 +311,7 @@ class TorchAdapter:
 
     def close(self) -> None:
         self.stager.wait()
-        if self._slots is not None:
-            self._slots.close()
+        self.staged.close()
         del self.runner, self.model
 
 
@@ -374,12 +363,6 @@ def _queued_to_host(*xs: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
         return host
 
     return wait
-
-
-def _run_of(k: torch.Tensor, v: torch.Tensor, tokens: slice) -> BlockKV:
-    """One block of a staged read on the CPU (``stage_reads``): its tokens of K and V as arrays of its own (the store
-    keeps them)."""
-    return BlockKV(np.array(to_host_array(k[:, tokens]), order="C"), np.array(to_host_array(v[:, tokens]), order="C"))
 
 
 def _pairs(tensors: list[torch.Tensor]) -> list[RecurrentState]:
