@@ -10,7 +10,7 @@ fails (a locked-memory limit), an array stays pageable: every copy still works, 
 Whoever queues an asynchronous copy from or into such an array keeps a reference to it until the copy has
 completed (``BlockStager``; staged reads wait for theirs before handing blocks out): freeing unregisters it.
 
-Locking pages costs the host ~1 ms per 4 MiB (a 9B-shape turn archives ~22 such blocks), so blocks a view archives
+Locking pages costs the host ~1 ms per 2 MiB block (a 9B-shape turn archives ~44 of them), so blocks a view archives
 take their memory from ``LockedSlots``: slots of one block's size carved from 64 MiB slabs of torch's pinned
 allocator (a power of two: nothing rounded), which a background thread locks ahead of the next turn's need; a slot
 whose last view is freed goes back to the pool.
