@@ -32,6 +32,8 @@ class StagedBlocks:
         self.reads: dict[tuple[int, int], tuple[Callable[[], BlockKV], Callable[[], Summary] | None]] = {}
         self.slots: LockedSlots | None = None  # page-locked memory for blocks copied from a GPU
         self.summarizing: tuple[tuple[tuple[int, int], ...], int] | None = None  # index pairs, sub blocks
+        self.pooled = True  # off: each block registered on its own (an A/B: kvmem_bench/speed_ab.py)
+        self.device_summaries = True  # off: the host summarizes (an A/B: kvmem_bench/speed_ab.py)
 
     def stage(self, k: torch.Tensor, v: torch.Tensor, starts: Sequence[int], n_tokens: int) -> None:
         """Keep the blocks of ``k`` and ``v`` [layers, len(starts) * n_tokens, kv heads, head dim] (one run of
@@ -41,7 +43,9 @@ class StagedBlocks:
             block: Callable[[int], BlockKV] = queued_blocks(k, v, n, self._locked_slots(2 * k.nbytes // n))
         else:
             block = functools.partial(_run_of, k, v, n_tokens)
-        summary = None if self.summarizing is None else queued_summaries(k, n, *self.summarizing)
+        summary = None
+        if self.summarizing is not None and self.device_summaries:
+            summary = queued_summaries(k, n, *self.summarizing)
         staged = [
             (functools.partial(block, i), None if summary is None else functools.partial(summary, i)) for i in range(n)
         ]
@@ -71,7 +75,7 @@ class StagedBlocks:
 
     def _locked_slots(self, block_bytes: int) -> LockedSlots | None:
         """The pool of page-locked memory for staged blocks of ``block_bytes`` (None: too large to pool)."""
-        if not LockedSlots.fits(block_bytes):
+        if not (self.pooled and LockedSlots.fits(block_bytes)):
             return None
         if self.slots is None or self.slots.slot_bytes != block_bytes:
             self.slots = LockedSlots(block_bytes)
