@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from kvmem_bench.speed_session import GREEDY_ONE, Transcript
-from kvmem_bench.speed_torch import DEFAULT_VIEW, deltanet_prefill, index_heads, session_config
-from kvmem_core.config import KVMemConfig
+from kvmem_bench.speed_torch import DEFAULT_VIEW, deltanet_prefill, session_engine
 from kvmem_core.contract import StepRequest
 from kvmem_core.engine import KVMemEngine
 
@@ -70,19 +69,10 @@ def run(
     log: Any = print,
 ) -> dict[str, Any]:
     """The A/B of ``feature`` (``FEATURES``) as a JSON-ready dict (module docstring)."""
-    from kvmem.models import resolve_model
-    from kvmem_bench.torch_device import random_adapter
-
     toggle = FEATURES[feature]
     plan = dict(DEFAULT_VIEW, sizes=(workspace + 30 * lines * 2 * rounds,), lines=lines)
-    adapter = random_adapter(
-        shape,
-        resolve_model(model),
-        device=device,
-        view_tokens=plan["budget"] + plan["gen"],
-        block_tokens=KVMemConfig.block_tokens,
-    )
-    engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
+    engine = session_engine(shape, model, plan, device)
+    adapter = engine.adapter
     session, turns = Session(engine, lines), []
     try:
         while (point := session.step())[0] < workspace:

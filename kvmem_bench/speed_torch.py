@@ -74,24 +74,16 @@ def run(
     shape in bf16; CPU: ``tiny`` in fp32. ``tokenizer``: the model (name or GGUF) whose tokenizer and chat
     template the random weights get; None: the default model. ``sizes``: the workspace sizes measured instead
     of the plan's; ``default_knobs``: the view of ``KVMemConfig``'s defaults instead of the plan's."""
-    from kvmem.models import resolve_model
-    from kvmem_bench.torch_device import gemm_tflops, random_adapter, weight_bytes
+    from kvmem_bench.torch_device import gemm_tflops, weight_bytes
 
     cuda = torch.cuda.is_available()
     shape = shape or ("27b" if cuda else "tiny")
     plan = resolve_plan(plan or PLANS[("quick" if quick else "full") if cuda else "cpu"], sizes, default_knobs)
     t = time.perf_counter()
-    adapter = random_adapter(
-        shape,
-        resolve_model(tokenizer),
-        device="cuda" if cuda else "cpu",
-        view_tokens=plan["budget"] + plan["gen"],
-        block_tokens=KVMemConfig.block_tokens,
-        mtp=plan.get("mtp", False),
-    )
+    engine = session_engine(shape, tokenizer, plan, "cuda" if cuda else "cpu")
+    adapter = engine.adapter
     model, weights = adapter.model, weight_bytes(adapter.model)
     log(f"{adapter.model_id}: {weights / GB:.2f} GB of weights built in {time.perf_counter() - t:.1f} s")
-    engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
     try:
         bw = bandwidths(adapter.layout.kv_bytes_per_block, cuda)
         tflops = gemm_tflops() if cuda else None
@@ -176,6 +168,23 @@ def resolve_plan(plan: dict[str, Any], sizes: Sequence[int] | None, default_knob
     ``default_knobs``."""
     plan = dict(plan, sizes=tuple(sorted(sizes))) if sizes else plan
     return dict(plan, **DEFAULT_VIEW) if default_knobs else plan
+
+
+def session_engine(shape: str, tokenizer: str | None, plan: dict[str, Any], device: str) -> KVMemEngine:
+    """A ``KVMemEngine`` with ``plan``'s knobs (``session_config``) over random qwen35 weights of ``shape`` on
+    ``device`` (with an MTP layer where the plan's ``mtp`` asks), with ``tokenizer``'s tokenizer and template."""
+    from kvmem.models import resolve_model
+    from kvmem_bench.torch_device import random_adapter
+
+    adapter = random_adapter(
+        shape,
+        resolve_model(tokenizer),
+        device=device,
+        view_tokens=plan["budget"] + plan["gen"],
+        block_tokens=KVMemConfig.block_tokens,
+        mtp=plan.get("mtp", False),
+    )
+    return KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
 
 
 def session_config(plan: dict[str, Any], bytes_per_token: int) -> KVMemConfig:

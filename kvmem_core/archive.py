@@ -104,7 +104,7 @@ class ArchiveOps:
         todo = [b for b in blocks if b >= len(ws.hashes)]  # the others are stored (a fully cached prompt recomputes
         assert todo == list(range(len(ws.hashes), len(ws.hashes) + len(todo))), "blocks must be archived in order"
         positions = [self.view.blocks[b] if staged is None else staged[b] for b in todo]  # its last block)
-        summaries = [self._staged_summary(pos) if staged is not None else None for pos in positions]
+        summaries = self._staged_summaries(positions) if staged is not None else [None] * len(positions)
         reads = [self.adapter.read_block(pos, bt) for pos in positions]
         for b, pos, kv, digest in zip(todo, positions, reads, self._digests(reads, positions, summaries)):
             self._put(
@@ -130,11 +130,11 @@ class ArchiveOps:
             self._archive_pool = ThreadPoolExecutor(ARCHIVE_WORKERS, thread_name_prefix="kvmem-archive")
         return (f.result() for f in [self._archive_pool.submit(job) for job in work])
 
-    def _staged_summary(self, pos: int) -> dict[str, np.ndarray] | None:
-        """The summaries the adapter computed for the block staged at view position ``pos``, if it did."""
+    def _staged_summaries(self, positions: Sequence[int]) -> list[dict[str, np.ndarray] | None]:
+        """The summaries the adapter computed for the blocks staged at view ``positions``, None where it did not."""
         if not isinstance(self.adapter, StagedSummaries):
-            return None
-        return self.adapter.staged_summary(pos, self.layout.block_tokens)
+            return [None] * len(positions)
+        return [self.adapter.staged_summary(pos, self.layout.block_tokens) for pos in positions]
 
     def _stage(self, ws: Workspace, blocks: Sequence[int], mandatory: Sequence[Span]) -> dict[int, int]:
         """Archive ``blocks`` now, or, where the adapter stages reads (``caps.staged_reads``), take their reads

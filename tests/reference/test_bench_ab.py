@@ -1,5 +1,5 @@
 """``kvmem_bench.speed_ab`` on the CPU (tiny random qwen35, SmolLM2's tokenizer): each feature's switch reaches the
-adapter, and the turns alternate the two sides in both orders."""
+part that reads it, and the turns alternate the two sides in both orders."""
 
 from __future__ import annotations
 
@@ -7,18 +7,22 @@ import pytest
 
 from kvmem_bench import speed_ab
 from kvmem_core.engine import KVMemEngine
+from kvmem_torch.host_memory import LockedSlots
 from model_support import small_model
 from torch_tiny import random_qwen35_adapter
 
 
-def test_each_switch_reaches_the_adapter():
+def test_each_switch_reaches_the_part_that_reads_it():
     adapter = random_qwen35_adapter("cpu", view_tokens=256, block_tokens=16)
+    assert adapter.staged.pooled and adapter.staged.device_summaries  # on by default (graphs: CUDA only)
     for on in (False, True):
         speed_ab.set_graphs(adapter, on)
         speed_ab.set_slots(adapter, on)
         speed_ab.set_summaries(adapter, on)
         assert adapter.model.rule_graphs.enabled is on
         assert adapter.staged.pooled is on and adapter.staged.device_summaries is on
+        assert isinstance(adapter.staged._locked_slots(1 << 20), LockedSlots) is on  # off: each block registered
+    adapter.close()
 
 
 @pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer
