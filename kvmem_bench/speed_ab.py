@@ -1,9 +1,8 @@
 """One of the torch engine's speed features on and off, on one engine, turn after turn (an A/B on one machine).
 
-``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``), ``slots`` (page-locked
-slots kept ahead, ``kvmem_torch.host_memory.LockedSlots``; off: each block registered on its own) or ``summaries``
-(staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host). The torch speed bench's
-session (a tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns up to
+``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``) or ``summaries`` (staged
+blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host). The torch speed bench's session (a
+tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns up to
 ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the feature
 and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
 ``ab-FEATURE.json`` (every turn's TTFT, each side's median) into ``--out``:
@@ -33,15 +32,11 @@ def set_graphs(adapter: Any, on: bool) -> None:
     adapter.model.rule_graphs.enabled = on
 
 
-def set_slots(adapter: Any, on: bool) -> None:
-    adapter.staged.pooled = on
-
-
 def set_summaries(adapter: Any, on: bool) -> None:
     adapter.staged.device_summaries = on
 
 
-FEATURES = {"graphs": set_graphs, "slots": set_slots, "summaries": set_summaries}
+FEATURES = {"graphs": set_graphs, "summaries": set_summaries}
 
 
 class Session:

@@ -20,7 +20,7 @@ import torch
 
 from kvmem_core.layout import BlockKV
 from kvmem_core.retrieval.summaries import SummaryOptions, index_pairs
-from kvmem_torch.host_memory import LockedSlots, queued_blocks, to_host_array
+from kvmem_torch.host_memory import queued_blocks, to_host_array
 
 Summary = dict[str, np.ndarray]
 
@@ -30,9 +30,7 @@ class StagedBlocks:
 
     def __init__(self) -> None:
         self.reads: dict[tuple[int, int], tuple[Callable[[], BlockKV], Callable[[], Summary] | None]] = {}
-        self.slots: LockedSlots | None = None  # page-locked memory for blocks copied from a GPU
         self.summarizing: tuple[tuple[tuple[int, int], ...], int] | None = None  # index pairs, sub blocks
-        self.pooled = True  # off: each block registered on its own (an A/B: kvmem_bench/speed_ab.py)
         self.device_summaries = True  # off: the host summarizes (an A/B: kvmem_bench/speed_ab.py)
 
     def stage(self, k: torch.Tensor, v: torch.Tensor, starts: Sequence[int], n_tokens: int) -> None:
@@ -40,7 +38,7 @@ class StagedBlocks:
         ``n_tokens`` per start), and their summaries where ``summarize`` asked for them."""
         n = len(starts)
         if k.is_cuda:
-            block: Callable[[int], BlockKV] = queued_blocks(k, v, n, self._locked_slots(2 * k.nbytes // n))
+            block: Callable[[int], BlockKV] = queued_blocks(k, v, n)
         else:
             block = functools.partial(_run_of, k, v, n_tokens)
         summary = None
@@ -70,16 +68,6 @@ class StagedBlocks:
 
     def close(self) -> None:
         self.reads.clear()
-        if self.slots is not None:
-            self.slots.close()
-
-    def _locked_slots(self, block_bytes: int) -> LockedSlots | None:
-        """The pool of page-locked memory for staged blocks of ``block_bytes`` (None: too large to pool)."""
-        if not (self.pooled and LockedSlots.fits(block_bytes)):
-            return None
-        if self.slots is None or self.slots.slot_bytes != block_bytes:
-            self.slots = LockedSlots(block_bytes)
-        return self.slots
 
 
 def block_summaries(keys: torch.Tensor, pairs: Sequence[tuple[int, int]], sub_blocks: int) -> dict[str, torch.Tensor]:

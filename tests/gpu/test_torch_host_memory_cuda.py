@@ -1,6 +1,6 @@
 """Page-locked host arrays (``kvmem_torch.host_memory``): blocks a GPU view archives land in page-locked memory
-(pooled slots, ``LockedSlots``, or registered arrays of their exact size), go back into a view by a direct copy, and
-a registered array is unregistered once the last view of it is freed."""
+(registered arrays of their exact size), go back into a view by a direct copy, and a registered array is
+unregistered once the last view of it is freed."""
 
 from __future__ import annotations
 
@@ -50,12 +50,3 @@ def test_staged_blocks_are_locked_and_go_back_into_a_view_by_a_direct_copy() -> 
     for p, want in zip(starts, expected):
         back = adapter.read_block(p, B)
         assert np.array_equal(back.k, want.k) and np.array_equal(back.v, want.v)
-
-
-def test_pooled_slots_are_page_locked_and_locked_ahead_of_the_next_take() -> None:
-    pool = host_memory.LockedSlots(1 << 20)
-    taken = pool.take(3)
-    pool._filler.submit(lambda: None).result()  # the background top-up
-    assert all(torch.from_numpy(a).is_pinned() for a in taken)
-    assert len(pool.free) >= 3 and all(t.is_pinned() for t in pool.free)
-    pool.close()
