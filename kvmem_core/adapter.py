@@ -257,6 +257,16 @@ class StagedSummaries(Protocol):
 
 
 @runtime_checkable
+class WarmUp(Protocol):
+    """Also implemented by adapters whose kernels compile on their first use (a GPU's), to compile them at start."""
+
+    def warm_up(self) -> float:
+        """Run once what a first step runs, then empty the view: a step finds it as if nothing had run.
+        -> seconds taken (0 where nothing needs it)"""
+        ...
+
+
+@runtime_checkable
 class MovedBlocks(Protocol):
     """Also implemented by adapters that re-rotate K on the host (a compact-mode probe moves held blocks back)."""
 

@@ -32,6 +32,7 @@ from kvmem_torch.spec import ModelSpec
 from kvmem_torch.staged import StagedBlocks
 from kvmem_torch.tokenizer import IdTokenizer, Tokenizer, from_gguf_meta, from_hf_dir
 from kvmem_torch.transfer import BlockStager
+from kvmem_torch.warm_up import warm_up
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 Loaded = tuple[
@@ -282,6 +283,10 @@ class TorchAdapter:
         self.staged.reads.clear()
         self.runner.clear()
         self._verified = self._forwarded = None
+
+    def warm_up(self) -> float:
+        """``WarmUp.warm_up`` on a GPU (``kvmem_torch.warm_up``); on the CPU nothing compiles: 0."""
+        return warm_up(self) if self.model.device.type == "cuda" else 0.0
 
     def make_scorer(self, name: str, heads: Sequence[tuple[int, int]]) -> TorchRetrievalHeads | None:
         """``retrieval-heads`` on the GPU when the model runs on one (None: the core's numpy scorer)."""

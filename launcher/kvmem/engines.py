@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from typing import Any, Callable
 
+from kvmem_core.adapter import WarmUp
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import Engine
 from kvmem_core.engine import KVMemEngine
@@ -13,6 +15,7 @@ from kvmem.models import resolve_model
 from kvmem.profiles import retrieval_heads
 
 ENTRY_POINT_GROUP = "kvmem.adapters"
+log = logging.getLogger("kvmem.engine")
 
 
 def adapter_factory(backend: str) -> Callable[..., Any]:
@@ -31,12 +34,15 @@ def load_engine(backend: str, model: str | None, config: KVMemConfig, *, progres
 
     The retrieval heads come from ``config.retrieval_heads``, else the model's cached or
     shipped profile, else a calibration run now (cached for next time; ``progress`` shows
-    a progress bar). ``opts`` go to the backend's ``create_adapter``.
+    a progress bar). ``opts`` go to the backend's ``create_adapter``. An adapter whose kernels compile on first
+    use runs a step's shapes once first (``WarmUp``), so that no request waits for the compiler.
     """
     path = resolve_model(model)
     adapter = adapter_factory(backend)(str(path), config, **opts)
     try:
         heads = config.retrieval_heads or retrieval_heads(adapter, progress=progress)
+        if isinstance(adapter, WarmUp):
+            log.info("kernels warmed up in %.1f s", adapter.warm_up())
         return KVMemEngine(adapter, config, heads=heads)
     except BaseException:
         adapter.close()
