@@ -1,0 +1,62 @@
+"""Where one default-knob turn's host time goes, at several workspace sizes: ``cProfile`` of a turn of the torch speed
+bench's session (``speed_ab.Session``) once the session has grown past each size.
+
+Random qwen35 weights of a shape; on the CPU the tiny shape computes little, so what grows with the workspace
+shows. Writes ``SIZE.txt`` per size (cumulative and own-time listings) into ``--out``:
+
+    python -m kvmem_bench.turn_profile --shape tiny --device cpu --sizes 131072,524288,1048576 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvmem_bench.speed_ab import LINES, Session
+from kvmem_bench.speed_torch import DEFAULT_VIEW, session_engine
+
+
+def run(
+    shape: str, model: str | None, sizes: Sequence[int], out: Path, device: str, lines: int = LINES, log: Any = print
+) -> list[tuple[int, float]]:
+    """Profile a turn past each of ``sizes`` (ascending) into ``out``. -> (workspace tokens, TTFT s) per profile"""
+    plan = dict(DEFAULT_VIEW, sizes=(max(sizes),), lines=lines)
+    engine = session_engine(shape, model, plan, device)
+    session, done = Session(engine, lines), []
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for size in sorted(sizes):
+            while session.step()[0] < size:
+                pass
+            profile = cProfile.Profile()
+            profile.enable()
+            tokens, ttft = session.step()
+            profile.disable()
+            text = io.StringIO()
+            for order, rows in (("cumulative", 60), ("tottime", 30)):
+                pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
+            (out / f"{size}.txt").write_text(f"workspace {tokens} tokens, TTFT {ttft:.3f} s\n{text.getvalue()}")
+            log(f"profiled a turn at {tokens} tokens: TTFT {ttft:.3f} s")
+            done.append((tokens, ttft))
+    finally:
+        engine.close()
+    return done
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default=None, help="the GGUF whose tokenizer and template the weights get")
+    ap.add_argument("--sizes", default="131072,524288,1048576")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    run(args.shape, args.model, [int(s) for s in args.sizes.split(",")], args.out, args.device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""``kvmem_bench.turn_profile`` on the CPU (tiny random qwen35, SmolLM2's tokenizer): one profile a size, each of a
+turn past that size, with the engine's step in it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem_bench import turn_profile
+from model_support import small_model
+
+
+@pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer
+def test_each_size_gets_the_profile_of_a_turn_past_it(tmp_path):
+    done = turn_profile.run("tiny", str(small_model()), [900, 300], tmp_path, "cpu", lines=8, log=print)
+    assert [tokens >= size for (tokens, _), size in zip(done, (300, 900))] == [True, True]
+    assert done[0][0] < done[1][0] and all(ttft > 0 for _, ttft in done)
+    for size in (300, 900):
+        text = (tmp_path / f"{size}.txt").read_text()
+        assert text.startswith("workspace ") and "engine.py" in text and "(step)" in text
