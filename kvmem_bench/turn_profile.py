@@ -5,6 +5,9 @@ Random qwen35 weights of a shape; on the CPU the tiny shape computes little, so 
 shows. Writes ``SIZE.txt`` per size (cumulative and own-time listings) into ``--out``:
 
     python -m kvmem_bench.turn_profile --shape tiny --device cpu --sizes 131072,524288,1048576 --out OUT
+
+``--prompt-turns N`` times only building the prompt (``kvmem_core.prompt.build_prompt``, with the default model's
+tokenizer and template) of the same session's turns past N turns (365: ~1.05M tokens), no model run.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from kvmem_bench.speed_ab import LINES, Session
+from kvmem_bench.speed_session import GREEDY_ONE, Transcript
 from kvmem_bench.speed_torch import DEFAULT_VIEW, session_engine
+from kvmem_core.contract import StepRequest
+from kvmem_core.prompt import build_prompt
 
 
 def run(
@@ -47,14 +55,42 @@ def run(
     return done
 
 
+def prompt_seconds(model: str | None, turns: int, timed: int = 7, lines: int = LINES) -> tuple[int, list[float]]:
+    """Seconds ``build_prompt`` takes for each of ``timed`` turns after ``turns`` turns of the session (one turn
+    before them untimed: it fills the tokenizer's and template's caches). -> (the last prompt's tokens, seconds)"""
+    from kvmem.models import resolve_model
+    from kvmem_bench.torch_device import random_adapter
+
+    adapter = random_adapter("tiny", resolve_model(model), device="cpu", view_tokens=DEFAULT_VIEW["budget"])
+    transcript, seconds = Transcript(lines), []
+    for _ in range(turns):
+        transcript.add_tool_result()
+        transcript.add_reply()
+    for turn in range(timed + 1):
+        request = StepRequest(messages=transcript.add_tool_result(), sampling=GREEDY_ONE)
+        t0 = time.perf_counter()
+        tokens = len(build_prompt(adapter, request).ids)
+        seconds += [time.perf_counter() - t0] if turn else []
+        transcript.add_reply()
+    adapter.close()
+    return tokens, seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default=None, help="the GGUF whose tokenizer and template the weights get")
     ap.add_argument("--sizes", default="131072,524288,1048576")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--prompt-turns", type=int, default=None, help="time building the prompt past this many turns")
     args = ap.parse_args()
+    if args.prompt_turns is not None:
+        tokens, seconds = prompt_seconds(args.model, args.prompt_turns)
+        print(f"{tokens} tokens: build_prompt median {statistics.median(seconds) * 1000:.1f} ms, runs", seconds)
+        return
+    if args.out is None:
+        ap.error("--out is required")
     run(args.shape, args.model, [int(s) for s in args.sizes.split(",")], args.out, args.device)
 
 

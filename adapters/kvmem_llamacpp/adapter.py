@@ -130,7 +130,7 @@ class LlamaCppAdapter:
         ids = self._parsed(text) if special else tokens(self.model.vocab, text, special=False)
         bos = L.llama_vocab_bos(self.model.vocab)
         if L.llama_vocab_get_add_bos(self.model.vocab) and bos >= 0 and ids[:1] != [bos]:
-            ids.insert(0, bos)  # models trained with BOS get it once, whether or not the template wrote it
+            return [bos, *ids]  # models trained with BOS get it once, whether or not the template wrote it
         return ids
 
     @functools.cached_property

@@ -66,7 +66,7 @@ class Tokenizer:
         """Token ids of ``text``; ``special`` parses control tokens; ``add_bos`` prepends BOS if the model wants one.
         A long text that starts like a recent one is tokenized from the last cut they share (``PrefixTokenizer``)."""
         ids = self._parsed(text) if special else self._encode(text, special=False)
-        return ([self.bos_id] if add_bos and self.add_bos and self.bos_id is not None else []) + ids
+        return [self.bos_id, *ids] if add_bos and self.add_bos and self.bos_id is not None else ids
 
     def _encode(self, text: str, special: bool) -> list[int]:
         self.tok.encode_special_tokens = not special

@@ -1,6 +1,7 @@
 """Incremental tokenization gives the ids of tokenizing each text whole, with the default model's tokenizer in both
 engines: transcripts grown turn by turn, edited in the middle, cut short anywhere (inside a control token too), with
-unicode and control-token texts in the messages. A turn that extends the last tokenizes only what it adds."""
+unicode and control-token texts in the messages; the int64 array handed out with them holds the same ids. A turn
+that extends the last tokenizes only what it adds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.gguf_file import GGUFFile
-from kvmem_core.tokens import MIN_CHARS, PrefixTokenizer
+from kvmem_core.tokens import MIN_CHARS, PrefixTokenizer, TokenIds
 from kvmem_torch.tokenizer import Tokenizer, from_gguf_meta
 
 SYSTEM = "You are a careful build assistant; keep track of every failure and say which test broke. " * 50
@@ -108,7 +109,10 @@ def test_incremental_ids_equal_whole_tokenization(
         text = chatml(transcript, prompt)
         text = text[: len(text) - chop]  # ends anywhere: inside a control token, between a surrogate-free pair
         assert len(text) >= MIN_CHARS
-        assert incremental(text) == whole(text)
+        ids = incremental(text)
+        assert ids == whole(text)
+        if isinstance(ids, TokenIds):  # the array handed out with them: the same ids, and not writable
+            assert ids.array.tolist() == ids and not ids.array.flags.writeable
 
 
 class CountingTokenizer:

@@ -1,5 +1,5 @@
 """``kvmem_bench.turn_profile`` on the CPU (tiny random qwen35, SmolLM2's tokenizer): one profile a size, each of a
-turn past that size, with the engine's step in it."""
+turn past that size, with the engine's step in it; building the prompt timed turn by turn."""
 
 from __future__ import annotations
 
@@ -17,3 +17,9 @@ def test_each_size_gets_the_profile_of_a_turn_past_it(tmp_path):
     for size in (300, 900):
         text = (tmp_path / f"{size}.txt").read_text()
         assert text.startswith("workspace ") and "engine.py" in text and "(step)" in text
+
+
+@pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer and template
+def test_building_the_prompt_is_timed_turn_by_turn():
+    tokens, seconds = turn_profile.prompt_seconds(str(small_model()), turns=3, timed=2, lines=8)
+    assert tokens > 0 and len(seconds) == 2 and min(seconds) > 0

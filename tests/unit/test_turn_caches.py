@@ -1,7 +1,7 @@
 """What a turn keeps from the last one to do only its new tokens' work gives the results of doing all of it again:
 checkpoint keys (``PrefixKeys``), the registry's prefix match after blocks leave, the view's token array through
 truncations, a workspace's selector spans (``StoredSpans``), the selector's group members and the messages a prompt
-renders alone (only a turn's new ones are rendered). A workspace manifest,
+renders alone (only a turn's new ones are rendered, keyed by all JSON tells apart). A workspace manifest,
 whose JSON grows with the workspace, is encoded by the NVMe writer, not by each append on the step's thread."""
 
 from __future__ import annotations
@@ -146,3 +146,15 @@ def test_a_prompt_renders_alone_only_its_new_messages_and_marks_them_as_before()
         again = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
         assert (prompt.messages, prompt.groups, prompt.mandatory) == (again.messages, again.groups, again.mandatory)
     assert spent[0] == 1 + 3 and spent[-1] == 1 + 2  # the whole transcript once, then each new message alone
+
+
+def test_a_message_renders_alone_again_when_anything_json_tells_apart_changes():
+    chat = Chat()
+    chat.render_chat = lambda messages, **kw: "".join(f"<{m['role']}>{json.dumps(m['content'])}</>" for m in messages)
+    render = prompt_module._renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)))
+    lone = prompt_module._lone_renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)), render)
+    variants = [1, 1.0, True, "1", [1], {"a": 1}, {"a": 1.0}, [[1]], None]
+    texts = [lone({"role": "user", "content": v}) for v in variants]
+    assert texts == [render([{"role": "user", "content": v}], False) for v in variants]
+    assert len(set(texts)) == len(variants)  # no two share a cached rendering
+    prompt_module._lone_renders.pop(chat)
