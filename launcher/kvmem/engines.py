@@ -41,8 +41,8 @@ def load_engine(backend: str, model: str | None, config: KVMemConfig, *, progres
     adapter = adapter_factory(backend)(str(path), config, **opts)
     try:
         heads = config.retrieval_heads or retrieval_heads(adapter, progress=progress)
-        if isinstance(adapter, WarmUp):
-            log.info("kernels warmed up in %.1f s", adapter.warm_up())
+        if isinstance(adapter, WarmUp) and (seconds := adapter.warm_up()):
+            log.info("kernels warmed up in %.1f s", seconds)
         return KVMemEngine(adapter, config, heads=heads)
     except BaseException:
         adapter.close()
