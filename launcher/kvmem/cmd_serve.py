@@ -107,7 +107,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="longest answer to a request that sets no max_tokens (default: the room left in the workspace, "
         "--ctx less the prompt, as OpenAI does, at most the model's trained context; env KVMEM_MAX_TOKENS_DEFAULT)",
     )
-    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
+    p.add_argument(
+        "--max-body-mb",
+        type=_body_mb,
+        default=None,
+        help="largest request body in MiB (default auto: 16 bytes a token of the workspace, --ctx, at least 8 MiB)",
+    )
     p.add_argument(
         "--ui-dir",
         type=Path,
@@ -134,6 +139,19 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
+
+
+def _body_mb(text: str) -> float | None:
+    """``--max-body-mb``: ``auto`` (None) or a positive number of MiB, for argparse."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"want a positive number of MiB or auto, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -278,7 +296,8 @@ def start(
         flush=True,
     )
     try:
-        asyncio.run(serve(state, args.host, args.port, ready, int(args.max_body_mb * (1 << 20))))
+        limit = None if args.max_body_mb is None else int(args.max_body_mb * (1 << 20))
+        asyncio.run(serve(state, args.host, args.port, ready, limit))
     except RuntimeError as exc:
         print(f"kvmem: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,12 @@ def test_dry_run_shows_every_knob_with_its_source(server: LiveServer) -> None:
     assert get_json(server.url + "/health")[0] == 200  # a dry run on another port touched nothing
 
 
+def test_the_body_limit_flag_takes_mib_or_auto(server: LiveServer) -> None:
+    assert server.command("--dry-run", "--max-body-mb", "auto", "--port", "1").returncode == 0
+    done = server.command("--dry-run", "--max-body-mb", "0", "--port", "1")
+    assert done.returncode == 2 and "want a positive number of MiB or auto, got '0'" in done.stderr
+
+
 def test_auth_guards_the_api_but_not_health_or_the_ui(server: LiveServer) -> None:
     assert get_json(server.url + "/health")[0] == 200
     status, body = get_json(server.url + "/v1/models")

@@ -1,4 +1,5 @@
-"""Per-request limits: too many messages or too many tokens asked are a 400, and every engine call queues (429)."""
+"""Per-request limits: too many messages or too many tokens asked are a 400, every engine call queues (429), and the
+body limit follows the workspace the engine reports."""
 
 from __future__ import annotations
 
@@ -144,3 +145,20 @@ def test_a_request_the_socket_refuses_fails_with_503_at_once_and_frees_the_slot(
 async def _drain(stream) -> None:  # noqa: ANN001 - an async generator
     async for _ in stream:
         pass
+
+
+def test_the_body_limit_follows_the_workspace_the_engine_reports() -> None:
+    from kvmem.server.app import BODY_BYTES_PER_TOKEN, BODY_FLOOR, body_limit
+
+    assert body_limit(None) == body_limit(4096) == BODY_FLOOR
+    assert body_limit(1 << 20) == (1 << 20) * BODY_BYTES_PER_TOKEN  # 16 MiB for a 1M-token workspace
+    client = AppClient(max_body_bytes=None)  # the default: auto
+    body = {"messages": [{"role": "user", "content": "x" * (BODY_FLOOR + 1024)}]}
+    try:
+        status, _, reply = client.request("POST", "/v1/chat/completions", json=body)
+        assert status == 413 and json.loads(reply)["error"]["code"] == "body_too_large"  # no workspace size yet
+        client.engine.ctx = 1 << 20  # what the engine's Ready says of a 1M-token workspace
+        status, _, reply = client.request("POST", "/v1/chat/completions", json=body)
+        assert status == 503, reply  # read whole and valid; the engine is not started here
+    finally:
+        client.close()

@@ -31,6 +31,10 @@ from kvmem.server.state import STATE, ServerState
 
 log = logging.getLogger("kvmem.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BODY_FLOOR = 8 << 20  # the body limit before an engine reports its workspace size, and the least after
+# a transcript token's most bytes in a request body, rounded up: 11.9 measured for Chinese text in a tool call's
+# arguments JSON-escaped twice (``ensure_ascii``), 10.2 as a message's content, 4.1-4.4 for code, 3.2 for prose
+BODY_BYTES_PER_TOKEN = 16
 
 
 def installed_ui_dir() -> Path | None:
@@ -53,6 +57,24 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     route = resource.canonical if resource is not None else "unmatched"
     request.app[STATE].metrics.observe_request(route, resp.status)
     return resp
+
+
+def body_limit_middleware(fixed: int | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Bodies up to ``fixed`` bytes (``--max-body-mb``), or, with None, up to what a transcript as long as the
+    engine's workspace takes (``body_limit``): a 1M-token conversation is 3-12 MB of JSON."""
+
+    @web.middleware
+    async def limited(request: web.Request, handler: Handler) -> web.StreamResponse:
+        limit = fixed if fixed is not None else body_limit(request.app[STATE].engine.ctx)
+        return await handler(request.clone(client_max_size=limit))
+
+    return limited
+
+
+def body_limit(ctx: int | None) -> int:
+    """The body limit for a workspace of ``ctx`` tokens (None: not known yet): ``BODY_BYTES_PER_TOKEN`` a token, at
+    least ``BODY_FLOOR``."""
+    return max(BODY_FLOOR, (ctx or 0) * BODY_BYTES_PER_TOKEN)
 
 
 @web.middleware
@@ -150,11 +172,16 @@ async def static_ui(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path)
 
 
-def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Application:
-    """The application for ``state``; the engine client must be started separately."""
+def build_app(state: ServerState, max_body_bytes: int | None = None) -> web.Application:
+    """The application for ``state``; the engine client must be started separately. ``max_body_bytes``: the largest
+    request body (None: as the engine's workspace needs, ``body_limit``)."""
     app = web.Application(
-        middlewares=[errors_middleware, security_middleware(state.security), auth_middleware],
-        client_max_size=max_body_bytes,
+        middlewares=[
+            errors_middleware,
+            body_limit_middleware(max_body_bytes),
+            security_middleware(state.security),
+            auth_middleware,
+        ]
     )
     app.on_response_prepare.append(cors_hook(state.security))
     app[STATE] = state
@@ -178,7 +205,7 @@ def build_app(state: ServerState, max_body_bytes: int = 8 << 20) -> web.Applicat
 
 
 async def serve(
-    state: ServerState, host: str, port: int, on_ready: Callable[[], None], max_body_bytes: int = 8 << 20
+    state: ServerState, host: str, port: int, on_ready: Callable[[], None], max_body_bytes: int | None = None
 ) -> None:
     """Bind, start the engine, call ``on_ready``, and serve until SIGINT/SIGTERM."""
     runner = web.AppRunner(build_app(state, max_body_bytes), handler_cancellation=True, access_log=None)

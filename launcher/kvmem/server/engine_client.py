@@ -41,6 +41,7 @@ class EngineClient:
         self.env = {**os.environ, **(env or {})}
         self.state = "stopped"
         self.model_id = ""
+        self.ctx: int | None = None  # the engine's workspace size in tokens, once it said ready
         self.chat_format = ChatFormat()
         self.metrics: dict[str, float] = {}
         self.restarts = 0
@@ -222,8 +223,9 @@ class EngineClient:
 
     def _dispatch(self, msg: P.Message) -> None:
         if isinstance(msg, P.Ready):
-            self.model_id, self.chat_format, self.metrics = (
+            self.model_id, self.ctx, self.chat_format, self.metrics = (
                 msg.model_id,
+                msg.ctx,
                 P.from_wire_format(msg.chat_format),
                 msg.metrics,
             )

@@ -104,6 +104,11 @@ class ReplicaSet:
         return next((c.model_id for c in self.clients if c.model_id), "")
 
     @property
+    def ctx(self) -> int | None:
+        """The largest workspace a ready replica reported (all run the same configuration)."""
+        return max((c.ctx for c in self.clients if c.ctx), default=None)
+
+    @property
     def chat_format(self) -> ChatFormat:
         return next((c.chat_format for c in self.clients if c.model_id), self.clients[0].chat_format)
 
