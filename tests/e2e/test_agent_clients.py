@@ -3,7 +3,8 @@ langchain-openai, pydantic-ai and litellm, through chat, streaming, tools, the R
 (``output_type``, ``with_structured_output``). A ``WireTap`` between each library and the server checks every
 reply and stream event against the openai SDK's own types: a protocol error fails the test. What the small model
 answers is not judged, and a library's own stop when a repeating model never finishes its tool loop (a max-turns
-error) is not a protocol error. One quick pattern per library runs by default; the rest are ``slow``."""
+error), or when a sampled answer runs to the token limit (openai-agents refuses an incomplete Responses stream),
+is not a protocol error. One quick pattern per library runs by default; the rest are ``slow``."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def agents_model(tap: WireTap, responses: bool) -> Any:
 
 def run_agent(agent: Any, *asks: tuple[str, bool]) -> list[Any]:
     """Each (ask, streamed) through ``Runner.run`` or ``run_streamed`` (drained), in one event loop (the client's);
-    the final outputs, None where the library stopped a repeating model."""
+    the final outputs, None where the library stopped a repeating model or one whose answer reached the limit."""
     import agents
 
     async def one(ask: str, streamed: bool) -> Any:
@@ -96,6 +97,10 @@ def run_agent(agent: Any, *asks: tuple[str, bool]) -> list[Any]:
                 pass
             return run.final_output
         except agents.MaxTurnsExceeded:
+            return None
+        except agents.ModelBehaviorError as exc:  # the library's stop when a sampled answer ran to the token limit
+            if "max_output_tokens" not in str(exc):  # (the Responses stream's ``response.incomplete``, as OpenAI's)
+                raise
             return None
 
     async def all_of() -> list[Any]:
