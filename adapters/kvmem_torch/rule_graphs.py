@@ -14,6 +14,7 @@ for as long as it is kept. A shape whose capture fails stays eager.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -22,6 +23,7 @@ import torch
 
 # call shapes kept: a turn's full-length forwards share one; marks and the last, shorter forward bring others
 MAX_SHAPES = 4
+log = logging.getLogger("kvmem.engine")
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -98,8 +100,12 @@ class RuleGraphs:
                 finally:
                     graph.capture_end()
             torch.cuda.current_stream().wait_stream(side)
-        except Exception:  # any: the eager call that follows raises whatever the rule itself raises
+        except Exception as exc:  # any: the eager call that follows raises whatever the rule itself raises
             shape.failed = True
+            q = tuple(shape.inputs[0].shape)
+            log.warning(
+                "the delta rule of q %s cannot be captured (%s: %s); it runs eagerly", q, type(exc).__name__, exc
+            )
         else:
             shape.captured = graph, out, final
 

@@ -24,7 +24,7 @@ def inputs(n: int, seed: int) -> tuple[torch.Tensor, ...]:
     return q, k, v, g, beta, state.expand(1, 2, 4, 4)
 
 
-def test_a_shape_that_cannot_be_captured_stays_eager_with_the_rule_s_answers() -> None:
+def test_a_shape_that_cannot_be_captured_stays_eager_with_the_rule_s_answers(caplog) -> None:
     graphs = RuleGraphs(rule)
     for seed in range(3):
         args = inputs(5, seed)
@@ -34,6 +34,8 @@ def test_a_shape_that_cannot_be_captured_stays_eager_with_the_rule_s_answers() -
         (shape,) = graphs.shapes.values()
         assert shape.captured is None and shape.failed == (seed >= 1)
         assert all(static is not x for static, x in zip(shape.inputs, args))  # the rule ran from the shape's copies
+    failed = [r.getMessage() for r in caplog.records if "cannot be captured" in r.getMessage()]
+    assert len(failed) == 1 and "(1, 5, 2, 4)" in failed[0]  # said once, with the shape
 
 
 def test_the_least_recently_used_shape_goes_first() -> None:
