@@ -13,32 +13,24 @@ import argparse
 import time
 
 from kvmem_bench.speed_ab import Session
-from kvmem_bench.speed_torch import DEFAULT_VIEW, index_heads, session_config
-from kvmem_core.config import KVMemConfig
-from kvmem_core.engine import KVMemEngine
+from kvmem_bench.speed_torch import DEFAULT_VIEW, session_engine
 
 
 def run(shape: str, model: str | None, steps: int, device: str = "cuda", log=print) -> dict[str, float]:
     """Seconds of loading, of the warm-up and of each of ``steps`` first steps, in order."""
-    from kvmem.models import resolve_model
-    from kvmem_bench.torch_device import random_adapter
-
     t0 = time.perf_counter()
-    plan = dict(DEFAULT_VIEW, sizes=(steps * 3000,), lines=100)
-    view = plan["budget"] + plan["gen"]
-    adapter = random_adapter(
-        shape, resolve_model(model), device=device, view_tokens=view, block_tokens=KVMemConfig.block_tokens
-    )
-    out = {"load_s": time.perf_counter() - t0, "warm_up_s": adapter.warm_up()}
-    log(f"loaded in {out['load_s']:.1f} s, warmed up in {out['warm_up_s']:.1f} s")
-    engine = KVMemEngine(adapter, session_config(plan, adapter.layout.bytes_per_token), heads=index_heads(adapter))
-    session = Session(engine)
-    for i in range(steps):
-        t = time.perf_counter()
-        tokens, _ = session.step()
-        out[f"step{i}_s"] = time.perf_counter() - t
-        log(f"step {i}: {tokens} tokens, {out[f'step{i}_s']:.2f} s")
-    engine.close()
+    engine = session_engine(shape, model, dict(DEFAULT_VIEW, sizes=(steps * 3000,), lines=100), device)
+    try:
+        out = {"load_s": time.perf_counter() - t0, "warm_up_s": engine.adapter.warm_up()}
+        log(f"loaded in {out['load_s']:.1f} s, warmed up in {out['warm_up_s']:.1f} s")
+        session = Session(engine)
+        for i in range(steps):
+            t = time.perf_counter()
+            tokens, _ = session.step()
+            out[f"step{i}_s"] = time.perf_counter() - t
+            log(f"step {i}: {tokens} tokens, {out[f'step{i}_s']:.2f} s")
+    finally:
+        engine.close()
     return out
 
 

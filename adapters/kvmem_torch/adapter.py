@@ -280,7 +280,7 @@ class TorchAdapter:
     def clear_view(self) -> None:
         """Empty the view and reset the recurrent state (a fresh sequence); staged reads are forgotten."""
         self.stager.wait()
-        self.staged.reads.clear()
+        self.staged.clear()
         self.runner.clear()
         self._verified = self._forwarded = None
 
@@ -316,7 +316,7 @@ class TorchAdapter:
 
     def close(self) -> None:
         self.stager.wait()
-        self.staged.close()
+        self.staged.clear()
         del self.runner, self.model
 
 

@@ -66,7 +66,8 @@ class StagedBlocks:
             None if opts.prototypes or quantized else (index_pairs(heads, opts.group_size), opts.sub_blocks)
         )
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Forget every staged read (the view they were taken from is gone)."""
         self.reads.clear()
 
 

@@ -53,7 +53,7 @@ def workers(extra: list[str]) -> list[str]:
     """pytest-xdist's arguments for the usable cores (none where it is missing, one core is usable, or ``extra``
     names its own ``-n``)."""
     cores = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
-    chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in extra)
+    chosen = any(a.startswith(("-n", "--numprocesses")) for a in extra)
     if chosen or cores < 2 or importlib.util.find_spec("xdist") is None:
         return []
     return ["-n", str(cores), "--dist", "loadfile"]
