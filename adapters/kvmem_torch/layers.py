@@ -7,6 +7,7 @@ softmax accumulate in fp32.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ class StepContext:
     q_sin: torch.Tensor
     torch_ops: TorchOpsKeys | None = None  # for layers on torch ops; None when every layer runs the kernels
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
-    n_keys: torch.Tensor | None = None  # [1] keys the single new token sees (decode only)
+    n_keys: torch.Tensor | None = None  # [1] keys up to the last new token (a graph's key_slots run on past them)
     # (offset, state) pairs: the recurrent layers copy their state after that many new tokens into the state
     snapshots: tuple[tuple[int, Any], ...] = ()
 
@@ -96,6 +97,28 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     with sdpa_kernel(_PREFILL_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def flash_varlen_usable(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether ``flash_prefill`` runs for queries of this dtype and head size on ``device``: flash attention's
+    kernels (CUDA, half precision, compute capability 8 or later, a head size they cover)."""
+    return dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and _ampere(device)
+
+
+@functools.cache
+def _ampere(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def flash_prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+    """q [T, heads, hd] are the last T of the first ``n_keys`` (a one-element device tensor) of ``keys``/``values``
+    [S, kv, hd]: causal attention aligned to that last key, with GQA in the kernel (no K/V widening). Rows past
+    ``n_keys`` are never read, so a CUDA graph can pass a key buffer padded to a bucket (``Runner``); nothing is read
+    back to the host. -> [T, heads, hd]"""
+    T, S = q.shape[0], keys.shape[0]
+    cu_q = torch.arange(0, 2 * T, T, dtype=torch.int32, device=q.device)  # [0, T]
+    cu_k = F.pad(n_keys.to(torch.int32), (1, 0))  # [0, n_keys]
+    return torch.ops.aten._flash_attention_forward(q, keys, values, cu_q, cu_k, T, S, 0.0, True, False)[0]
 
 
 def mlp(x: torch.Tensor, w: dict[str, torch.Tensor], fused: bool = False) -> torch.Tensor:
@@ -192,8 +215,10 @@ class Attention:
         values = cache.read_rows(at.key_rows + cache.v_offset(self.cache_layer))
         T, g = q.shape[0], self.n_heads // self.n_kv
         q = apply_rope(q, ctx.q_cos, ctx.q_sin)
-        keys = apply_rope(keys, at.k_cos, at.k_sin).transpose(0, 1)[None]  # [1, kv, S, hd]
-        values = values.transpose(0, 1)[None]
+        keys = apply_rope(keys, at.k_cos, at.k_sin)
+        if at.mask is None and flash_varlen_usable(q.dtype, self.hd, q.device):
+            return flash_prefill(q, keys, values, ctx.n_keys)
+        keys, values = (x.transpose(0, 1)[None] for x in (keys, values))  # [1, kv, S, hd]
         if at.mask is None:
             return causal_attention(q.transpose(0, 1)[None], keys, values)[0].transpose(0, 1)
         # GQA folded into the query length: each kv head serves its group's queries, K/V are not expanded

@@ -141,8 +141,7 @@ class Model:
             mixer.decodes_in_kernels(positions.shape[0], capture) for kind, mixer, _ in self.layers if kind == ATTENTION
         )
         torch_ops = None if kernels_only else self.torch_ops_keys(cache, slots, key_slots, q_index)
-        n_keys = q_index + 1 if positions.shape[0] == 1 else None
-        return StepContext(slots, key_slots, q_cos, q_sin, torch_ops, {} if capture else None, n_keys)
+        return StepContext(slots, key_slots, q_cos, q_sin, torch_ops, {} if capture else None, q_index[-1:] + 1)
 
     def torch_ops_keys(
         self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor

@@ -79,6 +79,17 @@ class RuleGraphs:
         graph.replay()
         return out.clone(), final
 
+    @contextlib.contextmanager
+    def inside_capture(self) -> Iterator[None]:
+        """Calls made while a caller captures a graph of its own (a whole forward, ``Runner``): they run ``rule``
+        as it is (a graph cannot replay inside another's capture), with fla's tensor cache off as in ``_capture``."""
+        before, self.enabled = self.enabled, False
+        try:
+            with _fla_tensor_cache_off():
+                yield
+        finally:
+            self.enabled = before
+
     def _add(self, key: tuple, args: tuple[torch.Tensor, ...], batch: Any) -> _Shape:
         if len(self.shapes) >= MAX_SHAPES:
             self.shapes.popitem(last=False)
@@ -114,8 +125,11 @@ class RuleGraphs:
 def _fla_tensor_cache_off() -> Iterator[None]:
     """fla's ``tensor_cache`` (tensors derived from a batch description, kept by the description's identity) off,
     so that a graph computes them itself instead of reading tensors an eviction from that cache may free."""
-    import fla.utils
-
+    try:
+        import fla.utils
+    except ImportError:  # no fla: no cache to turn off
+        yield
+        return
     before = getattr(fla.utils, "FLA_DISABLE_TENSOR_CACHE", False)
     fla.utils.FLA_DISABLE_TENSOR_CACHE = True
     try:

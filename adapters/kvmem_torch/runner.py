@@ -5,21 +5,33 @@ New tokens append (their positions exceed every position in the view); stored bl
 be inserted anywhere by position and cells dropped by position range, so any chronological
 subset of history can be attended. A device mirror of the slot list feeds attention; on
 CUDA, decode replays a graph captured per view-size bucket.
+
+**Prefill graphs.** A prefill forward of a few hundred tokens costs the host more than the GPU (~100 kernel
+launches a layer through Python), so a plain forward (no snapshots, no captured queries) of a length and view-size
+bucket seen before replays a CUDA graph of the whole forward, captured on its second sighting: the view's keys are
+read to the bucket's end and flash attention stops at the true count (``layers.flash_prefill``). The full-length
+forwards of a turn's suffix share a length; a turn's marks and its last, shorter forward run eagerly.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
+from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
 from kvmem_core.lookup import DRAFT_TOKENS
 from kvmem_core.step import chunk_cuts
+from kvmem_torch.layers import SMALL_QUERY, flash_varlen_usable
 from kvmem_torch.model import Model, RecurrentState
 
 GRAPH_ARGS = ("tok", "pos", "slot", "q")
 VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the longest lookup draft
+# whole prefill forwards kept as graphs: a turn's full-length forwards share a length and one or two view buckets
+PREFILL_GRAPHS = 4
+log = logging.getLogger("kvmem.engine")
 
 
 class GraphInputs:
@@ -67,6 +79,13 @@ class Runner:
         rows = (1, VERIFY_ROWS) if self.graph_verify else (1,)
         self.inputs = {n: GraphInputs(n, model.device) for n in rows} if self.use_graphs else {}
         self._pool = None
+        s = model.spec
+        self.graph_prefill = (
+            self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
+        )
+        # (rows, bucket) -> graph as in ``graphs``, or None where its capture failed (eager from then on)
+        self.prefill_graphs: OrderedDict[tuple[int, int], tuple | None] = OrderedDict()
+        self.prefill_seen: set[tuple[int, int]] = set()  # keys met once: the second meeting captures
 
     @property
     def max_view_tokens(self) -> int:
@@ -115,6 +134,8 @@ class Runner:
         assert all(0 < o < len(tokens) for o, _ in snapshots), "a snapshot falls inside the forward"
         if len(tokens) == 1 and self.use_graphs and not capture:
             return self._graph_step(tokens, positions), None
+        if last_only and not capture and not snapshots and self._replays_prefill(len(tokens)):
+            return self._graph_step(tokens, positions, prefill=True).clone(), None
         dev, start = self.model.device, len(self.cells)
         slots = self._take_slots(len(tokens))
         self.cells.extend(slots)
@@ -168,9 +189,23 @@ class Runner:
             self.drop(padded[n], 1 << 62)
         return logits[:n]
 
-    def _graph_step(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``) through the graph of their row count and the view's size
-        bucket, capturing it the first time. -> the graph's logits [rows, vocab] (rewritten by its next replay)"""
+    def _replays_prefill(self, n: int) -> bool:
+        """Whether a plain prefill forward of ``n`` tokens goes through a graph (module docstring): lengths past
+        ``SMALL_QUERY`` (flash attention), a (length, bucket) met before whose capture has not failed."""
+        if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
+            return False
+        key = (n, self._bucket(len(self.cells) + n))
+        if key in self.prefill_graphs:
+            return self.prefill_graphs[key] is not None
+        if key in self.prefill_seen:
+            return True
+        self.prefill_seen.add(key)
+        return False
+
+    def _graph_step(self, tokens: Sequence[int], positions: Sequence[int], prefill: bool = False) -> torch.Tensor:
+        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``, or a ``prefill`` forward's) through the graph of their row
+        count and the view's size bucket, capturing it the first time. -> the graph's logits [rows, vocab] (a
+        prefill's: [1, vocab]), rewritten by its next replay. A prefill whose capture fails runs eagerly."""
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
         rows = len(tokens)
         slots = self._take_slots(rows)
@@ -178,41 +213,69 @@ class Runner:
         first = len(self.cells)
         self.cells.extend(slots)
         self.positions.extend(positions)
+        if rows not in self.inputs:
+            self.inputs[rows] = GraphInputs(rows, self.model.device)
+        s = self.inputs[rows].static
         self.inputs[rows].send(tokens, positions, slots, first)
         self.synced = len(self.cells)  # the graph mirrors the new slots itself
         key = (rows, self._bucket(len(self.cells)))
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(key[1], self.inputs[rows].static)
-        graph, out, self.model.hidden = self.graphs[key]
+        graphs = self.prefill_graphs if prefill else self.graphs
+        if key not in graphs:
+            graphs[key] = self._capture_prefill(key, s) if prefill else self._capture(key[1], s)
+        if graphs[key] is None:
+            with torch.inference_mode():
+                return self._static_forward(s, len(self.cells), last_only=True)
+        if prefill:
+            graphs.move_to_end(key)
+        graph, out, self.model.hidden = graphs[key]
         graph.replay()
         return out
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs and their memory pool (after the model's decode path changed)."""
         self.graphs.clear()
+        self.prefill_graphs.clear()
         self._pool = None
 
+    def _static_forward(self, s: dict[str, torch.Tensor], bucket: int, last_only: bool) -> torch.Tensor:
+        """The forward of the rows in graph inputs ``s`` over the view's first ``bucket`` slots (what a graph runs)."""
+        self.slots_dev.index_copy_(0, s["q"], s["slot"])
+        ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
+        return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=last_only)
+
+    def _capture_prefill(self, key: tuple[int, int], s: dict[str, torch.Tensor]) -> tuple | None:
+        """``_capture`` of a prefill graph, keeping at most ``PREFILL_GRAPHS``; None (logged) where it fails."""
+        while len(self.prefill_graphs) >= PREFILL_GRAPHS:
+            self.prefill_graphs.popitem(last=False)
+        try:
+            return self._capture(key[1], s, last_only=True)
+        except Exception as exc:  # any: the eager forward that follows raises whatever the forward itself raises
+            name, rows = type(exc).__name__, key[0]
+            log.warning("a prefill forward of %d rows cannot be captured (%s: %s); it runs eagerly", rows, name, exc)
+            return None
+
     def _capture(
-        self, bucket: int, s: dict[str, torch.Tensor]
+        self, bucket: int, s: dict[str, torch.Tensor], last_only: bool = False
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
+        """Run the rows of ``s`` once on a side stream (warm-up), put the recurrent state back, then capture the
+        same forward (nothing runs until a replay). Other threads may use the device meanwhile (thread-local
+        capture); the DeltaNet layers call their rule directly inside it. On failure the state is put back."""
         snap = self.state.snapshot()
-
-        def step() -> torch.Tensor:
-            self.slots_dev.index_copy_(0, s["q"], s["slot"])
-            ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
-            return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=False)
-
-        with torch.inference_mode():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = step()
-            self._pool = graph.pool()
+        try:
+            with torch.inference_mode(), self.model.rule_graphs.inside_capture():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self._static_forward(s, bucket, last_only)
+                torch.cuda.current_stream().wait_stream(side)
+                self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    out = self._static_forward(s, bucket, last_only)
+                self._pool = graph.pool()
+        except Exception:
+            self.state.restore(snap)
+            raise
         return graph, out, self.model.hidden
 
     def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:

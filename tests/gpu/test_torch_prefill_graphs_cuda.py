@@ -1,0 +1,87 @@
+"""Whole prefill forwards replayed from CUDA graphs (``Runner``'s prefill graphs): flash attention over a key buffer
+padded past the view's keys against float64, and a bf16 hybrid model's forwards with graphs against the same
+forwards without them, including a capture that fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from kvmem_torch.layers import flash_prefill  # noqa: E402
+from kvmem_torch.model import Model  # noqa: E402
+from kvmem_torch.runner import Runner  # noqa: E402
+
+T, BLOCK = 256, 64
+
+
+def test_flash_prefill_stops_at_the_true_key_count() -> None:
+    """The 27B shape's attention heads (24 query / 4 key heads of 256): 640 new tokens after 1,400 keys, in a buffer
+    of 3,072 rows whose rows past the keys hold anything."""
+    torch.manual_seed(0)
+    n, new, padded = 2040, 640, 3072
+    q = torch.randn(new, 24, 256, device="cuda").bfloat16()
+    k, v = (torch.randn(padded, 4, 256, device="cuda").bfloat16() for _ in range(2))
+    got = flash_prefill(q, k, v, torch.tensor([n], device="cuda"))
+    k[n:], v[n:] = 1e3, -1e3
+    assert torch.equal(got, flash_prefill(q, k, v, torch.tensor([n], device="cuda")))
+    qd, kd, vd = q.double().transpose(0, 1), k[:n].double().transpose(0, 1), v[:n].double().transpose(0, 1)
+    kd, vd = kd.repeat_interleave(6, 0), vd.repeat_interleave(6, 0)
+    scores = (qd @ kd.transpose(-1, -2)) / 16.0
+    allowed = torch.arange(n, device="cuda")[None, :] <= torch.arange(n - new, n, device="cuda")[:, None]
+    ref = (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)
+    assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+def hybrid_model() -> Model:
+    from kvmem_bench.torch_device import qwen35_spec
+    from kvmem_bench.torch_weights import random_weights
+
+    spec = qwen35_spec("small")
+    return Model(spec, random_weights(spec, torch.bfloat16, "cuda", 0, std=0.1))
+
+
+def run_turns(runner: Runner, ids: list[int]) -> list[torch.Tensor]:
+    """``T``-token forwards over ``ids``, the oldest ``T`` positions dropped once the view holds 768 tokens (so a
+    forward's view bucket repeats), one forward with a snapshot in the middle. -> each forward's last logits"""
+    out = []
+    for a in range(0, len(ids), T):
+        if runner.length >= 3 * T:
+            runner.drop(runner.positions[0], runner.positions[0] + T)
+        snaps = [(T // 2, runner.model.new_state())] if a == 4 * T else []
+        logits, _ = runner.forward(ids[a : a + T], list(range(a, a + T)), snapshots=snaps)
+        out.append(logits[-1].float().clone())
+    return out
+
+
+def assert_close_to_eager(model: Model, graphs: Runner, ids: list[int]) -> None:
+    eager = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=False)
+    want, got = torch.stack(run_turns(eager, ids)), torch.stack(run_turns(graphs, ids))
+    assert (want - got).abs().max().item() <= 2e-2 * want.abs().max().item()
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+    assert (eager.state.rec - graphs.state.rec).abs().max().item() <= 2e-2 * eager.state.rec.abs().max().item()
+
+
+def test_a_hybrid_model_answers_the_same_with_prefill_graphs() -> None:
+    model = hybrid_model()
+    ids = torch.randint(0, model.spec.vocab_size, (10 * T,), generator=torch.Generator().manual_seed(1)).tolist()
+    runner = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
+    assert runner.graph_prefill
+    assert_close_to_eager(model, runner, ids)
+    assert any(g is not None for g in runner.prefill_graphs.values())
+
+
+def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = hybrid_model()
+    ids = torch.randint(0, model.spec.vocab_size, (8 * T,), generator=torch.Generator().manual_seed(2)).tolist()
+    runner = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no graph here")
+
+    monkeypatch.setattr(runner, "_capture", refuse)
+    assert_close_to_eager(model, runner, ids)
+    assert runner.prefill_graphs and all(g is None for g in runner.prefill_graphs.values())
