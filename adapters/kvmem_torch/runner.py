@@ -31,6 +31,7 @@ GRAPH_ARGS = ("tok", "pos", "slot", "q")
 VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the longest lookup draft
 # whole prefill forwards kept as graphs: a turn's full-length forwards share a length and one or two view buckets
 PREFILL_GRAPHS = 4
+SEEN_KEYS = 1024  # prefill keys remembered from one meeting to the next
 log = logging.getLogger("kvmem.engine")
 
 
@@ -199,6 +200,8 @@ class Runner:
             return self.prefill_graphs[key] is not None
         if key in self.prefill_seen:
             return True
+        if len(self.prefill_seen) >= SEEN_KEYS:  # a long-running server meets many one-off lengths
+            self.prefill_seen.clear()
         self.prefill_seen.add(key)
         return False
 

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
-from kvmem_torch.runner import Runner  # noqa: E402
+from kvmem_torch.runner import SEEN_KEYS, Runner  # noqa: E402
 from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 B = 16
@@ -136,3 +136,18 @@ def test_every_live_cell_carries_the_rope_rows_of_its_position(model: Model) -> 
     angles = torch.cat([angles, angles], -1)
     assert (r.cache.cos[slots].double() - angles.cos()).abs().max().item() <= 1e-3  # fp32 angles up to 2000 rad
     assert (r.cache.sin[slots].double() - angles.sin()).abs().max().item() <= 1e-3
+
+
+def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bucket(model: Model) -> None:
+    """The bookkeeping of ``Runner._replays_prefill`` (the CPU has no graphs; the replays:
+    tests/gpu/test_torch_prefill_graphs_cuda.py): a length over 64 and a view bucket met once runs eagerly, met
+    again through a graph; a failed capture's key and short forwards stay eager; forgotten once too many are met."""
+    r = Runner(model, 12, B)
+    assert not r.graph_prefill  # CPU: off
+    r.graph_prefill = True
+    assert [r._replays_prefill(100) for _ in range(2)] == [False, True]
+    assert [r._replays_prefill(64) for _ in range(2)] == [False, False]
+    r.prefill_graphs[(100, r._bucket(100))] = None  # its capture failed
+    assert not r._replays_prefill(100)
+    r.prefill_seen.update((n, 0) for n in range(SEEN_KEYS))
+    assert not r._replays_prefill(150) and r.prefill_seen == {(150, r._bucket(150))}
