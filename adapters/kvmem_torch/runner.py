@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -29,8 +28,10 @@ from kvmem_torch.model import Model, RecurrentState
 
 GRAPH_ARGS = ("tok", "pos", "slot", "q")
 VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the longest lookup draft
-# whole prefill forwards kept as graphs: a turn's full-length forwards share a length and one or two view buckets
-PREFILL_GRAPHS = 4
+# whole prefill forwards kept as graphs, the first keys met twice: a turn's full-length forwards share a length and a
+# view bucket, a view filling up meets one bucket a forward; none is evicted, since keys met in a cycle longer than
+# the room would each be captured again at every meeting
+PREFILL_GRAPHS = 8
 SEEN_KEYS = 1024  # prefill keys remembered from one meeting to the next
 log = logging.getLogger("kvmem.engine")
 
@@ -85,7 +86,7 @@ class Runner:
             self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
         )
         # (rows, bucket) -> graph as in ``graphs``, or None where its capture failed (eager from then on)
-        self.prefill_graphs: OrderedDict[tuple[int, int], tuple | None] = OrderedDict()
+        self.prefill_graphs: dict[tuple[int, int], tuple | None] = {}
         self.prefill_seen: set[tuple[int, int]] = set()  # keys met once: the second meeting captures
 
     @property
@@ -192,12 +193,15 @@ class Runner:
 
     def _replays_prefill(self, n: int) -> bool:
         """Whether a plain prefill forward of ``n`` tokens goes through a graph (module docstring): lengths past
-        ``SMALL_QUERY`` (flash attention), a (length, bucket) met before whose capture has not failed."""
+        ``SMALL_QUERY`` (flash attention), a (length, bucket) met before whose capture has not failed, while there is
+        room for its graph (``PREFILL_GRAPHS``)."""
         if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
             return False
         key = (n, self._bucket(len(self.cells) + n))
         if key in self.prefill_graphs:
             return self.prefill_graphs[key] is not None
+        if len(self.prefill_graphs) >= PREFILL_GRAPHS:
+            return False
         if key in self.prefill_seen:
             return True
         if len(self.prefill_seen) >= SEEN_KEYS:  # a long-running server meets many one-off lengths
@@ -228,8 +232,6 @@ class Runner:
         if graphs[key] is None:
             with torch.inference_mode():
                 return self._static_forward(s, len(self.cells), last_only=True)
-        if prefill:
-            graphs.move_to_end(key)
         graph, out, self.model.hidden = graphs[key]
         graph.replay()
         return out
@@ -247,9 +249,7 @@ class Runner:
         return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=last_only)
 
     def _capture_prefill(self, key: tuple[int, int], s: dict[str, torch.Tensor]) -> tuple | None:
-        """``_capture`` of a prefill graph, keeping at most ``PREFILL_GRAPHS``; None (logged) where it fails."""
-        while len(self.prefill_graphs) >= PREFILL_GRAPHS:
-            self.prefill_graphs.popitem(last=False)
+        """``_capture`` of a prefill graph; None (logged) where it fails."""
         try:
             return self._capture(key[1], s, last_only=True)
         except Exception as exc:  # any: the eager forward that follows raises whatever the forward itself raises

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
-from kvmem_torch.runner import SEEN_KEYS, Runner  # noqa: E402
+from kvmem_torch.runner import PREFILL_GRAPHS, SEEN_KEYS, Runner  # noqa: E402
 from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 B = 16
@@ -141,7 +141,9 @@ def test_every_live_cell_carries_the_rope_rows_of_its_position(model: Model) -> 
 def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bucket(model: Model) -> None:
     """The bookkeeping of ``Runner._replays_prefill`` (the CPU has no graphs; the replays:
     tests/gpu/test_torch_prefill_graphs_cuda.py): a length over 64 and a view bucket met once runs eagerly, met
-    again through a graph; a failed capture's key and short forwards stay eager; forgotten once too many are met."""
+    again through a graph; a failed capture's key and short forwards stay eager; once ``PREFILL_GRAPHS`` keys hold
+    graphs a new key stays eager (no eviction: keys met in a cycle would be captured at every meeting); keys met
+    once are forgotten once too many are met."""
     r = Runner(model, 12, B)
     assert not r.graph_prefill  # CPU: off
     r.graph_prefill = True
@@ -151,3 +153,5 @@ def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bu
     assert not r._replays_prefill(100)
     r.prefill_seen.update((n, 0) for n in range(SEEN_KEYS))
     assert not r._replays_prefill(150) and r.prefill_seen == {(150, r._bucket(150))}
+    r.prefill_graphs.update({(n, 0): None for n in range(PREFILL_GRAPHS)})
+    assert [r._replays_prefill(120) for _ in range(2)] == [False, False]
