@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -108,6 +109,17 @@ def fair_goals(result: dict[str, Any]) -> dict[str, bool | None]:
     }
 
 
+def gpu_memory_mb() -> dict[str, float]:
+    """This process's CUDA memory in MB (torch's allocator: ``gpu_allocated_mb`` live tensors, graph outputs and
+    pools' live blocks included; ``gpu_reserved_mb`` all it holds from the driver), where torch is already loaded
+    and has a GPU; empty otherwise (llama.cpp, the CPU)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    cuda = torch.cuda
+    return {"gpu_allocated_mb": cuda.memory_allocated() / 1e6, "gpu_reserved_mb": cuda.memory_reserved() / 1e6}
+
+
 def rss_mb() -> tuple[float, float]:
     """(current, peak) resident set size of this process in MB, from /proc/self/status."""
     fields = {}
@@ -134,6 +146,7 @@ def table(points: Sequence[dict[str, Any]]) -> str:
         ("full_tok_s", "full tok/s", "{:.1f}"),
         ("select_share", "select share", "{:.0%}"),
         ("rss_mb", "rss MB", "{:.0f}"),
+        ("gpu_reserved_mb", "gpu MB", "{:.0f}"),
     ]
     cols = [c for c in cols if any(p.get(c[0]) is not None for p in points)]
     rows = [[c[1] for c in cols]]
@@ -205,7 +218,7 @@ def plot_speed(
             points,
             {"KVMem (fixed budget)": "kvmem_tok_s", "full attention": "full_tok_s"},
         ),
-        ("memory.png", "resident memory (MB)", False, points, {"engine RSS": "rss_mb"}),
+        ("memory.png", "memory (MB)", False, points, {"engine RSS": "rss_mb", "GPU, held by torch": "gpu_reserved_mb"}),
     ]
     return [
         _plot(pts, ylabel, logy, keys, f"{backend}: {ylabel} vs workspace", out_dir / name)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kvmem_bench.speed_common import decode_rate, ratio, rss_mb
+from kvmem_bench.speed_common import decode_rate, gpu_memory_mb, ratio, rss_mb
 from kvmem_bench.store import drop_page_cache, plain_read, plain_write
 from kvmem_core.adapter import Placement
 from kvmem_core.contract import SamplingParams, StepRequest
@@ -151,6 +151,7 @@ def point(engine: Any, result: Any, clock: ForwardClock) -> dict[str, Any]:
         "rss_mb": rss,
         "peak_rss_mb": peak,
         "host_tier_mb": engine.metrics().get("store_host_bytes", 0.0) / 1e6,
+        **gpu_memory_mb(),
     }
 
 

@@ -174,3 +174,16 @@ def test_fair_baselines_are_ratios_of_reuse_over_each_and_goals_at_the_largest_w
     assert met["ttft_vs_prefix_cache<=1.2"] is False and met["ttft<=1.25x(suffix_floor+50ms)"] is True
     assert "ttft_vs_prefix_cache<=1.2" not in goals({"ttft_speedup": 1.0}, quick=True)  # not measured: not a goal
     assert "vs cache" in table(pts).splitlines()[0]
+
+
+def test_gpu_memory_is_reported_only_where_torch_holds_a_gpu() -> None:
+    """A CPU-only machine's points carry no GPU memory keys; a point that has them shows them in the table."""
+    import torch
+
+    from kvmem_bench.speed_common import gpu_memory_mb, table
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine reports its memory")
+    assert gpu_memory_mb() == {}
+    rows = table([{"workspace_tokens": 1024, "reuse_ttft_s": 0.5, "gpu_reserved_mb": 2048.0}])
+    assert "gpu MB" in rows and "2048" in rows
