@@ -101,13 +101,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 def flash_varlen_usable(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
     """Whether ``flash_prefill`` runs for queries of this dtype and head size on ``device``: flash attention's
-    kernels (CUDA, half precision, compute capability 8 or later, a head size they cover)."""
+    kernels (an NVIDIA GPU of compute capability 8 or later, half precision, a head size they cover). ROCm keeps
+    ``causal_attention``: its flash attention's variable-length entry is not checked here (no AMD GPU)."""
     return dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and _ampere(device)
 
 
 @functools.cache
 def _ampere(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def flash_prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:

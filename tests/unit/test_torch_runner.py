@@ -155,3 +155,18 @@ def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bu
     assert not r._replays_prefill(150) and r.prefill_seen == {(150, r._bucket(150))}
     r.prefill_graphs.update({(n, 0): None for n in range(PREFILL_GRAPHS)})
     assert [r._replays_prefill(120) for _ in range(2)] == [False, False]
+
+
+def test_flash_prefill_is_for_nvidia_gpus_in_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU, fp32 and ROCm (a stand-in version string: no AMD GPU here) keep ``causal_attention``, and so do the
+    prefill graphs, which need flash attention's stop at a device key count."""
+    from kvmem_torch import layers
+
+    assert not layers.flash_varlen_usable(torch.bfloat16, 256, torch.device("cpu"))
+    assert not layers.flash_varlen_usable(torch.float32, 256, torch.device("cuda"))
+    layers._ampere.cache_clear()
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    try:
+        assert not layers.flash_varlen_usable(torch.bfloat16, 256, torch.device("cuda"))
+    finally:
+        layers._ampere.cache_clear()
