@@ -54,9 +54,9 @@ class StepContext:
     key_slots: torch.Tensor  # [S] the view's slots, in view order
     q_cos: torch.Tensor  # [T, rd]
     q_sin: torch.Tensor
+    n_keys: torch.Tensor  # [1] keys up to the last new token (a graph's key_slots run on past them)
     torch_ops: TorchOpsKeys | None = None  # for layers on torch ops; None when every layer runs the kernels
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
-    n_keys: torch.Tensor | None = None  # [1] keys up to the last new token (a graph's key_slots run on past them)
     # (offset, state) pairs: the recurrent layers copy their state after that many new tokens into the state
     snapshots: tuple[tuple[int, Any], ...] = ()
 
@@ -159,6 +159,7 @@ class Attention:
         if "q_bias" in w:
             fuse(w, ("q_bias", "k_bias", "v_bias"), "qkv_bias")
         self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
+        self.flash = flash_varlen_usable(w["qkv_fused"].dtype, self.hd, w["qkv_fused"].device)  # prefill attention
 
     def __call__(self, x: torch.Tensor | NormedSum, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         w = self.w
@@ -217,7 +218,7 @@ class Attention:
         T, g = q.shape[0], self.n_heads // self.n_kv
         q = apply_rope(q, ctx.q_cos, ctx.q_sin)
         keys = apply_rope(keys, at.k_cos, at.k_sin)
-        if at.mask is None and flash_varlen_usable(q.dtype, self.hd, q.device):
+        if at.mask is None and self.flash:
             return flash_prefill(q, keys, values, ctx.n_keys)
         keys, values = (x.transpose(0, 1)[None] for x in (keys, values))  # [1, kv, S, hd]
         if at.mask is None:

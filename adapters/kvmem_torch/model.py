@@ -141,7 +141,7 @@ class Model:
             mixer.decodes_in_kernels(positions.shape[0], capture) for kind, mixer, _ in self.layers if kind == ATTENTION
         )
         torch_ops = None if kernels_only else self.torch_ops_keys(cache, slots, key_slots, q_index)
-        return StepContext(slots, key_slots, q_cos, q_sin, torch_ops, {} if capture else None, q_index[-1:] + 1)
+        return StepContext(slots, key_slots, q_cos, q_sin, q_index[-1:] + 1, torch_ops, {} if capture else None)
 
     def torch_ops_keys(
         self, cache: PagedKV, slots: torch.Tensor, key_slots: torch.Tensor, q_index: torch.Tensor
