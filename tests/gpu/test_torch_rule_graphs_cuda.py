@@ -100,3 +100,20 @@ def test_a_hybrid_model_prefills_the_same_with_and_without_graphs() -> None:
     assert torch.equal(eager, replayed)
     assert torch.equal(eager_state.rec, state.rec) and torch.equal(eager_state.conv, state.conv)
     assert all(torch.equal(a.rec, b.rec) and torch.equal(a.conv, b.conv) for a, b in zip(eager_snaps, snaps))
+
+
+def test_shapes_evicted_turn_after_turn_leave_no_memory_behind() -> None:
+    """A new shape a turn (each turn's batch description is new) captures and evicts graphs for as long as the
+    session lasts: after the first few, the reserved device memory stays where it was, and every replay still
+    answers as the eager call."""
+    torch.cuda.empty_cache()
+    graphs = RuleGraphs(fla_rule)
+    before = torch.cuda.memory_reserved()
+    reserved = []
+    for i in range(12):  # shorter each time, so that a shape never needs a bigger block than one freed before it
+        for seed in range(3):
+            assert_replays_equal_eager(graphs, 4096 - 64 * i, None, 100 * i + seed)
+        reserved.append(torch.cuda.memory_reserved())
+    one_shape = reserved[0] - before
+    assert len(graphs.shapes) == 4 and all(s.captured is not None for s in graphs.shapes.values())
+    assert reserved[-1] - reserved[3] < one_shape, (one_shape, reserved)
