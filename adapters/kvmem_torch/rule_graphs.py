@@ -10,11 +10,12 @@ A graph reads only its static inputs and the batch description it keeps (``delta
 tensors derived from a batch description is off while capturing, so the graph derives them itself and stays valid
 for as long as it is kept. A shape whose capture fails stays eager.
 
-All graphs allocate from one memory pool. A turn brings a new batch description, so shapes are captured and evicted
-turn after turn: a pool per graph left each evicted graph's memory cached (the allocator frees a dead graph's pool
-only on ``empty_cache`` or when an allocation fails, never during a capture), and a long session's captures ran out
-of device memory. In the shared pool an evicted graph's blocks serve the next capture. Sharing is safe because the
-graphs replay one at a time on one stream and their outputs are read before the next call.
+All graphs are captured on one side stream into one memory pool. A turn brings a new batch description, so shapes
+are captured and evicted turn after turn, and the caching allocator hands a freed block only to the stream and pool
+it came from: a fresh stream or pool per capture left every evicted graph's memory cached (freed only on
+``empty_cache`` or a failed allocation, never during a capture), and a long session's captures ran out of device
+memory. Sharing is safe because the graphs replay one at a time on one stream and their outputs are read before the
+next call.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class RuleGraphs:
         self.rule = rule
         self.enabled = True
         self.shapes: OrderedDict[tuple, _Shape] = OrderedDict()
-        self._pool: torch.cuda.MemPool | None = None  # created at the first capture; holds the pool while it lives
+        self._capture_on: tuple[torch.cuda.Stream, torch.cuda.MemPool] | None = None  # made at the first capture
 
     def __call__(
         self,
@@ -109,12 +110,12 @@ class RuleGraphs:
         caller's other threads may use the device meanwhile (thread-local capture). Where that fails for any reason
         (a step that reads back to the host, a device without graphs), the shape stays eager."""
         try:
-            if self._pool is None:
-                self._pool = torch.cuda.MemPool()
-            graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            if self._capture_on is None:
+                self._capture_on = torch.cuda.Stream(), torch.cuda.MemPool()
+            (side, pool), graph = self._capture_on, torch.cuda.CUDAGraph()
             side.wait_stream(torch.cuda.current_stream())
             with _fla_tensor_cache_off(), torch.cuda.stream(side):
-                graph.capture_begin(pool=self._pool.id, capture_error_mode="thread_local")
+                graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
                 try:
                     out, final = self.rule(*shape.inputs, shape.batch)
                 finally:
