@@ -108,7 +108,9 @@ def _repeated(last: _Marks, messages: Sequence[dict[str, Any]], text: str) -> in
         read = last.reach[k - 1]
         return read <= len(last.text) and text.startswith(last.text[:read])
 
-    low, high = 0, same  # reach grows with k: the largest k that holds, by bisection
+    if not same or holds(same):  # an agent's turn: all of them (one comparison of the text)
+        return same
+    low, high = 0, same - 1  # reach grows with k: the largest k that holds, by bisection
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if holds(mid) else (low, mid - 1)
