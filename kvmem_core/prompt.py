@@ -1,20 +1,27 @@
 """Render a request with the model's chat template, tokenize it, and mark its spans.
 
-Message ``i`` ends where the rendering of messages ``[:i+1]`` ends; the ends are found in the
-whole rendering in one pass (``kvmem_core.message_marks``), and one tokenization of the whole
-text then maps the character offsets to token indices through the tokens' byte lengths. The
-*query* is the last user message (where retrieval looks from); system and developer messages
-and the tool definitions are *mandatory* history, and so, for one step, are the messages a
-request pins (``kvmem.pin``). Messages also fall into semantic groups (``kvmem_core.groups``)
-the selector keeps together.
+Message ``i`` ends where the rendering of messages ``[:i+1]`` ends. That rendering is a
+prefix of the whole transcript's, so the ends are found in one pass instead of rendering
+and tokenizing every prefix: each message rendered by itself ends with exactly the text
+the whole rendering continues with at the previous message's end (whatever a template adds
+before a lone message, such as a default system turn, is a head the match skips). Where a
+template renders a message differently alone (or refuses to), that one end comes from
+rendering its prefix. One tokenization of the whole text then maps the character offsets
+to token indices through the tokens' byte lengths. The *query* is the last user message
+(where retrieval looks from); system and developer messages and the tool definitions are
+*mandatory* history, and so, for one step, are the messages a request pins (``kvmem.pin``).
+Messages also fall into semantic groups (``kvmem_core.groups``) the selector keeps together.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -24,7 +31,6 @@ from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
 from kvmem_core.groups import Span, covered, token_groups
 from kvmem_core.layout import BlockLayout
-from kvmem_core.message_marks import Render, marks_since, render_setting
 from kvmem_core.speculative import check_mode
 from kvmem_core.tokens import TokenIds
 
@@ -34,7 +40,11 @@ QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its
 MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousands (the quality bench sends over 4,096);
 # a 1M-token one of short turns tens of thousands; past that, a flood of tiny messages only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+PROBE_CHARS = 32
+LONE_RENDERS = 16384  # messages rendered alone kept per adapter (``_lone_renderer``)
+Render = Callable[[Sequence[dict[str, Any]], bool], str]
 _piece_lengths: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+_lone_renders: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], str]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     schemas = (
         _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     )
-    char_ends = marks_since(adapter, render_setting(request), render, messages, text)
+    char_ends = message_ends(render, messages, text, _lone_renderer(adapter, request, render))
     marks = _token_indices(adapter, text, tokens, [*char_ends, *schemas])
     ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
@@ -159,6 +169,85 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
         return text
 
     return render
+
+
+def message_ends(
+    render: Render, messages: Sequence[dict[str, Any]], text: str, lone: Callable[[dict[str, Any]], str] | None = None
+) -> list[int]:
+    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends; ``lone``
+    renders a message alone (default: ``render``, "" where the template refuses it)."""
+    lone = lone or functools.partial(_alone, render)
+    ends, pos = [], 0
+    for i, message in enumerate(messages):
+        n = _continued(lone(message), text, pos)
+        pos = pos + n if n else _prefix_end(render, messages[: i + 1], text, pos)
+        ends.append(pos)
+    return ends
+
+
+def _alone(render: Render, message: dict[str, Any]) -> str:
+    try:
+        return render([message], False)
+    except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
+        return ""
+
+
+def _lone_renderer(adapter: EngineAdapter, request: StepRequest, render: Render) -> Callable[[dict[str, Any]], str]:
+    """``_alone`` remembered per adapter by the message, the request's tools and template kwargs (the most recent
+    ``LONE_RENDERS``): an agent's turn renders alone only its new messages. What a lone rendering is used for is
+    checked against the whole text (``_continued``), so a template whose output changes (a date) costs a fallback,
+    never a wrong mark."""
+    kept = _lone_renders.setdefault(adapter, OrderedDict())
+    setting = json.dumps([request.tools, request.template_kwargs], sort_keys=True, default=repr)
+
+    def lone(message: dict[str, Any]) -> str:
+        key = (setting, _frozen(message))
+        text = kept.get(key)
+        if text is None:
+            text = kept[key] = _alone(render, message)
+            while len(kept) > LONE_RENDERS:
+                kept.popitem(last=False)
+        else:
+            kept.move_to_end(key)
+        return text
+
+    return lone
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` (a message, or anything in one) as a hashable key that tells apart exactly what JSON would: dicts by
+    their sorted items, lists item by item, other values with their type (``1``, ``1.0`` and ``True`` are three).
+    Hashing a transcript's messages this way costs a sixth of serializing them (~2 ms against ~12 ms at 1M tokens)."""
+    if isinstance(value, dict):
+        return tuple(sorted(((str(k), _frozen(v)) for k, v in value.items()), key=lambda item: item[0]))
+    if isinstance(value, (list, tuple)):
+        return (list, *(_frozen(v) for v in value))
+    return value if type(value) is str else (type(value).__name__, repr(value))
+
+
+def _continued(alone: str, text: str, pos: int) -> int:
+    """Length of the longest tail of ``alone`` that ``text`` continues with at ``pos`` (0: none)."""
+    probe = text[pos : pos + PROBE_CHARS]
+    if not probe:
+        return 0
+    j = alone.find(probe)
+    while j >= 0:  # tails at least a probe long
+        if text.startswith(alone[j:], pos):
+            return len(alone) - j
+        j = alone.find(probe, j + 1)
+    for j in range(max(0, len(alone) - len(probe) + 1), len(alone)):  # shorter tails
+        if text.startswith(alone[j:], pos):
+            return len(alone) - j
+    return 0
+
+
+def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos: int) -> int:
+    """Where ``prefix``'s own rendering ends in ``text``; ``pos`` when it does not render as a prefix of it."""
+    try:
+        head = render(prefix, False)
+    except TemplateError:
+        return pos
+    return max(pos, len(head)) if text.startswith(head) else pos
 
 
 def _token_indices(

@@ -13,7 +13,6 @@ import threading
 import numpy as np
 import pytest
 
-import kvmem_core.message_marks as message_marks
 import kvmem_core.prompt as prompt_module
 import kvmem_core.workspace as workspace_module
 from kvmem_core.contract import StepRequest
@@ -143,8 +142,7 @@ def test_a_prompt_renders_alone_only_its_new_messages_and_marks_them_as_before()
         before = chat.renders
         prompt = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
         spent.append(chat.renders - before)
-        message_marks._lone_renders.pop(chat)
-        message_marks._last_marks.pop(chat)
+        prompt_module._lone_renders.pop(chat)
         again = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
         assert (prompt.messages, prompt.groups, prompt.mandatory) == (again.messages, again.groups, again.mandatory)
     assert spent[0] == 1 + 3 and spent[-1] == 1 + 2  # the whole transcript once, then each new message alone
@@ -154,53 +152,9 @@ def test_a_message_renders_alone_again_when_anything_json_tells_apart_changes():
     chat = Chat()
     chat.render_chat = lambda messages, **kw: "".join(f"<{m['role']}>{json.dumps(m['content'])}</>" for m in messages)
     render = prompt_module._renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)))
-    setting = message_marks.render_setting(StepRequest(messages=({"role": "user", "content": "x"},)))
-    lone = message_marks.lone_renderer(chat, setting, render)
+    lone = prompt_module._lone_renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)), render)
     variants = [1, 1.0, True, "1", [1], {"a": 1}, {"a": 1.0}, [[1]], None]
     texts = [lone({"role": "user", "content": v}) for v in variants]
     assert texts == [render([{"role": "user", "content": v}], False) for v in variants]
     assert len(set(texts)) == len(variants)  # no two share a cached rendering
-    message_marks._lone_renders.pop(chat)
-
-
-class HeadedChat(Chat):
-    """``Chat`` whose template puts a default system turn before a transcript that starts without one (as Qwen's
-    does), so a message rendered alone carries a head the whole rendering lacks."""
-
-    def render_chat(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> str:
-        head = "" if messages and messages[0]["role"] == "system" else "<system>default</>"
-        tool_text = f"<tools>{tools}</>" if tools else ""
-        return tool_text + head + super().render_chat(messages, add_generation_prompt=add_generation_prompt)
-
-
-def test_marks_kept_from_the_last_transcript_equal_marks_found_afresh():
-    """Turns that append, edit an earlier message, resend a shorter transcript, or change the tools: each prompt's
-    message spans equal those of a prompt built with no kept marks, and appending marks only the new messages."""
-    rng = np.random.default_rng(0)
-    chat, messages = HeadedChat(), [{"role": "user", "content": "start"}]
-    tools = None
-    for turn in range(60):
-        action = rng.integers(0, 6)
-        if action == 0 and len(messages) > 3:
-            messages[int(rng.integers(0, len(messages)))] = {"role": "user", "content": f"edited {turn}"}
-        elif action == 1 and len(messages) > 3:
-            messages = messages[: int(rng.integers(1, len(messages)))]
-        elif action == 2:
-            tools = None if tools else [{"type": "function", "function": {"name": f"t{turn}"}}]
-        else:
-            messages += [{"role": "assistant", "content": f"ok {turn}"}, {"role": "user", "content": "x" * turn}]
-        request = StepRequest(messages=tuple(messages), tools=tools)
-        prompt = prompt_module.build_prompt(chat, request)
-        message_marks._last_marks.pop(chat)
-        assert prompt.messages == prompt_module.build_prompt(chat, request).messages, turn
-    messages = [{"role": "user" if i % 2 else "assistant", "content": f"turn {i}"} for i in range(1, 31)]
-    prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
-    continued, marked = message_marks._continued, []
-    message_marks._continued = lambda *args: marked.append(1) or continued(*args)
-    try:
-        messages += [{"role": "assistant", "content": "next"}, {"role": "user", "content": "fresh"}]
-        prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
-    finally:
-        message_marks._continued = continued
-    assert len(marked) == 3  # the two new messages, and the last one before them again (its
-    # lone text carries the default system turn, so finding its end read past the last transcript's end)
+    prompt_module._lone_renders.pop(chat)
