@@ -1,13 +1,26 @@
-import sys, random, time
+"""Plain llama-cpp-python (no KVMem) on a 6.5K-token passkey prompt with q8_0 (ggml type 8) and f16 (type 1) K/V:
+python plain-llamacpp-q8_0-passkey.py MODEL.gguf 8 1"""
+
+import random
+import sys
+import time
+
 import llama_cpp
+
+
+def filler(n: int) -> str:
+    words = "alpha beta gamma delta river stone cloud paper window garden signal orbit copper maple lantern".split()
+    return " ".join(random.choice(words) for _ in range(n))
+
+
 random.seed(0)
-words = "alpha beta gamma delta river stone cloud paper window garden signal orbit copper maple lantern".split()
-filler = lambda n: " ".join(random.choice(words) for _ in range(n))
 text = filler(2800) + "\nThe passkey is 42176. Remember it.\n" + filler(3600)
 msgs = [{"role": "user", "content": text + "\n\nWhat is the passkey? Answer with the number only."}]
-for tk in sys.argv[1:]:
-    t = int(tk)
-    llm = llama_cpp.Llama(model_path="/root/.cache/kvmem/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=9216, n_threads=2, type_k=t, type_v=t, flash_attn=True, verbose=False)
+for kind in map(int, sys.argv[2:]):
+    llm = llama_cpp.Llama(
+        model_path=sys.argv[1], n_ctx=9216, n_threads=2, type_k=kind, type_v=kind, flash_attn=True, verbose=False
+    )
     t0 = time.time()
     out = llm.create_chat_completion(messages=msgs, max_tokens=12, temperature=0)
-    print("type", t, "prompt", out["usage"]["prompt_tokens"], repr(out["choices"][0]["message"]["content"]), round(time.time()-t0,1), flush=True)
+    answer = out["choices"][0]["message"]["content"]
+    print("type", kind, "prompt", out["usage"]["prompt_tokens"], repr(answer), round(time.time() - t0, 1), flush=True)
