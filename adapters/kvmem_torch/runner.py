@@ -81,6 +81,9 @@ class Runner:
         rows = (1, VERIFY_ROWS) if self.graph_verify else (1,)
         self.inputs = {n: GraphInputs(n, model.device) for n in rows} if self.use_graphs else {}
         self._pool = None
+        # warm-ups before captures run on one stream: the allocator reuses a freed block only on its own stream, so a
+        # fresh stream per warm-up would keep each warm-up's activations cached (as ``rule_graphs`` found)
+        self._warm_up_stream: torch.cuda.Stream | None = None
         s = model.spec
         self.graph_prefill = (
             self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
@@ -266,7 +269,9 @@ class Runner:
         snap = self.state.snapshot()
         try:
             with torch.inference_mode(), self.model.rule_graphs.inside_capture():
-                side = torch.cuda.Stream()
+                if self._warm_up_stream is None:
+                    self._warm_up_stream = torch.cuda.Stream()
+                side = self._warm_up_stream
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     self._static_forward(s, bucket, last_only)
