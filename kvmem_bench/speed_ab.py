@@ -1,8 +1,9 @@
 """One of the torch engine's speed features on and off, on one engine, turn after turn (an A/B on one machine).
 
 ``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``), ``prefill`` (whole
-prefill forwards replayed from CUDA graphs, ``kvmem_torch.runner``) or ``summaries`` (staged blocks summarized where
-the view is, ``kvmem_torch.staged``; off: on the host). The torch speed bench's session (a
+prefill forwards replayed from CUDA graphs, ``kvmem_torch.runner``), ``snapshots`` (those of them handing out
+checkpoint states, the offsets read on the device; off: such forwards run eagerly) or ``summaries`` (staged blocks
+summarized where the view is, ``kvmem_torch.staged``; off: on the host). The torch speed bench's session (a
 tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns up to
 ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the feature
 and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
@@ -37,11 +38,20 @@ def set_prefill_graphs(adapter: Any, on: bool) -> None:
     adapter.runner.graph_prefill = on
 
 
+def set_snapshot_graphs(adapter: Any, on: bool) -> None:
+    adapter.runner.graph_snapshots = on
+
+
 def set_summaries(adapter: Any, on: bool) -> None:
     adapter.staged.device_summaries = on
 
 
-FEATURES = {"graphs": set_graphs, "prefill": set_prefill_graphs, "summaries": set_summaries}
+FEATURES = {
+    "graphs": set_graphs,
+    "prefill": set_prefill_graphs,
+    "snapshots": set_snapshot_graphs,
+    "summaries": set_summaries,
+}
 
 
 class Session:

@@ -16,7 +16,10 @@ instead.
 
 **Graphs.** An fla call costs the host ~1.5 ms (fla's Python wrappers, Triton's launchers), which a forward of a few
 hundred tokens cannot hide; the model's layers share a ``rule_graphs.RuleGraphs`` that replays the calls of a shape
-it has seen from a CUDA graph.
+it has seen from a CUDA graph. A forward replayed whole from a graph (``Runner``) takes its snapshot offsets as
+device tensors, so one graph serves every offset: each snapshot's sequence then runs all ``T`` tokens, and past its
+offset a token neither decays nor writes the state (its gate and beta are zeroed, ``_stopped_at``), so the
+sequence's final state is still the state after the offset.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kvmem_torch.rule_graphs import Rule
 from kvmem_torch.spec import ModelSpec
 
 CHUNK = 64
+Offset = int | torch.Tensor  # a snapshot's token count: a device tensor inside a graph of the whole forward
 FLA_MIN_TOKENS = CHUNK  # shorter forwards run the torch form: fla's Python wrappers cost ~1-2 ms of host a call
 # (autotuner lookups, input guards), one chunk of the torch form ~25 launches
 
@@ -128,6 +132,31 @@ def prefixes(T: int, offsets: tuple[int, ...], device: torch.device) -> Prefixes
     return Prefixes(lengths, *(_sent(x, device) for x in (rows, [0, *itertools.accumulate(lengths)], chunks)))
 
 
+@functools.cache  # a graph reads the batch's tensors for as long as it lives: kept for the process's life
+def tiled(T: int, sequences: int, device: torch.device) -> Prefixes:
+    """The batch of a forward of ``T`` tokens whose ``sequences - 1`` snapshot offsets are device tensors: every
+    sequence runs all ``T`` tokens (``_stopped_at`` ends each snapshot's at its offset)."""
+    return prefixes(T, (T,) * (sequences - 1), device)
+
+
+def _stopped_at(
+    g: torch.Tensor, beta: torch.Tensor, batch: Prefixes, offsets: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g`` and ``beta`` of a ``tiled`` batch with each snapshot sequence's tokens past its offset zeroed: no decay,
+    no write, so the sequence's final state is the state after its offset."""
+    T = batch.lengths[0]
+    ends = torch.cat([batch.rows.new_full((T,), T), *(o.to(batch.rows.dtype).expand(T) for o in offsets)])
+    keep = (batch.rows < ends)[:, None]
+    return g * keep, beta * keep
+
+
+def _columns(x: torch.Tensor, start: Offset, width: int) -> torch.Tensor:
+    """Columns ``[start, start + width)`` of ``x``; a device tensor ``start`` is gathered (no read back)."""
+    if isinstance(start, int):
+        return x[:, start : start + width]
+    return x.index_select(1, start + torch.arange(width, device=x.device))
+
+
 def _sent(values: list, device: torch.device) -> torch.Tensor:
     """``values`` as int32 on ``device``; to a GPU from page-locked memory behind the queued work (no wait)."""
     host = torch.tensor(values, dtype=torch.int32)
@@ -207,7 +236,7 @@ class DeltaNet:
         x: torch.Tensor | NormedSum,
         conv_state: torch.Tensor,
         rec_state: torch.Tensor,
-        snapshots: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (),
+        snapshots: Sequence[tuple[Offset, torch.Tensor, torch.Tensor]] = (),
     ) -> torch.Tensor:
         """The layer's output for ``x`` [T, ...]; reads and updates the state in place. ``snapshots``: (offset,
         conv, rec) with ascending offsets inside T: the state after that many tokens is copied into conv and rec,
@@ -239,19 +268,26 @@ class DeltaNet:
         b: torch.Tensor,
         conv_state: torch.Tensor,
         rec_state: torch.Tensor,
-        snapshots: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (),
+        snapshots: Sequence[tuple[Offset, torch.Tensor, torch.Tensor]] = (),
     ) -> torch.Tensor:
         """Conv and delta rule of T consecutive tokens' projections, from and into the state; ``snapshots`` (fla
         only) as ``__call__``'s, in the same call (``Prefixes``). -> [T, nv, dv]"""
         T = mixed.shape[0]
         mixed = self.conv(mixed, conv_state, [(offset, conv) for offset, conv, _ in snapshots])  # [T, conv_dim]
+        offsets = [offset for offset, _, _ in snapshots]
+        on_device = [o for o in offsets if isinstance(o, torch.Tensor)]
         batch = None
-        if snapshots:
-            batch = prefixes(T, tuple(offset for offset, _, _ in snapshots), mixed.device)
+        if on_device:
+            batch = tiled(T, 1 + len(on_device), mixed.device)
+        elif snapshots:
+            batch = prefixes(T, tuple(offsets), mixed.device)
+        if batch is not None:
             mixed, a, b = (x.index_select(0, batch.rows) for x in (mixed, a, b))
         n = mixed.shape[0]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
+        if on_device:
+            g, beta = _stopped_at(g, beta, batch, on_device)
         if self.fla and (batch is not None or T >= FLA_MIN_TOKENS):
             return fla_delta_rule(
                 q.view(n, self.nk, self.dk),
@@ -284,13 +320,13 @@ class DeltaNet:
         return rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state).transpose(0, 1)
 
     def conv(
-        self, mixed: torch.Tensor, conv_state: torch.Tensor, tails: Sequence[tuple[int, torch.Tensor]] = ()
+        self, mixed: torch.Tensor, conv_state: torch.Tensor, tails: Sequence[tuple[Offset, torch.Tensor]] = ()
     ) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail; ``tails``: (offset, conv)
-        pairs, each conv receiving the tail after that many tokens."""
+        pairs, each conv receiving the tail after that many tokens (an int or a device tensor)."""
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
         for offset, tail in tails:
-            tail.copy_(xin[:, offset : offset + conv_state.shape[1]])
+            tail.copy_(_columns(xin, offset, conv_state.shape[1]))
         conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1] :])
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)

@@ -9,8 +9,10 @@ CUDA, decode replays a graph captured per view-size bucket.
 **Prefill graphs.** A prefill forward of a few hundred tokens costs the host more than the GPU (~100 kernel
 launches a layer through Python), so a plain forward (no snapshots, no captured queries) of a length and view-size
 bucket seen before replays a CUDA graph of the whole forward, captured on its second sighting: the view's keys are
-read to the bucket's end and flash attention stops at the true count (``layers.flash_prefill``). The full-length
-forwards of a turn's suffix share a length; a turn's marks and its last, shorter forward run eagerly.
+read to the bucket's end and flash attention stops at the true count (``layers.flash_prefill``). A forward handing
+out snapshots of the recurrent state (a turn's checkpoint marks) is keyed by their number, not their offsets: the
+graph reads the offsets from its inputs (``deltanet.tiled``). The full-length forwards of a turn's suffix share a
+length; its last, shorter forward (and any forward capturing queries) runs eagerly.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import torch
 
 from kvmem_core.lookup import DRAFT_TOKENS
 from kvmem_core.step import chunk_cuts
+from kvmem_torch.graph_io import Captured, GraphInputs
 from kvmem_torch.layers import SMALL_QUERY, flash_varlen_usable
-from kvmem_torch.model import Model, RecurrentState
+from kvmem_torch.model import ATTENTION, Model, RecurrentState
 
-GRAPH_ARGS = ("tok", "pos", "slot", "q")
 VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the longest lookup draft
 # whole prefill forwards kept as graphs, the first keys met twice: a turn's full-length forwards share a length and a
 # view bucket, a view filling up meets one bucket a forward; none is evicted, since keys met in a cycle longer than
@@ -34,24 +36,6 @@ VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the
 PREFILL_GRAPHS = 8
 SEEN_KEYS = 1024  # prefill keys remembered from one meeting to the next
 log = logging.getLogger("kvmem.engine")
-
-
-class GraphInputs:
-    """A graph's inputs (token, position, slot, view index of each of its ``rows``) in one device tensor, sent
-    from page-locked memory in one copy."""
-
-    def __init__(self, rows: int, device: torch.device) -> None:
-        self.dev = torch.zeros(len(GRAPH_ARGS), rows, dtype=torch.long, device=device)
-        self.static = {name: self.dev[i] for i, name in enumerate(GRAPH_ARGS)}
-        self._host = torch.zeros_like(self.dev, device="cpu", pin_memory=True)
-        self._sent = torch.cuda.Event()  # the last copy has read _host
-
-    def send(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], first: int) -> None:
-        """Queue the rows' inputs; view indices run from ``first``."""
-        self._sent.synchronize()
-        self._host.numpy()[:] = (tokens, positions, slots, range(first, first + len(slots)))
-        self.dev.copy_(self._host, non_blocking=True)
-        self._sent.record()
 
 
 class Runner:
@@ -73,8 +57,7 @@ class Runner:
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
         self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         model.rule_graphs.enabled = self.use_graphs
-        # (rows, bucket) -> (graph, its logits, its hidden states for an MTP head or None): outputs replays rewrite
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
+        self.graphs: dict[tuple[int, int], Captured] = {}  # decode and verification graphs by (rows, bucket)
         # rejected draft tokens roll back by dropping cells: a recurrent state (and an MTP head's hidden rows,
         # only on such models) takes the eager path
         self.graph_verify = self.use_graphs and not model.spec.deltanet_layers and model.mtp is None
@@ -88,9 +71,11 @@ class Runner:
         self.graph_prefill = (
             self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
         )
-        # (rows, bucket) -> graph as in ``graphs``, or None where its capture failed (eager from then on)
-        self.prefill_graphs: dict[tuple[int, int], tuple | None] = {}
-        self.prefill_seen: set[tuple[int, int]] = set()  # keys met once: the second meeting captures
+        # snapshots in a graph read their offsets on the device: fla's form of the rule (``deltanet.tiled``)
+        self.graph_snapshots = self.graph_prefill and all(m.fla for kind, m, _ in model.layers if kind != ATTENTION)
+        # (rows, bucket, snapshots) -> its graph, or None where its capture failed (eager from then on)
+        self.prefill_graphs: dict[tuple[int, int, int], Captured | None] = {}
+        self.prefill_seen: set[tuple[int, int, int]] = set()  # keys met once: the second meeting captures
 
     @property
     def max_view_tokens(self) -> int:
@@ -139,8 +124,8 @@ class Runner:
         assert all(0 < o < len(tokens) for o, _ in snapshots), "a snapshot falls inside the forward"
         if len(tokens) == 1 and self.use_graphs and not capture:
             return self._graph_step(tokens, positions), None
-        if last_only and not capture and not snapshots and self._replays_prefill(len(tokens)):
-            return self._graph_step(tokens, positions, prefill=True).clone(), None
+        if last_only and not capture and self._replays_prefill(len(tokens), len(snapshots)):
+            return self._graph_step(tokens, positions, prefill=True, snapshots=snapshots).clone(), None
         dev, start = self.model.device, len(self.cells)
         slots = self._take_slots(len(tokens))
         self.cells.extend(slots)
@@ -194,13 +179,15 @@ class Runner:
             self.drop(padded[n], 1 << 62)
         return logits[:n]
 
-    def _replays_prefill(self, n: int) -> bool:
-        """Whether a plain prefill forward of ``n`` tokens goes through a graph (module docstring): lengths past
-        ``SMALL_QUERY`` (flash attention), a (length, bucket) met before whose capture has not failed, while there is
-        room for its graph (``PREFILL_GRAPHS``)."""
+    def _replays_prefill(self, n: int, snapshots: int = 0) -> bool:
+        """Whether a prefill forward of ``n`` tokens handing out ``snapshots`` states goes through a graph (module
+        docstring): lengths past ``SMALL_QUERY`` (flash attention), a (length, bucket, snapshots) met before whose
+        capture has not failed, while there is room for its graph (``PREFILL_GRAPHS``)."""
         if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
             return False
-        key = (n, self._bucket(len(self.cells) + n))
+        if snapshots and not self.graph_snapshots:
+            return False
+        key = (n, self._bucket(len(self.cells) + n), snapshots)
         if key in self.prefill_graphs:
             return self.prefill_graphs[key] is not None
         if len(self.prefill_graphs) >= PREFILL_GRAPHS:
@@ -212,10 +199,17 @@ class Runner:
         self.prefill_seen.add(key)
         return False
 
-    def _graph_step(self, tokens: Sequence[int], positions: Sequence[int], prefill: bool = False) -> torch.Tensor:
-        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``, or a ``prefill`` forward's) through the graph of their row
-        count and the view's size bucket, capturing it the first time. -> the graph's logits [rows, vocab] (a
-        prefill's: [1, vocab]), rewritten by its next replay. A prefill whose capture fails runs eagerly."""
+    def _graph_step(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        prefill: bool = False,
+        snapshots: Sequence[tuple[int, RecurrentState]] = (),
+    ) -> torch.Tensor:
+        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``, or a ``prefill`` forward's, with its ``snapshots`` as
+        ``forward``'s) through the graph of their row count and the view's size bucket, capturing it the first time.
+        -> the graph's logits [rows, vocab] (a prefill's: [1, vocab]), rewritten by its next replay. A prefill whose
+        capture fails runs eagerly."""
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
         rows = len(tokens)
         slots = self._take_slots(rows)
@@ -226,18 +220,26 @@ class Runner:
         if rows not in self.inputs:
             self.inputs[rows] = GraphInputs(rows, self.model.device)
         s = self.inputs[rows].static
-        self.inputs[rows].send(tokens, positions, slots, first)
+        self.inputs[rows].send(tokens, positions, slots, first, [offset for offset, _ in snapshots])
         self.synced = len(self.cells)  # the graph mirrors the new slots itself
-        key = (rows, self._bucket(len(self.cells)))
-        graphs = self.prefill_graphs if prefill else self.graphs
-        if key not in graphs:
-            graphs[key] = self._capture_prefill(key, s) if prefill else self._capture(key[1], s)
-        if graphs[key] is None:
+        bucket, states = self._bucket(len(self.cells)), [state for _, state in snapshots]
+        if not prefill:
+            if (rows, bucket) not in self.graphs:
+                self.graphs[rows, bucket] = self._capture(bucket, s)
+            captured: Captured | None = self.graphs[rows, bucket]
+        else:
+            key = (rows, bucket, len(snapshots))
+            if key not in self.prefill_graphs:
+                self.prefill_graphs[key] = self._capture_prefill(key, s)
+            captured = self.prefill_graphs[key]
+        if captured is None:
             with torch.inference_mode():
-                return self._static_forward(s, len(self.cells), last_only=True)
-        graph, out, self.model.hidden = graphs[key]
-        graph.replay()
-        return out
+                return self._static_forward(s, len(self.cells), True, states)
+        captured.graph.replay()
+        self.model.hidden = captured.hidden
+        for state, written in zip(states, captured.snapshots):
+            state.restore(written)
+        return captured.out
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs and their memory pool (after the model's decode path changed)."""
@@ -245,28 +247,33 @@ class Runner:
         self.prefill_graphs.clear()
         self._pool = None
 
-    def _static_forward(self, s: dict[str, torch.Tensor], bucket: int, last_only: bool) -> torch.Tensor:
-        """The forward of the rows in graph inputs ``s`` over the view's first ``bucket`` slots (what a graph runs)."""
+    def _static_forward(
+        self, s: dict[str, torch.Tensor], bucket: int, last_only: bool, snapshots: Sequence[RecurrentState] = ()
+    ) -> torch.Tensor:
+        """The forward of the rows in graph inputs ``s`` over the view's first ``bucket`` slots (what a graph runs);
+        ``snapshots`` receive the states after the offsets ``s`` holds."""
         self.slots_dev.index_copy_(0, s["q"], s["slot"])
         ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
+        ctx.snapshots = tuple((s["snap"][i], state) for i, state in enumerate(snapshots))
         return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=last_only)
 
-    def _capture_prefill(self, key: tuple[int, int], s: dict[str, torch.Tensor]) -> tuple | None:
+    def _capture_prefill(self, key: tuple[int, int, int], s: dict[str, torch.Tensor]) -> Captured | None:
         """``_capture`` of a prefill graph; None (logged) where it fails."""
         try:
-            return self._capture(key[1], s, last_only=True)
+            return self._capture(key[1], s, last_only=True, snapshots=key[2])
         except Exception as exc:  # any: the eager forward that follows raises whatever the forward itself raises
             name, rows = type(exc).__name__, key[0]
             log.warning("a prefill forward of %d rows cannot be captured (%s: %s); it runs eagerly", rows, name, exc)
             return None
 
     def _capture(
-        self, bucket: int, s: dict[str, torch.Tensor], last_only: bool = False
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
+        self, bucket: int, s: dict[str, torch.Tensor], last_only: bool = False, snapshots: int = 0
+    ) -> Captured:
         """Run the rows of ``s`` once on a side stream (warm-up), put the recurrent state back, then capture the
-        same forward (nothing runs until a replay). Other threads may use the device meanwhile (thread-local
-        capture); the DeltaNet layers call their rule directly inside it. On failure the state is put back."""
-        snap = self.state.snapshot()
+        same forward (nothing runs until a replay), its ``snapshots`` written to states of the graph's own. Other
+        threads may use the device meanwhile (thread-local capture); the DeltaNet layers call their rule directly
+        inside it. On failure the state is put back."""
+        snap, states = self.state.snapshot(), tuple(self.model.new_state() for _ in range(snapshots))
         try:
             with torch.inference_mode(), self.model.rule_graphs.inside_capture():
                 if self._warm_up_stream is None:
@@ -274,17 +281,17 @@ class Runner:
                 side = self._warm_up_stream
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    self._static_forward(s, bucket, last_only)
+                    self._static_forward(s, bucket, last_only, states)
                 torch.cuda.current_stream().wait_stream(side)
                 self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                    out = self._static_forward(s, bucket, last_only)
+                    out = self._static_forward(s, bucket, last_only, states)
                 self._pool = graph.pool()
         except Exception:
             self.state.restore(snap)
             raise
-        return graph, out, self.model.hidden
+        return Captured(graph, out, self.model.hidden, states)
 
     def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:
         """Write a block's pre-RoPE K/V [layers, >= n, kv, hd] into a new block; its first n = len(positions)

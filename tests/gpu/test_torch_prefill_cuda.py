@@ -133,3 +133,21 @@ def test_snapshots_come_from_one_fla_call_as_cut_forwards_leave_them(
     net(x, *fresh_state(spec), split_snaps)
     for (_, _, fla_rec), (_, _, torch_rec) in zip(snaps, split_snaps):
         assert relative_error(fla_rec, torch_rec.double()) <= 2e-2
+
+
+def test_snapshot_offsets_on_the_device_give_the_same_states(layer: tuple[Any, DeltaNet, list[int]]) -> None:
+    """A forward replayed from a graph reads its snapshot offsets from device tensors (``deltanet.tiled``): the
+    output, the conv tails and the recurrent matrices agree with the same offsets as ints (one fla call either way)."""
+    spec, net, calls = layer
+    x = torch.randn(640, spec.hidden_size, device="cuda").bfloat16()
+    results = []
+    for offsets in ((5, 130, 512), tuple(torch.tensor(o, device="cuda") for o in (5, 130, 512))):
+        conv, rec = fresh_state(spec)
+        snaps = [(o, torch.empty_like(conv), torch.empty_like(rec)) for o in offsets]
+        results.append((net(x, conv, rec, snaps).float(), conv, rec, snaps))
+    assert len(calls) == 2
+    (out, conv, rec, snaps), (dev_out, dev_conv, dev_rec, dev_snaps) = results
+    assert torch.allclose(out, dev_out, rtol=0, atol=1e-2)
+    assert torch.equal(conv, dev_conv) and relative_error(dev_rec, rec.double()) <= 1e-4
+    for (_, a_conv, a_rec), (_, b_conv, b_rec) in zip(snaps, dev_snaps):
+        assert torch.equal(a_conv, b_conv) and relative_error(b_rec, a_rec.double()) <= 1e-4

@@ -1,6 +1,7 @@
 """Whole prefill forwards replayed from CUDA graphs (``Runner``'s prefill graphs): flash attention over a key buffer
 padded past the view's keys against float64, and a bf16 hybrid model's forwards with graphs against the same
-forwards without them, including a capture that fails."""
+forwards without them (logits, the recurrent state, snapshots at offsets that change from replay to replay),
+including a capture that fails."""
 
 from __future__ import annotations
 
@@ -44,34 +45,47 @@ def hybrid_model() -> Model:
     return Model(spec, random_weights(spec, torch.bfloat16, "cuda", 0, std=0.1))
 
 
-def run_turns(runner: Runner, ids: list[int]) -> list[torch.Tensor]:
+SNAPSHOTS = {4: (T // 2,), 5: (200,), 6: (7, 190), 7: (T // 3,), 8: (100, 101)}  # forward -> offsets
+
+
+def run_turns(runner: Runner, ids: list[int]) -> tuple[list[torch.Tensor], list]:
     """``T``-token forwards over ``ids``, the oldest ``T`` positions dropped once the view holds 768 tokens (so a
-    forward's view bucket repeats), one forward with a snapshot in the middle. -> each forward's last logits"""
-    out = []
-    for a in range(0, len(ids), T):
+    forward's view bucket repeats), forwards 4-8 with snapshots at offsets that change (``SNAPSHOTS``: a key with one
+    snapshot met three times, with two twice). -> (each forward's last logits, the snapshot states)"""
+    out, states = [], []
+    for i, a in enumerate(range(0, len(ids), T)):
         if runner.length >= 3 * T:
             runner.drop(runner.positions[0], runner.positions[0] + T)
-        snaps = [(T // 2, runner.model.new_state())] if a == 4 * T else []
+        snaps = [(o, runner.model.new_state()) for o in SNAPSHOTS.get(i, ())]
         logits, _ = runner.forward(ids[a : a + T], list(range(a, a + T)), snapshots=snaps)
         out.append(logits[-1].float().clone())
-    return out
+        states += [state for _, state in snaps]
+    return out, states
+
+
+def close(want: torch.Tensor, got: torch.Tensor) -> bool:
+    return (want.float() - got.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
 
 
 def assert_close_to_eager(model: Model, graphs: Runner, ids: list[int]) -> None:
     eager = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=False)
-    want, got = torch.stack(run_turns(eager, ids)), torch.stack(run_turns(graphs, ids))
-    assert (want - got).abs().max().item() <= 2e-2 * want.abs().max().item()
-    assert torch.equal(want.argmax(-1), got.argmax(-1))
-    assert (eager.state.rec - graphs.state.rec).abs().max().item() <= 2e-2 * eager.state.rec.abs().max().item()
+    (want, want_states), (got, got_states) = run_turns(eager, ids), run_turns(graphs, ids)
+    assert close(torch.stack(want), torch.stack(got))
+    assert torch.equal(torch.stack(want).argmax(-1), torch.stack(got).argmax(-1))
+    assert close(eager.state.rec, graphs.state.rec)
+    assert len(want_states) == len(got_states) == 7
+    for a, b in zip(want_states, got_states):
+        assert close(a.rec, b.rec) and close(a.conv, b.conv)
 
 
 def test_a_hybrid_model_answers_the_same_with_prefill_graphs() -> None:
     model = hybrid_model()
     ids = torch.randint(0, model.spec.vocab_size, (10 * T,), generator=torch.Generator().manual_seed(1)).tolist()
     runner = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
-    assert runner.graph_prefill
+    assert runner.graph_prefill and runner.graph_snapshots
     assert_close_to_eager(model, runner, ids)
-    assert any(g is not None for g in runner.prefill_graphs.values())
+    captured = {snapshots for (_, _, snapshots), g in runner.prefill_graphs.items() if g is not None}
+    assert captured == {0, 1, 2}
 
 
 def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:

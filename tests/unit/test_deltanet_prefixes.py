@@ -23,3 +23,32 @@ def test_a_forward_s_layers_share_one_batch() -> None:
     cpu = torch.device("cpu")
     assert prefixes(640, (5, 130, 512), cpu) is prefixes(640, (5, 130, 512), cpu)
     assert prefixes(640, (5, 130), cpu) is not prefixes(640, (5, 130, 512), cpu)
+
+
+def test_a_tiled_batch_stops_each_snapshot_at_its_device_offset() -> None:
+    """Inside a graph the offsets are device tensors (``tiled``): every sequence runs all the tokens, and past its
+    offset a snapshot's tokens get gate 0 and beta 0, which leave the delta rule's state as it was (float64,
+    token by token: the state after all the tokens equals the state after the offset's)."""
+    from kvmem_torch.deltanet import _stopped_at, recurrent_delta_rule, tiled
+
+    T, cpu = 130, torch.device("cpu")
+    batch = tiled(T, 3, cpu)
+    assert batch.lengths == (T, T, T) and tiled(T, 3, cpu) is batch
+    offsets = [torch.tensor(5), torch.tensor(64)]
+    g, beta = torch.rand(3 * T, 4) - 1, torch.rand(3 * T, 4)
+    g2, beta2 = _stopped_at(g, beta, batch, offsets)
+    kept = (g2 != 0).all(1)
+    assert kept.tolist() == [True] * T + [True] * 5 + [False] * (T - 5) + [True] * 64 + [False] * (T - 64)
+    assert torch.equal(beta2[kept], beta[kept]) and not beta2[~kept].any()
+    torch.manual_seed(0)
+    h, d, o = 2, 8, 37
+    q, k, v = (torch.randn(h, T, d, dtype=torch.float64) for _ in range(3))
+    k = k / k.norm(dim=-1, keepdim=True)
+    gate, b = -torch.rand(h, T, dtype=torch.float64), torch.rand(h, T, dtype=torch.float64)
+    start = torch.randn(h, d, d, dtype=torch.float64)
+    cut = start.clone()
+    recurrent_delta_rule(q[:, :o], k[:, :o], v[:, :o], gate[:, :o], b[:, :o], cut)
+    stopped = start.clone()
+    keep = torch.arange(T) < o
+    recurrent_delta_rule(q, k, v, gate * keep, b * keep, stopped)
+    assert torch.allclose(stopped, cut, rtol=0, atol=1e-12)
