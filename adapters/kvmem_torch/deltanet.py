@@ -140,13 +140,14 @@ def tiled(T: int, sequences: int, device: torch.device) -> Prefixes:
 
 
 def _stopped_at(
-    g: torch.Tensor, beta: torch.Tensor, batch: Prefixes, offsets: Sequence[torch.Tensor]
+    g: torch.Tensor, beta: torch.Tensor, batch: Prefixes, ends: Sequence[Offset]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``g`` and ``beta`` of a ``tiled`` batch with each snapshot sequence's tokens past its offset zeroed: no decay,
-    no write, so the sequence's final state is the state after its offset."""
+    """``g`` and ``beta`` of a ``tiled`` batch with each sequence's tokens past its end zeroed (the forward's own
+    rows first, then each snapshot's offset): no decay, no write, so each sequence's final state is the state after
+    its end."""
     T = batch.lengths[0]
-    ends = torch.cat([batch.rows.new_full((T,), T), *(o.to(batch.rows.dtype).expand(T) for o in offsets)])
-    keep = (batch.rows < ends)[:, None]
+    per_row = [batch.rows.new_full((T,), e) if isinstance(e, int) else e.to(batch.rows.dtype).expand(T) for e in ends]
+    keep = (batch.rows < torch.cat(per_row))[:, None]
     return g * keep, beta * keep
 
 
@@ -237,19 +238,20 @@ class DeltaNet:
         conv_state: torch.Tensor,
         rec_state: torch.Tensor,
         snapshots: Sequence[tuple[Offset, torch.Tensor, torch.Tensor]] = (),
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The layer's output for ``x`` [T, ...]; reads and updates the state in place. ``snapshots``: (offset,
         conv, rec) with ascending offsets inside T: the state after that many tokens is copied into conv and rec,
         as a forward cut there would leave it (through fla one call for all; in the torch form the work is split
-        there)."""
+        there). ``rows`` (a device tensor, fla only): the forward's own rows, the rest padding the state skips."""
         w = self.w
         mixed, z, b, a = project(x, w["in_fused"]).split(self.sizes, dim=-1)
         T = mixed.shape[0]
         if T == 1 and self.fused:
             core = deltanet_step(mixed[0], z[0], b[0], a[0], conv_state, rec_state, w, self.nk, self.eps)
             return output_projection(core[None], w["out"])
-        if snapshots and self.fla:
-            core = self.mix(mixed, a, b, conv_state, rec_state, snapshots)
+        if (snapshots or rows is not None) and self.fla:
+            core = self.mix(mixed, a, b, conv_state, rec_state, snapshots, rows)
         else:
             cores, start = [], 0
             for end, conv_copy, rec_copy in (*snapshots, (T, None, None)):
@@ -269,16 +271,18 @@ class DeltaNet:
         conv_state: torch.Tensor,
         rec_state: torch.Tensor,
         snapshots: Sequence[tuple[Offset, torch.Tensor, torch.Tensor]] = (),
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Conv and delta rule of T consecutive tokens' projections, from and into the state; ``snapshots`` (fla
-        only) as ``__call__``'s, in the same call (``Prefixes``). -> [T, nv, dv]"""
+        """Conv and delta rule of T consecutive tokens' projections, from and into the state; ``snapshots`` and
+        ``rows`` (fla only) as ``__call__``'s, in the same call (``Prefixes``). -> [T, nv, dv]"""
         T = mixed.shape[0]
-        mixed = self.conv(mixed, conv_state, [(offset, conv) for offset, conv, _ in snapshots])  # [T, conv_dim]
+        tails = [(offset, conv) for offset, conv, _ in snapshots]
+        mixed = self.conv(mixed, conv_state, tails, rows)  # [T, conv_dim]
         offsets = [offset for offset, _, _ in snapshots]
-        on_device = [o for o in offsets if isinstance(o, torch.Tensor)]
+        on_device = rows is not None or any(isinstance(o, torch.Tensor) for o in offsets)
         batch = None
         if on_device:
-            batch = tiled(T, 1 + len(on_device), mixed.device)
+            batch = tiled(T, 1 + len(offsets), mixed.device)
         elif snapshots:
             batch = prefixes(T, tuple(offsets), mixed.device)
         if batch is not None:
@@ -287,7 +291,7 @@ class DeltaNet:
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
         if on_device:
-            g, beta = _stopped_at(g, beta, batch, on_device)
+            g, beta = _stopped_at(g, beta, batch, [T if rows is None else rows, *offsets])
         if self.fla and (batch is not None or T >= FLA_MIN_TOKENS):
             return fla_delta_rule(
                 q.view(n, self.nk, self.dk),
@@ -320,14 +324,20 @@ class DeltaNet:
         return rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.T, beta.T, rec_state).transpose(0, 1)
 
     def conv(
-        self, mixed: torch.Tensor, conv_state: torch.Tensor, tails: Sequence[tuple[Offset, torch.Tensor]] = ()
+        self,
+        mixed: torch.Tensor,
+        conv_state: torch.Tensor,
+        tails: Sequence[tuple[Offset, torch.Tensor]] = (),
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail; ``tails``: (offset, conv)
-        pairs, each conv receiving the tail after that many tokens (an int or a device tensor)."""
+        pairs, each conv receiving the tail after that many tokens (an int or a device tensor); ``rows``: the
+        forward's own rows (the tail kept is theirs)."""
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
+        width = conv_state.shape[1]
         for offset, tail in tails:
-            tail.copy_(_columns(xin, offset, conv_state.shape[1]))
-        conv_state.copy_(xin[:, xin.shape[1] - conv_state.shape[1] :])
+            tail.copy_(_columns(xin, offset, width))
+        conv_state.copy_(_columns(xin, xin.shape[1] - width if rows is None else rows, width))
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)
 

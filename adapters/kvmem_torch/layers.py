@@ -58,7 +58,8 @@ class StepContext:
     torch_ops: TorchOpsKeys | None = None  # for layers on torch ops; None when every layer runs the kernels
     capture: dict[int, torch.Tensor] | None = None  # layer -> pre-RoPE q [T, heads, hd] without its bias
     # (offset, state) pairs: the recurrent layers copy their state after that many new tokens into the state
-    snapshots: tuple[tuple[int, Any], ...] = ()
+    snapshots: tuple[tuple[Any, Any], ...] = ()
+    rows: torch.Tensor | None = None  # [1] a padded forward's own rows (a prefill graph's, ``Runner``); the rest pad
 
 
 @dataclass
@@ -111,13 +112,16 @@ def _ampere(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def flash_prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+def flash_prefill(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """q [T, heads, hd] are the last T of the first ``n_keys`` (a one-element device tensor) of ``keys``/``values``
     [S, kv, hd]: causal attention aligned to that last key, with GQA in the kernel (no K/V widening). Rows past
     ``n_keys`` are never read, so a CUDA graph can pass a key buffer padded to a bucket (``Runner``); nothing is read
-    back to the host. -> [T, heads, hd]"""
+    back to the host. ``rows`` (a one-element device tensor): only the first ``rows`` queries are real, the last of
+    them aligned to the last key; the output's rows past them are left unwritten. -> [T, heads, hd]"""
     T, S = q.shape[0], keys.shape[0]
-    cu_q = torch.arange(0, 2 * T, T, dtype=torch.int32, device=q.device)  # [0, T]
+    cu_q = torch.arange(0, 2 * T, T, dtype=torch.int32, device=q.device) if rows is None else F.pad(rows.int(), (1, 0))
     cu_k = F.pad(n_keys.to(torch.int32), (1, 0))  # [0, n_keys]
     return torch.ops.aten._flash_attention_forward(q, keys, values, cu_q, cu_k, T, S, 0.0, True, False)[0]
 
@@ -182,6 +186,8 @@ class Attention:
         cache.write_rows(new_rows + cache.k_offset(self.cache_layer), k)
         cache.write_rows(new_rows + cache.v_offset(self.cache_layer), v)
         out = self.attend(q, ctx, cache).reshape(T, -1)
+        if ctx.rows is not None:  # padding rows were never written: zeroed (not scaled: they may hold NaN)
+            out = torch.where(torch.arange(T, device=out.device)[:, None] < ctx.rows, out, 0)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return F.linear(out, w["o"])
@@ -219,7 +225,7 @@ class Attention:
         q = apply_rope(q, ctx.q_cos, ctx.q_sin)
         keys = apply_rope(keys, at.k_cos, at.k_sin)
         if at.mask is None and self.flash:
-            return flash_prefill(q, keys, values, ctx.n_keys)
+            return flash_prefill(q, keys, values, ctx.n_keys, ctx.rows)
         keys, values = (x.transpose(0, 1)[None] for x in (keys, values))  # [1, kv, S, hd]
         if at.mask is None:
             return causal_attention(q.transpose(0, 1)[None], keys, values)[0].transpose(0, 1)

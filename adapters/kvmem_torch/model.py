@@ -175,14 +175,16 @@ class Model:
             if kind == ATTENTION:
                 out = mixer(h, ctx, cache)
             else:
-                out = mixer(
-                    h, state.conv[dn_i], state.rec[dn_i], [(o, s.conv[dn_i], s.rec[dn_i]) for o, s in ctx.snapshots]
-                )
+                snaps = [(o, s.conv[dn_i], s.rec[dn_i]) for o, s in ctx.snapshots]
+                out = mixer(h, state.conv[dn_i], state.rec[dn_i], snaps, ctx.rows)
                 dn_i += 1
             if isinstance(h, NormedSum):
                 x = h.total
             x, h = self.mlp_block(x, out, w, next_norm, fold)
-        logits = project(h if fold or not last_only else h[-1:], self.lm_head)
+        rows = h
+        if not fold and last_only:  # the last row (of a padded forward's own)
+            rows = h[-1:] if ctx.rows is None else h.index_select(0, ctx.rows - 1)
+        logits = project(rows, self.lm_head)
         if self.mtp is not None:
             self.hidden = rms_norm(h.total, h.weight, self.spec.rms_eps) if isinstance(h, NormedSum) else h
         return logits

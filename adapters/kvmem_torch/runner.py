@@ -11,8 +11,10 @@ launches a layer through Python), so a plain forward (no snapshots, no captured 
 bucket seen before replays a CUDA graph of the whole forward, captured on its second sighting: the view's keys are
 read to the bucket's end and flash attention stops at the true count (``layers.flash_prefill``). A forward handing
 out snapshots of the recurrent state (a turn's checkpoint marks) is keyed by their number, not their offsets: the
-graph reads the offsets from its inputs (``deltanet.tiled``). The full-length forwards of a turn's suffix share a
-length; its last, shorter forward (and any forward capturing queries) runs eagerly.
+graph reads the offsets from its inputs (``deltanet.tiled``). A forward's rows are padded to a multiple of
+``PAD_ROWS``: the padding's K/V go to a cache block of their own (``scratch``), attention computes only the forward's
+own queries, the recurrent layers skip the padding (``deltanet._stopped_at``) and the logits are its last own row's,
+so a turn's last, shorter forward and the one capturing the query's rows replay graphs too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ VERIFY_ROWS = 1 + DRAFT_TOKENS  # a verification graph's rows: the token and the
 # view bucket, a view filling up meets one bucket a forward; none is evicted, since keys met in a cycle longer than
 # the room would each be captured again at every meeting
 PREFILL_GRAPHS = 8
+PAD_ROWS = 64  # a prefill graph's rows: a forward's, rounded up to a multiple of this
 SEEN_KEYS = 1024  # prefill keys remembered from one meeting to the next
 log = logging.getLogger("kvmem.engine")
 
@@ -45,7 +48,16 @@ class Runner:
         self, model: Model, num_blocks: int, block_tokens: int, cuda_graphs: bool | None = None, kv_fp8: bool = False
     ) -> None:
         self.model = model
-        self.cache = model.new_cache(num_blocks, block_tokens, kv_fp8)
+        self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.graph_prefill = (
+            self.use_graphs
+            and model.mtp is None
+            and flash_varlen_usable(model.dtype, model.spec.head_dim, model.device)
+        )
+        self.view_blocks = num_blocks
+        self.cache = model.new_cache(num_blocks + int(self.graph_prefill), block_tokens, kv_fp8)
+        # the K/V of a prefill graph's padding rows: a block of their own, never in the view
+        self.scratch = _block_slots(self.cache.allocate(1)[0], block_tokens) if self.graph_prefill else []
         self.state = model.new_state()
         self.B = block_tokens
         self.cells: list[int] = []  # slots, view order
@@ -53,9 +65,8 @@ class Runner:
         self.live: dict[int, int] = {}  # block -> live cells in it
         self.tail: list[int] = []  # free slots of the block new tokens fill
         self.holes: set[int] = set()  # free slots in blocks that still hold live cells: filled before the tail
-        self.slots_dev = torch.zeros(num_blocks * block_tokens, dtype=torch.long, device=model.device)
+        self.slots_dev = torch.zeros(self.cache.num_blocks * block_tokens, dtype=torch.long, device=model.device)
         self.synced = 0  # cells[:synced] are mirrored in slots_dev
-        self.use_graphs = model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         model.rule_graphs.enabled = self.use_graphs
         self.graphs: dict[tuple[int, int], Captured] = {}  # decode and verification graphs by (rows, bucket)
         # rejected draft tokens roll back by dropping cells: a recurrent state (and an MTP head's hidden rows,
@@ -71,15 +82,16 @@ class Runner:
         self.graph_prefill = (
             self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
         )
-        # snapshots in a graph read their offsets on the device: fla's form of the rule (``deltanet.tiled``)
+        # snapshots and padding in a graph: the recurrent layers read their limits on the device, which fla's form
+        # of the rule does (``deltanet.tiled``)
         self.graph_snapshots = self.graph_prefill and all(m.fla for kind, m, _ in model.layers if kind != ATTENTION)
-        # (rows, bucket, snapshots) -> its graph, or None where its capture failed (eager from then on)
-        self.prefill_graphs: dict[tuple[int, int, int], Captured | None] = {}
-        self.prefill_seen: set[tuple[int, int, int]] = set()  # keys met once: the second meeting captures
+        # (padded rows, bucket, snapshots, captures queries) -> its graph, or None where its capture failed
+        self.prefill_graphs: dict[tuple[int, int, int, bool], Captured | None] = {}
+        self.prefill_seen: set[tuple[int, int, int, bool]] = set()  # keys met once: the second meeting captures
 
     @property
     def max_view_tokens(self) -> int:
-        return self.cache.num_blocks * self.B
+        return self.view_blocks * self.B
 
     @property
     def length(self) -> int:
@@ -96,7 +108,7 @@ class Runner:
         while len(out) < n:
             if not self.tail:
                 block = self.cache.allocate(1)[0]
-                self.tail = list(range(block * self.B, (block + 1) * self.B))
+                self.tail = _block_slots(block, self.B)
             take, self.tail = self.tail[: n - len(out)], self.tail[n - len(out) :]
             out.extend(take)
         for s in out:
@@ -124,8 +136,9 @@ class Runner:
         assert all(0 < o < len(tokens) for o, _ in snapshots), "a snapshot falls inside the forward"
         if len(tokens) == 1 and self.use_graphs and not capture:
             return self._graph_step(tokens, positions), None
-        if last_only and not capture and self._replays_prefill(len(tokens), len(snapshots)):
-            return self._graph_step(tokens, positions, prefill=True, snapshots=snapshots).clone(), None
+        if last_only and self._replays_prefill(len(tokens), len(snapshots), capture):
+            logits, queries = self._prefill_step(tokens, positions, snapshots, capture)
+            return logits.clone(), queries
         dev, start = self.model.device, len(self.cells)
         slots = self._take_slots(len(tokens))
         self.cells.extend(slots)
@@ -179,15 +192,16 @@ class Runner:
             self.drop(padded[n], 1 << 62)
         return logits[:n]
 
-    def _replays_prefill(self, n: int, snapshots: int = 0) -> bool:
-        """Whether a prefill forward of ``n`` tokens handing out ``snapshots`` states goes through a graph (module
-        docstring): lengths past ``SMALL_QUERY`` (flash attention), a (length, bucket, snapshots) met before whose
-        capture has not failed, while there is room for its graph (``PREFILL_GRAPHS``)."""
-        if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
+    def _replays_prefill(self, n: int, snapshots: int = 0, capture: bool = False) -> bool:
+        """Whether a prefill forward of ``n`` tokens handing out ``snapshots`` states (and capturing its queries)
+        goes through a graph (module docstring): lengths past ``SMALL_QUERY`` (flash attention), a (padded length,
+        bucket, snapshots, capture) met before whose capture has not failed, while there is room for its graph
+        (``PREFILL_GRAPHS``)."""
+        if not self.graph_prefill or not self.scratch or n <= SMALL_QUERY or n > self.view_free():
             return False
-        if snapshots and not self.graph_snapshots:
+        if (snapshots or _padded(n) != n) and not self.graph_snapshots:
             return False
-        key = (n, self._bucket(len(self.cells) + n), snapshots)
+        key = (_padded(n), self._bucket(len(self.cells) + n), snapshots, capture)
         if key in self.prefill_graphs:
             return self.prefill_graphs[key] is not None
         if len(self.prefill_graphs) >= PREFILL_GRAPHS:
@@ -199,47 +213,64 @@ class Runner:
         self.prefill_seen.add(key)
         return False
 
-    def _graph_step(
+    def _graph_step(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``) through the graph of their row count and the view's size
+        bucket, capturing it the first time. -> the graph's logits [rows, vocab], rewritten by its next replay."""
+        rows = len(tokens)
+        s = self._send(tokens, positions, rows)
+        bucket = self._bucket(len(self.cells))
+        if (rows, bucket) not in self.graphs:
+            self.graphs[rows, bucket] = self._capture(bucket, s)
+        captured = self.graphs[rows, bucket]
+        captured.graph.replay()
+        self.model.hidden = captured.hidden
+        return captured.out
+
+    def _prefill_step(
         self,
         tokens: Sequence[int],
         positions: Sequence[int],
-        prefill: bool = False,
-        snapshots: Sequence[tuple[int, RecurrentState]] = (),
-    ) -> torch.Tensor:
-        """Append and run ``tokens`` (1 or ``VERIFY_ROWS``, or a ``prefill`` forward's, with its ``snapshots`` as
-        ``forward``'s) through the graph of their row count and the view's size bucket, capturing it the first time.
-        -> the graph's logits [rows, vocab] (a prefill's: [1, vocab]), rewritten by its next replay. A prefill whose
-        capture fails runs eagerly."""
+        snapshots: Sequence[tuple[int, RecurrentState]],
+        capture: bool,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """``forward`` of a prefill through the graph of its key (``_replays_prefill``), capturing it the first time;
+        one whose capture failed runs the same forward eagerly. -> (logits [1, vocab], the captured queries by
+        layer, or None), rewritten by the graph's next replay."""
+        n, rows = len(tokens), _padded(len(tokens))
+        s = self._send(tokens, positions, rows, [n, *(offset for offset, _ in snapshots)])
+        key = (rows, self._bucket(len(self.cells)), len(snapshots), capture)
+        if key not in self.prefill_graphs:
+            self.prefill_graphs[key] = self._capture_prefill(key, s)
+        captured, states = self.prefill_graphs[key], [state for _, state in snapshots]
+        if captured is None:
+            with torch.inference_mode():
+                logits, queries = self._static_forward(s, len(self.cells), True, states, capture, padded=True)
+        else:
+            captured.graph.replay()
+            for state, written in zip(states, captured.snapshots):
+                state.restore(written)
+            logits, queries = captured.out, captured.queries
+        return logits, None if queries is None else {layer: q[:n] for layer, q in queries.items()}
+
+    def _send(
+        self, tokens: Sequence[int], positions: Sequence[int], rows: int, limits: Sequence[int] = ()
+    ) -> dict[str, torch.Tensor]:
+        """Append ``tokens`` at ``positions`` as cells and queue them as a graph's inputs of ``rows`` rows (past the
+        tokens: the last one again, the positions after it, ``scratch`` slots), ``limits`` in its "lim" row. ->
+        the inputs' static tensors."""
         assert not self.positions or positions[0] > self.positions[-1], "new positions must follow the view"
-        rows = len(tokens)
-        slots = self._take_slots(rows)
+        pad, slots = rows - len(tokens), self._take_slots(len(tokens))
         self._sync()
         first = len(self.cells)
         self.cells.extend(slots)
         self.positions.extend(positions)
         if rows not in self.inputs:
             self.inputs[rows] = GraphInputs(rows, self.model.device)
-        s = self.inputs[rows].static
-        self.inputs[rows].send(tokens, positions, slots, first, [offset for offset, _ in snapshots])
+        after = range(positions[-1] + 1, positions[-1] + 1 + pad)
+        padded = ([*tokens, *[tokens[-1]] * pad], [*positions, *after], [*slots, *self.scratch[:pad]])
+        self.inputs[rows].send(*padded, first, limits)
         self.synced = len(self.cells)  # the graph mirrors the new slots itself
-        bucket, states = self._bucket(len(self.cells)), [state for _, state in snapshots]
-        if not prefill:
-            if (rows, bucket) not in self.graphs:
-                self.graphs[rows, bucket] = self._capture(bucket, s)
-            captured: Captured | None = self.graphs[rows, bucket]
-        else:
-            key = (rows, bucket, len(snapshots))
-            if key not in self.prefill_graphs:
-                self.prefill_graphs[key] = self._capture_prefill(key, s)
-            captured = self.prefill_graphs[key]
-        if captured is None:
-            with torch.inference_mode():
-                return self._static_forward(s, len(self.cells), True, states)
-        captured.graph.replay()
-        self.model.hidden = captured.hidden
-        for state, written in zip(states, captured.snapshots):
-            state.restore(written)
-        return captured.out
+        return self.inputs[rows].static
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs and their memory pool (after the model's decode path changed)."""
@@ -248,32 +279,48 @@ class Runner:
         self._pool = None
 
     def _static_forward(
-        self, s: dict[str, torch.Tensor], bucket: int, last_only: bool, snapshots: Sequence[RecurrentState] = ()
-    ) -> torch.Tensor:
+        self,
+        s: dict[str, torch.Tensor],
+        bucket: int,
+        last_only: bool,
+        snapshots: Sequence[RecurrentState] = (),
+        capture: bool = False,
+        padded: bool = False,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """The forward of the rows in graph inputs ``s`` over the view's first ``bucket`` slots (what a graph runs);
-        ``snapshots`` receive the states after the offsets ``s`` holds."""
+        ``padded``: a prefill's, whose own rows and snapshot offsets ``s`` holds ("lim"), ``snapshots`` receiving
+        the states after them. -> (logits, the captured queries or None)"""
         self.slots_dev.index_copy_(0, s["q"], s["slot"])
-        ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"])
-        ctx.snapshots = tuple((s["snap"][i], state) for i, state in enumerate(snapshots))
-        return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=last_only)
+        ctx = self.model.static_context(self.cache, s["slot"], self.slots_dev[:bucket], s["q"], s["pos"], capture)
+        if padded:  # keys up to the forward's own last row
+            ctx.rows, ctx.n_keys = s["lim"][:1], s["q"][:1] + s["lim"][:1]
+        ctx.snapshots = tuple((s["lim"][1 + i], state) for i, state in enumerate(snapshots))
+        return self.model.forward(s["tok"], ctx, self.cache, self.state, last_only=last_only), ctx.capture
 
-    def _capture_prefill(self, key: tuple[int, int, int], s: dict[str, torch.Tensor]) -> Captured | None:
+    def _capture_prefill(self, key: tuple[int, int, int, bool], s: dict[str, torch.Tensor]) -> Captured | None:
         """``_capture`` of a prefill graph; None (logged) where it fails."""
         try:
-            return self._capture(key[1], s, last_only=True, snapshots=key[2])
+            return self._capture(key[1], s, last_only=True, snapshots=key[2], capture=key[3], padded=True)
         except Exception as exc:  # any: the eager forward that follows raises whatever the forward itself raises
             name, rows = type(exc).__name__, key[0]
             log.warning("a prefill forward of %d rows cannot be captured (%s: %s); it runs eagerly", rows, name, exc)
             return None
 
     def _capture(
-        self, bucket: int, s: dict[str, torch.Tensor], last_only: bool = False, snapshots: int = 0
+        self,
+        bucket: int,
+        s: dict[str, torch.Tensor],
+        last_only: bool = False,
+        snapshots: int = 0,
+        capture: bool = False,
+        padded: bool = False,
     ) -> Captured:
         """Run the rows of ``s`` once on a side stream (warm-up), put the recurrent state back, then capture the
         same forward (nothing runs until a replay), its ``snapshots`` written to states of the graph's own. Other
         threads may use the device meanwhile (thread-local capture); the DeltaNet layers call their rule directly
         inside it. On failure the state is put back."""
         snap, states = self.state.snapshot(), tuple(self.model.new_state() for _ in range(snapshots))
+        args = (s, bucket, last_only, states, capture, padded)
         try:
             with torch.inference_mode(), self.model.rule_graphs.inside_capture():
                 if self._warm_up_stream is None:
@@ -281,17 +328,17 @@ class Runner:
                 side = self._warm_up_stream
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    self._static_forward(s, bucket, last_only, states)
+                    self._static_forward(*args)
                 torch.cuda.current_stream().wait_stream(side)
                 self.state.restore(snap)  # warm-up advanced the state; the replay must start from here
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                    out = self._static_forward(s, bucket, last_only, states)
+                    out, queries = self._static_forward(*args)
                 self._pool = graph.pool()
         except Exception:
             self.state.restore(snap)
             raise
-        return Captured(graph, out, self.model.hidden, states)
+        return Captured(graph, out, self.model.hidden, states, queries)
 
     def insert_block(self, k: torch.Tensor, v: torch.Tensor, positions: Sequence[int]) -> None:
         """Write a block's pre-RoPE K/V [layers, >= n, kv, hd] into a new block; its first n = len(positions)
@@ -366,6 +413,14 @@ class Runner:
             self.tail = []
         self.holes.clear()
         self.state.reset()
+
+
+def _padded(n: int) -> int:
+    return -(-n // PAD_ROWS) * PAD_ROWS
+
+
+def _block_slots(block: int, block_tokens: int) -> list[int]:
+    return list(range(block * block_tokens, (block + 1) * block_tokens))
 
 
 def _to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -99,3 +99,46 @@ def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(runner, "_capture", refuse)
     assert_close_to_eager(model, runner, ids)
     assert runner.prefill_graphs and all(g is None for g in runner.prefill_graphs.values())
+
+
+# forwards after the first three: (length, snapshot offsets, captures queries); lengths padded to 256 in the graphs
+PADDED = [(200, (), False), (230, (100,), False), (250, (), True), (199, (150,), False), (220, (), True),
+          (241, (), True), (256, (7,), False)]  # fmt: skip
+
+
+def padded_turns(runner: Runner, ids: list[int]) -> tuple[list[torch.Tensor], list, list]:
+    """Three 256-token forwards, then ``PADDED``'s, the view cut back to its last 512 tokens before each. -> (each
+    forward's last logits, the snapshot states, the captured queries by layer)"""
+    logits, states, queries, a = [], [], [], 0
+    for n, offsets, capture in [(T, (), False)] * 3 + PADDED:
+        if runner.length > 2 * T:
+            runner.drop(runner.positions[0], runner.positions[runner.length - 2 * T])
+        snaps = [(o, runner.model.new_state()) for o in offsets]
+        out, q = runner.forward(ids[a : a + n], list(range(a, a + n)), capture=capture, snapshots=snaps)
+        logits.append(out[-1].float().clone())
+        states += [state for _, state in snaps]
+        queries += [{layer: x.float().clone() for layer, x in q.items()}] if capture else []
+        a += n
+    return logits, states, queries
+
+
+def test_padded_forwards_and_captured_queries_answer_as_eager() -> None:
+    """Forwards of 199-256 tokens replay graphs of 256 rows (the padding's keys in the scratch block, the recurrent
+    state past it untouched), with snapshots and with the query's rows captured: logits, states and queries as an
+    eager runner's."""
+    model = hybrid_model()
+    ids = torch.randint(0, model.spec.vocab_size, (12 * T,), generator=torch.Generator().manual_seed(3)).tolist()
+    eager = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=False)
+    graphs = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
+    (want, want_states, want_q), (got, got_states, got_q) = padded_turns(eager, ids), padded_turns(graphs, ids)
+    assert close(torch.stack(want), torch.stack(got))
+    assert torch.equal(torch.stack(want).argmax(-1), torch.stack(got).argmax(-1))
+    assert close(eager.state.rec, graphs.state.rec) and close(eager.state.conv, graphs.state.conv)
+    for a, b in zip(want_states, got_states):
+        assert close(a.rec, b.rec) and close(a.conv, b.conv)
+    assert len(want_q) == len(got_q) == 3
+    for a, b in zip(want_q, got_q):
+        assert a.keys() == b.keys() and all(a[k].shape == b[k].shape and close(a[k], b[k]) for k in a)
+    replayed = {key for key, g in graphs.prefill_graphs.items() if g is not None}
+    assert {(256, key[1], 0, False) for key in replayed} & replayed and any(key[3] for key in replayed)
+    assert any(key[2] == 1 for key in replayed)

@@ -26,19 +26,21 @@ def test_a_forward_s_layers_share_one_batch() -> None:
 
 
 def test_a_tiled_batch_stops_each_snapshot_at_its_device_offset() -> None:
-    """Inside a graph the offsets are device tensors (``tiled``): every sequence runs all the tokens, and past its
-    offset a snapshot's tokens get gate 0 and beta 0, which leave the delta rule's state as it was (float64,
-    token by token: the state after all the tokens equals the state after the offset's)."""
+    """Inside a graph the limits are device tensors (``tiled``): every sequence runs all the tokens, and past its
+    end (the forward's own rows, then each snapshot's offset) its tokens get gate 0 and beta 0, which leave the
+    delta rule's state as it was (float64, token by token: the state after all the tokens equals the state after
+    the end's)."""
     from kvmem_torch.deltanet import _stopped_at, recurrent_delta_rule, tiled
 
     T, cpu = 130, torch.device("cpu")
     batch = tiled(T, 3, cpu)
     assert batch.lengths == (T, T, T) and tiled(T, 3, cpu) is batch
-    offsets = [torch.tensor(5), torch.tensor(64)]
     g, beta = torch.rand(3 * T, 4) - 1, torch.rand(3 * T, 4)
-    g2, beta2 = _stopped_at(g, beta, batch, offsets)
+    g2, beta2 = _stopped_at(g, beta, batch, [T, torch.tensor(5), torch.tensor(64)])
     kept = (g2 != 0).all(1)
     assert kept.tolist() == [True] * T + [True] * 5 + [False] * (T - 5) + [True] * 64 + [False] * (T - 64)
+    padded = (_stopped_at(g, beta, batch, [torch.tensor([100]), 5, 64])[0] != 0).all(1)  # a forward's own 100 rows
+    assert padded.tolist() == [True] * 100 + [False] * (T - 100) + kept[T:].tolist()
     assert torch.equal(beta2[kept], beta[kept]) and not beta2[~kept].any()
     torch.manual_seed(0)
     h, d, o = 2, 8, 37

@@ -140,26 +140,29 @@ def test_every_live_cell_carries_the_rope_rows_of_its_position(model: Model) -> 
 
 def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bucket(model: Model) -> None:
     """The bookkeeping of ``Runner._replays_prefill`` (the CPU has no graphs; the replays:
-    tests/gpu/test_torch_prefill_graphs_cuda.py): a length over 64, a view bucket and a number of snapshots met once
-    runs eagerly, met again through a graph; snapshots only where the recurrent layers take their offsets on the
-    device; a failed capture's key and short forwards stay eager; once ``PREFILL_GRAPHS`` keys hold graphs a new key
-    stays eager (no eviction: keys met in a cycle would be captured at every meeting); keys met once are forgotten
-    once too many are met."""
+    tests/gpu/test_torch_prefill_graphs_cuda.py): a length over 64 (rounded up to a multiple of 64), a view bucket, a
+    number of snapshots and whether queries are captured, met once, run eagerly, met again through a graph;
+    snapshots and padding only where the recurrent layers take their limits on the device; a failed capture's key
+    and short forwards stay eager; once ``PREFILL_GRAPHS`` keys hold graphs a new key stays eager (no eviction: keys
+    met in a cycle would be captured at every meeting); keys met once are forgotten once too many are met."""
     r = Runner(model, 12, B)
-    assert not r.graph_prefill and not r.graph_snapshots  # CPU: off
-    r.graph_prefill = True
-    assert [r._replays_prefill(100) for _ in range(2)] == [False, True]
+    assert not r.graph_prefill and not r.graph_snapshots and not r.scratch  # CPU: off, no scratch block
+    assert r.max_view_tokens == 12 * B
+    r.graph_prefill, r.scratch = True, list(range(B))
+    assert [r._replays_prefill(128) for _ in range(2)] == [False, True]
     assert [r._replays_prefill(64) for _ in range(2)] == [False, False]
-    assert [r._replays_prefill(100, 1) for _ in range(2)] == [False, False]
+    assert [r._replays_prefill(100) for _ in range(2)] == [False, False]  # padded: needs limits on the device
+    assert [r._replays_prefill(128, 1) for _ in range(2)] == [False, False]
     r.graph_snapshots = True
-    assert [r._replays_prefill(100, 1) for _ in range(2)] == [False, True]
-    assert [r._replays_prefill(100, 2) for _ in range(2)] == [False, True]
-    r.prefill_graphs[(100, r._bucket(100), 0)] = None  # its capture failed
-    assert not r._replays_prefill(100) and r._replays_prefill(100, 1)
-    r.prefill_seen.update((n, 0, 0) for n in range(SEEN_KEYS))
-    assert not r._replays_prefill(150) and r.prefill_seen == {(150, r._bucket(150), 0)}
-    r.prefill_graphs.update({(n, 0, 0): None for n in range(PREFILL_GRAPHS)})
-    assert [r._replays_prefill(120) for _ in range(2)] == [False, False]
+    assert [r._replays_prefill(100) for _ in range(2)] == [False, True]  # padded to 128
+    assert [r._replays_prefill(128, 1) for _ in range(2)] == [False, True]
+    assert [r._replays_prefill(120, 2, True) for _ in range(2)] == [False, True]
+    r.prefill_graphs[(128, r._bucket(128), 0, False)] = None  # its capture failed
+    assert not r._replays_prefill(128) and r._replays_prefill(128, 1)
+    r.prefill_seen.update((n, 0, 0, False) for n in range(SEEN_KEYS))
+    assert not r._replays_prefill(192) and r.prefill_seen == {(192, r._bucket(192), 0, False)}
+    r.prefill_graphs.update({(n, 0, 0, False): None for n in range(PREFILL_GRAPHS)})
+    assert [r._replays_prefill(256) for _ in range(2)] == [False, False]
 
 
 def test_flash_prefill_is_for_nvidia_gpus_in_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
