@@ -84,7 +84,7 @@ def test_a_hybrid_model_answers_the_same_with_prefill_graphs() -> None:
     runner = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
     assert runner.graph_prefill and runner.graph_snapshots
     assert_close_to_eager(model, runner, ids)
-    captured = {snapshots for (_, _, snapshots), g in runner.prefill_graphs.items() if g is not None}
+    captured = {key[2] for key, g in runner.prefill_graphs.items() if g is not None}
     assert captured == {0, 1, 2}
 
 
@@ -139,6 +139,5 @@ def test_padded_forwards_and_captured_queries_answer_as_eager() -> None:
     assert len(want_q) == len(got_q) == 3
     for a, b in zip(want_q, got_q):
         assert a.keys() == b.keys() and all(a[k].shape == b[k].shape and close(a[k], b[k]) for k in a)
-    replayed = {key for key, g in graphs.prefill_graphs.items() if g is not None}
-    assert {(256, key[1], 0, False) for key in replayed} & replayed and any(key[3] for key in replayed)
-    assert any(key[2] == 1 for key in replayed)
+    replayed = {key[2:] for key, g in graphs.prefill_graphs.items() if g is not None and key[0] == T}
+    assert {(0, False), (1, False), (0, True)} <= replayed  # (snapshots, captures queries) of 256-row graphs
