@@ -78,10 +78,6 @@ class Runner:
         # warm-ups before captures run on one stream: the allocator reuses a freed block only on its own stream, so a
         # fresh stream per warm-up would keep each warm-up's activations cached (as ``rule_graphs`` found)
         self._warm_up_stream: torch.cuda.Stream | None = None
-        s = model.spec
-        self.graph_prefill = (
-            self.use_graphs and model.mtp is None and flash_varlen_usable(model.dtype, s.head_dim, model.device)
-        )
         # snapshots and padding in a graph: the recurrent layers read their limits on the device, which fla's form
         # of the rule does (``deltanet.tiled``)
         self.graph_snapshots = self.graph_prefill and all(m.fla for kind, m, _ in model.layers if kind != ATTENTION)
