@@ -90,7 +90,7 @@ def test_a_hybrid_model_answers_the_same_with_prefill_graphs() -> None:
 
 def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
     model = hybrid_model()
-    ids = torch.randint(0, model.spec.vocab_size, (8 * T,), generator=torch.Generator().manual_seed(2)).tolist()
+    ids = torch.randint(0, model.spec.vocab_size, (10 * T,), generator=torch.Generator().manual_seed(2)).tolist()
     runner = Runner(model, num_blocks=24, block_tokens=BLOCK, cuda_graphs=True)
 
     def refuse(*args: object, **kwargs: object) -> None:

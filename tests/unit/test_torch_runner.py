@@ -9,7 +9,8 @@ pytest.importorskip("transformers")
 
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.paged import View  # noqa: E402
-from kvmem_torch.runner import PREFILL_GRAPHS, SEEN_KEYS, Runner  # noqa: E402
+from kvmem_torch.graph_steps import PREFILL_GRAPHS, SEEN_KEYS  # noqa: E402
+from kvmem_torch.runner import Runner  # noqa: E402
 from torch_tiny import tiny_hf_model, tiny_spec_weights  # noqa: E402
 
 B = 16
