@@ -6,13 +6,18 @@ Flash attention is set explicitly: a state blob saved with one setting does not 
 with the other (V is transposed without it). With layers offloaded the KV cache lives on
 the device too (``offload_kqv``); state blobs still arrive in host buffers, since
 llama.cpp reads and writes them through ``ggml_backend_tensor_get/set``.
+
+A quantized cache (q8_0) is made with llama.cpp's attention rotation off (``unrotated_kv``): with it on, llama.cpp
+stores Hadamard-rotated K and V, which the scorers' content keys and compact mode's re-rotation would misread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import llama_cpp as L
 import numpy as np
@@ -20,17 +25,38 @@ import numpy as np
 from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
 from kvmem_core.gguf_file import GGUFFile, gguf_rope_factors
 from kvmem_core.threads import Threads
-from kvmem_llamacpp.blob import GGML_TYPE_F16
+from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32
 from kvmem_llamacpp.gate import EvalGate
 
 _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
 _backend_ready = False
+_ROT_DISABLE = "LLAMA_ATTN_ROT_DISABLE"
 
 # llama_decode's return codes (llama.h)
 _DECODE_ERRORS = {
     1: "no free cells in the view for the batch",
     -1: "invalid batch: its first position must follow the last one the view holds",
 }
+
+
+@contextlib.contextmanager
+def unrotated_kv(quantized: bool) -> Iterator[None]:
+    """Contexts made inside store a quantized cache's K and V as computed: llama.cpp otherwise multiplies each head's
+    Q, K and V by a Hadamard matrix when the cache type is quantized (read from ``LLAMA_ATTN_ROT_DISABLE`` as a
+    context is made), which keeps attention the same but leaves stored keys in a frame RoPE and the scorers do not
+    know. The variable is put back afterwards."""
+    if not quantized:
+        yield
+        return
+    before = os.environ.get(_ROT_DISABLE)
+    os.environ[_ROT_DISABLE] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[_ROT_DISABLE]
+        else:
+            os.environ[_ROT_DISABLE] = before
 
 
 def init_backend() -> None:
@@ -174,7 +200,8 @@ class LlamaContext:
             p.cb_eval, p.cb_eval_user_data = gate.callback, gate.user_data
         self.model, self.n_batch, self.threads = model, n_batch, threads
         self.gate = gate  # the eval callback's front, None without one
-        self.ptr = L.llama_init_from_model(model.ptr, p)
+        with unrotated_kv(cache_type not in (GGML_TYPE_F16, GGML_TYPE_F32)):
+            self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise UnsupportedModelError("llama.cpp could not create a context for this model")
         self.n_ctx = L.llama_n_ctx(self.ptr)

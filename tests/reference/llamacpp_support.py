@@ -29,23 +29,27 @@ class Plain:
     """Plain llama-cpp-python (high-level ``Llama``) decoding greedily, one sequence."""
 
     def __init__(self, path: Path, n_ctx: int = 4096, n_gpu_layers: int = 0, cache_type: int | None = None) -> None:
-        """``cache_type``: a ggml type for K and V (None: f16)."""
+        """``cache_type``: a ggml type for K and V (None: f16); a quantized one made as KVMem makes its own (llama.cpp's
+        attention rotation off, ``lowlevel.unrotated_kv``)."""
         import llama_cpp
 
+        from kvmem_llamacpp.lowlevel import unrotated_kv
+
         self.L = llama_cpp
-        self.llm = llama_cpp.Llama(
-            str(path),
-            n_ctx=n_ctx,
-            n_batch=N_BATCH,
-            n_ubatch=N_BATCH,
-            n_threads=1,
-            n_gpu_layers=n_gpu_layers,
-            op_offload=n_gpu_layers != 0,
-            flash_attn=True,
-            verbose=False,
-            type_k=cache_type,
-            type_v=cache_type,
-        )
+        with unrotated_kv(cache_type is not None):
+            self.llm = llama_cpp.Llama(
+                str(path),
+                n_ctx=n_ctx,
+                n_batch=N_BATCH,
+                n_ubatch=N_BATCH,
+                n_threads=1,
+                n_gpu_layers=n_gpu_layers,
+                op_offload=n_gpu_layers != 0,
+                flash_attn=True,
+                verbose=False,
+                type_k=cache_type,
+                type_v=cache_type,
+            )
 
     def logits(self) -> np.ndarray:
         ptr = self.L.llama_get_logits_ith(self.llm._ctx.ctx, -1)
