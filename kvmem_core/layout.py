@@ -25,6 +25,10 @@ _STORAGE_DTYPES = {
 }
 FP8_SCALE_BYTES = 4  # fp8_e4m3: each token's head row ends with its float32 scale
 Q8_0_GROUP, Q8_0_GROUP_BYTES = 32, 34  # q8_0 (ggml): a float16 scale then 32 int8 values per 32 values
+# what a dtype's stored rows hold, where it changed: q8_0 rows come from a llama.cpp cache made with its attention
+# rotation off (kvmem_llamacpp.lowlevel.unrotated_kv); rows stored from a rotated cache before hash apart, so their
+# files and workspaces are never read into an unrotated view (they stay on disk, unread)
+_ROW_FRAMES = {"q8_0": "unrotated"}
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,10 @@ class BlockLayout:
         return self.n_heads // self.n_kv_heads
 
     def layout_hash(self) -> str:
-        """Stable 16-hex digest of the layout; stored in every block file."""
-        text = json.dumps(self.__dict__, sort_keys=True).encode()
+        """Stable 16-hex digest of the layout (and of what its rows hold, ``_ROW_FRAMES``); stored in every block
+        file, and naming the NVMe tier's folder."""
+        frame = {"rows": _ROW_FRAMES[self.dtype]} if self.dtype in _ROW_FRAMES else {}
+        text = json.dumps({**self.__dict__, **frame}, sort_keys=True).encode()
         return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
