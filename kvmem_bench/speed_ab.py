@@ -1,7 +1,7 @@
 """One of the torch engine's speed features on and off, on one engine, turn after turn (an A/B on one machine).
 
 ``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``), ``prefill`` (whole
-prefill forwards replayed from CUDA graphs, ``kvmem_torch.runner``), ``snapshots`` (those of them handing out
+prefill forwards replayed from CUDA graphs, ``kvmem_torch.graph_steps``), ``snapshots`` (those of them handing out
 checkpoint states, the offsets read on the device; off: such forwards run eagerly) or ``summaries`` (staged blocks
 summarized where the view is, ``kvmem_torch.staged``; off: on the host). The torch speed bench's session (a
 tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns up to
