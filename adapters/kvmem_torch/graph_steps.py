@@ -69,7 +69,7 @@ class GraphSteps:
         goes through a graph (module docstring): lengths past ``SMALL_QUERY`` (flash attention), a (padded length,
         bucket, snapshots, capture) met before whose capture has not failed, while there is room for its graph
         (``PREFILL_GRAPHS``)."""
-        if not self.graph_prefill or not self.scratch or n <= SMALL_QUERY or n > self.view_free():
+        if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
             return False
         if (snapshots or _padded(n) != n) and not self.graph_snapshots:
             return False
