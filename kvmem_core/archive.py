@@ -37,7 +37,7 @@ from kvmem_core.errors import CorruptBlockError
 from kvmem_core.groups import Span, overlapping
 from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta, chain_hash
 from kvmem_core.prompt import MAX_QUERY_TOKENS, Prompt
-from kvmem_core.retrieval import MANDATORY_TAG
+from kvmem_core.retrieval import MANDATORY_TAG, BlockIndex
 from kvmem_core.step import ViewState, chunk_cuts
 from kvmem_core.store import BlockStore
 from kvmem_core.workspace import Workspace
@@ -88,6 +88,7 @@ class ArchiveOps:
     view: ViewState
     checkpoints: Any
     _view_ws: str | None
+    _indexes: dict[str, BlockIndex]
     _counts: Any
     _summarize: Callable[[BlockKV, int], dict[str, np.ndarray]]
     _archive_pool: ThreadPoolExecutor | None = None  # made on first use (``_digests``)
@@ -165,8 +166,12 @@ class ArchiveOps:
         return BlockMeta(chain_hash(self.namespace, parent, ids), parent, ids, pos, checksum, summary, tags)
 
     def _put(self, ws: Workspace, meta: BlockMeta, kv: BlockKV) -> None:
+        """Store a block at the end of ``ws`` and index it where ``ws`` has an index already: a step's new blocks
+        are indexed as they are archived (on a GPU, while the next forward computes), not when it scores."""
         self.store.append(ws.id, meta, kv)
         self._counts["blocks_stored"] += 1
+        if ws.id in self._indexes:
+            self._indexes[ws.id].follow(self.store.meta(meta.chain_hash))
 
     def _load(
         self, blocks: Sequence[int], held: Mapping[int, tuple[BlockMeta, BlockKV]] | None = None

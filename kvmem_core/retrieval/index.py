@@ -15,8 +15,15 @@ widening, not the arithmetic, that bounds retrieval-heads scoring on a CPU. The 
 key element is at most 1/128 of the token's largest element (values on a coarse binary grid,
 like the tests', come through exactly).
 
+A summary is stacked the first time a scorer reads it (``get``) and kept stacked from then on: a
+workspace's blocks carry every summary, the default scorer reads only the head keys, and stacking the
+others cost most of an append's time and memory.
+
 The index is append-only: ``sync`` extends it when the workspace grew and rebuilds it when
-the workspace's block list no longer starts with the indexed blocks.
+the workspace's block list no longer starts with the indexed blocks; ``follow`` appends one block
+as it is stored (the engine calls it while archiving, so a step's selection finds its new blocks
+indexed). Chain hashes name a block's whole prefix (``kvmem_core.layout.chain_hash``), so the last
+indexed hash tells whether a block list starts with the indexed blocks.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from kvmem_core.errors import KVMemError
 from kvmem_core.layout import BlockMeta
 
 _BLOCK_AXIS = {"mean_k": 2, "sub_mean_k": 2, "protos": 2, "head_keys": 1, "head_scale": 1}
+_SOURCE = {"head_scale": "head_keys"}  # stacked with another summary, not stored with the blocks
 _DTYPE = {
     "mean_k": np.float32,
     "sub_mean_k": np.float32,
@@ -64,7 +72,9 @@ class BlockIndex:
     def _reset(self) -> None:
         self.hashes: list[str] = []
         self.head_pairs: tuple[tuple[int, int], ...] = ()
-        self._arrays: dict[str, np.ndarray] = {}
+        self._names: frozenset[str] = frozenset()  # the summaries every indexed block carries
+        self._summaries: list[dict[str, np.ndarray]] = []  # per indexed block, the meta's own
+        self._arrays: dict[str, np.ndarray] = {}  # the stacked ones (``get``)
         self._n_tokens = np.zeros(0, dtype=np.int32)
         self._capacity = 0
 
@@ -84,26 +94,35 @@ class BlockIndex:
         return self._n_tokens[: self.n_blocks]
 
     def has(self, name: str) -> bool:
-        return name in self._arrays
+        return _SOURCE.get(name, name) in self._names
 
     def get(self, name: str) -> np.ndarray:
         """The stacked summary ``name`` over the indexed blocks (a view; see module docstring)."""
         if name not in self._arrays:
-            raise MissingSummaryError(f"stored blocks have no {name!r} summary; re-store them with it")
+            self._stack(_SOURCE.get(name, name))
         arr = self._arrays[name]
         return arr[(slice(None),) * _BLOCK_AXIS[name] + (slice(0, self.n_blocks),)]
 
     def sync(self, metas: Sequence[BlockMeta]) -> None:
         """Make the index hold exactly ``metas``: append new ones, or rebuild after a divergence."""
         n = self.n_blocks
-        if len(metas) < n or [m.chain_hash for m in metas[:n]] != self.hashes:
+        if len(metas) < n or (n and metas[n - 1].chain_hash != self.hashes[-1]):
             self._reset()
             n = 0
         self.append(metas[n:])
 
+    def follow(self, meta: BlockMeta) -> None:
+        """Append ``meta`` if it continues the indexed blocks (its parent is the last of them); else leave the
+        index as it is, for ``sync``. An empty index stays empty: it is built when a step first scores."""
+        if self.hashes and meta.parent_hash == self.hashes[-1]:
+            self.append([meta])
+
     def truncate(self, n_blocks: int) -> None:
         """Forget the indexed blocks from ``n_blocks`` on; the next ``append`` writes over their slots."""
         del self.hashes[n_blocks:]
+        del self._summaries[n_blocks:]
+        if not self.hashes:
+            self._reset()
 
     def reserve(self, n_blocks: int) -> None:
         """Grow capacity to ``n_blocks`` now (avoids copies while appending a known count)."""
@@ -115,25 +134,47 @@ class BlockIndex:
         metas = list(metas)
         if not metas:
             return
-        if not self.hashes and not self._arrays:
-            self._init_arrays(metas[0])
+        if not self.hashes:
+            self._reset()
+            self._names = frozenset(n for n in metas[0].summary if n in _BLOCK_AXIS)
+            if "head_pairs" in metas[0].summary:
+                self.head_pairs = tuple((int(a), int(b)) for a, b in metas[0].summary["head_pairs"])
         need = self.n_blocks + len(metas)
         if need > self._capacity:
             self._grow(max(need, 2 * self._capacity))
         for meta in metas:
-            self._put(self.n_blocks, meta)
+            self._check(meta)
+            i = self.n_blocks
+            for name in self._arrays.keys() & self._names:
+                self._put(i, name, meta.summary[name])
+            self._n_tokens[i] = meta.n_tokens
+            self._summaries.append(meta.summary)
             self.hashes.append(meta.chain_hash)
 
-    def _init_arrays(self, meta: BlockMeta) -> None:
+    def _check(self, meta: BlockMeta) -> None:
+        names = {n for n in meta.summary if n in _BLOCK_AXIS}
+        assert names == self._names, f"block {meta.chain_hash} summaries {sorted(names)} != {sorted(self._names)}"
         if "head_pairs" in meta.summary:
-            self.head_pairs = tuple((int(a), int(b)) for a, b in meta.summary["head_pairs"])
-        shapes = {name: list(value.shape) for name, value in meta.summary.items() if name in _BLOCK_AXIS}
-        if "head_keys" in shapes:
-            shapes["head_keys"][1] = self.block_tokens
-            shapes["head_scale"] = shapes["head_keys"][:2]
-        for name, shape in shapes.items():
-            shape.insert(_BLOCK_AXIS[name], self._capacity)
-            self._arrays[name] = np.zeros(shape, dtype=_DTYPE[name])
+            pairs = tuple((int(a), int(b)) for a, b in meta.summary["head_pairs"])
+            assert pairs == self.head_pairs, f"block {meta.chain_hash} indexes heads {pairs} != {self.head_pairs}"
+
+    def _stack(self, name: str) -> None:
+        """Stack summary ``name`` (with ``head_scale`` for ``head_keys``) over the indexed blocks."""
+        if name not in self._names:
+            raise MissingSummaryError(f"stored blocks have no {name!r} summary; re-store them with it")
+        shape = list(self._summaries[0][name].shape)
+        if name == "head_keys":
+            shape[1] = self.block_tokens
+            self._arrays["head_scale"] = self._empty("head_scale", shape[:2])
+        self._arrays[name] = self._empty(name, shape)
+        for i, summary in enumerate(self._summaries):
+            self._put(i, name, summary[name])
+
+    def _empty(self, name: str, shape: list[int]) -> np.ndarray:
+        """Zeros for ``name`` of one block's ``shape`` at the index's capacity."""
+        shape = list(shape)
+        shape.insert(_BLOCK_AXIS[name], self._capacity)
+        return np.zeros(shape, dtype=_DTYPE[name])
 
     def _grow(self, capacity: int) -> None:
         for name, arr in self._arrays.items():
@@ -148,19 +189,10 @@ class BlockIndex:
         self._n_tokens = n_tokens
         self._capacity = capacity
 
-    def _put(self, i: int, meta: BlockMeta) -> None:
-        names = {n for n in meta.summary if n in _BLOCK_AXIS}
-        want = set(self._arrays) - {"head_scale"}
-        assert names == want, f"block {meta.chain_hash} summaries {sorted(names)} != {sorted(want)}"
-        if "head_pairs" in meta.summary:
-            pairs = tuple((int(a), int(b)) for a, b in meta.summary["head_pairs"])
-            assert pairs == self.head_pairs, f"block {meta.chain_hash} indexes heads {pairs} != {self.head_pairs}"
-        for name in names:
-            value = meta.summary[name]
-            axis = _BLOCK_AXIS[name]
-            lead = (slice(None),) * axis + (i,)
-            if name == "head_keys":
-                lead += (slice(0, value.shape[1]),)
-                value, self._arrays["head_scale"][lead] = quantize_int8(value)
-            self._arrays[name][lead] = value
-        self._n_tokens[i] = meta.n_tokens
+    def _put(self, i: int, name: str, value: np.ndarray) -> None:
+        """Write block ``i``'s summary ``name`` (``head_keys`` as int8 codes and ``head_scale``)."""
+        lead = (slice(None),) * _BLOCK_AXIS[name] + (i,)
+        if name == "head_keys":
+            lead += (slice(0, value.shape[1]),)
+            value, self._arrays["head_scale"][lead] = quantize_int8(value)
+        self._arrays[name][lead] = value

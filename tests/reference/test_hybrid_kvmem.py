@@ -12,6 +12,7 @@ that fails to load is recomputed). Over the budget,
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ pytest.importorskip("gguf")
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
+from kvmem_core.retrieval import BlockIndex  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
 from gguf_writer import write_gguf  # noqa: E402
@@ -113,6 +115,32 @@ def test_turns_and_fork_equal_hf(model) -> None:
     assert other.workspace_id not in (r2.workspace_id, r4.workspace_id)
     assert r4.cached_tokens == len(turn2) // B * B and engine.metrics()["blocks_loaded"] > 0
     assert_matches_hf(hf, engine, r4, turn3)
+
+
+def test_a_scoring_step_finds_its_new_blocks_indexed_as_they_were_archived(model) -> None:
+    """Turn after turn over the budget with retrieval: the blocks stored since the last scoring step were indexed
+    while they were archived (``BlockIndex.follow``), so the step's index sync appends none; the index equals one
+    built from the workspace's blocks."""
+    _, path = model
+    engine = make_engine(path, OVER.replace(method="retrieval", recurrent="keep"))
+    appended, sync = [], BlockIndex.sync
+
+    def recording(index: BlockIndex, metas: list) -> None:
+        appended.append(len(metas) - index.n_blocks)
+        sync(index, metas)
+
+    ids = tokens(150, seed=11)
+    with patch.object(BlockIndex, "sync", recording):
+        for turn in range(3):
+            result = step(engine, ids)
+            assert result.selection["method"] == "retrieval"
+            ids = ids + list(result.token_ids) + tokens(60, seed=12 + turn)
+    assert appended[0] >= 150 // B - 1 and appended[1:] == [0, 0]
+    index = engine._indexes[result.workspace_id]
+    fresh = BlockIndex.build(engine.store.workspace_blocks(result.workspace_id), B)
+    assert index.hashes == fresh.hashes and index.n_blocks > appended[0]
+    for name in ("head_keys", "head_scale", "mean_k"):
+        np.testing.assert_array_equal(index.get(name), fresh.get(name))
 
 
 def test_an_adapter_asking_for_longer_forwards_prefills_in_them(model) -> None:

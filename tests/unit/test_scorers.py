@@ -161,6 +161,39 @@ def test_index_sync_appends_and_rebuilds_on_divergence():
     assert index.get("head_keys").shape == (1, 4, 16, 8)
 
 
+def test_index_follows_its_chain_and_stacks_a_summary_once_read():
+    rng = np.random.default_rng(5)
+    opts, metas, parent = SummaryOptions(group_size=1), [], "0" * 32
+    for i in range(5):
+        k = rng.standard_normal((2, 16, 1, 8)).astype(np.float32)
+        metas.append(
+            BlockMeta(
+                f"{i + 1:032x}", parent, np.arange(16, dtype=np.int32), 16 * i, 0, summarize_block(k, ((1, 0),), opts)
+            )
+        )
+        parent = metas[-1].chain_hash
+    index = BlockIndex(16)
+    index.follow(metas[0])
+    assert index.n_blocks == 0  # an empty index is built by ``sync`` when a step first scores
+    index.sync(metas[:2])
+    index.follow(metas[3])  # does not continue the indexed blocks
+    assert index.hashes == [m.chain_hash for m in metas[:2]]
+    index.follow(metas[2])
+    assert index.get("head_keys").shape == (1, 3, 16, 8)  # stacked now, over the three
+    index.follow(metas[3])
+    index.follow(metas[4])
+    assert index.hashes == [m.chain_hash for m in metas] and index.has("head_scale") and not index.has("x")
+    keys = index.get("head_keys") * index.get("head_scale")[..., None]
+    for i, meta in enumerate(metas):
+        codes, scale = quantize_int8(meta.summary["head_keys"])
+        np.testing.assert_array_equal(keys[:, i], codes * scale[..., None])
+        np.testing.assert_array_equal(index.get("mean_k")[:, :, i], meta.summary["mean_k"])
+        np.testing.assert_array_equal(index.get("protos")[:, :, i], meta.summary["protos"])
+    index.truncate(0)
+    with pytest.raises(MissingSummaryError):
+        index.get("mean_k")
+
+
 def test_int8_keys_error_bound_and_exact_grid():
     rng = np.random.default_rng(9)
     x = rng.standard_normal((3, 50, 64)).astype(np.float32) * rng.uniform(0.01, 100, (3, 50, 1)).astype(np.float32)
