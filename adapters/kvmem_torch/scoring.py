@@ -31,26 +31,26 @@ class DeviceIndex:
 
     def __init__(self, device: torch.device | str, pinned: bool = False) -> None:
         self.device, self.pinned = torch.device(device), pinned
-        self.hashes: list[str] = []
+        self.n_blocks, self.last_hash = 0, None  # the blocks mirrored, the chain hash of the last
         self.keys = self.scales = self.n_tokens = None
 
     def sync(self, index: BlockIndex) -> None:
         """Hold exactly the blocks of ``index``: append new ones, rebuild after a divergence."""
-        n = len(self.hashes)
+        n = self.n_blocks
         keys = index.get("head_keys")  # [pairs, blocks, block tokens, dim] int8
-        if self.keys is None or index.hashes[:n] != self.hashes:
-            self.hashes, n = [], 0
+        if self.keys is None or index.n_blocks < n or (n and index.hashes[n - 1] != self.last_hash):
+            self.n_blocks = n = 0  # the chain's hash at the mirror's end names every block before it
             self._resize(keys.shape, max(64, index.n_blocks))
         elif index.n_blocks > self.keys.shape[1]:
             self._resize(keys.shape, 2 * index.n_blocks)
         self.keys[:, n : index.n_blocks].copy_(torch.from_numpy(keys[:, n:]))
         self.scales[:, n : index.n_blocks].copy_(torch.from_numpy(index.get("head_scale")[:, n:]))
         self.n_tokens[n : index.n_blocks].copy_(torch.from_numpy(index.n_tokens[n:].astype(np.int64)))
-        self.hashes = list(index.hashes)
+        self.n_blocks, self.last_hash = index.n_blocks, index.hashes[-1] if index.hashes else None
 
     def _resize(self, shape: tuple[int, ...], capacity: int) -> None:
         """New buffers of ``capacity`` blocks holding the mirrored blocks."""
-        n, (p, _, b, d) = len(self.hashes), shape
+        n, (p, _, b, d) = self.n_blocks, shape
         old = (self.keys, self.scales, self.n_tokens)
         self.keys = self._empty((p, capacity, b, d), torch.int8)
         self.scales = self._empty((p, capacity, b), torch.float32)

@@ -57,9 +57,11 @@ def check(device: str, pinned: bool, chunk: int, monkeypatch: pytest.MonkeyPatch
     assert_same(scorer, index, query(2))
     index.sync(stored + metas(100, seed=1, first=40))  # appended: the mirror grows past its 64 blocks
     assert_same(scorer, index, query(3))
-    assert len(scorer.mirrors[index].hashes) == 140
-    index.sync(stored[:10] + metas(5, seed=4, first=10))  # a fork: the mirror is rebuilt
+    assert scorer.mirrors[index].n_blocks == 140
+    index.sync(stored[:10] + metas(150, seed=4, first=10))  # a fork, longer: the mirror is rebuilt
     assert_same(scorer, index, query(5))
+    index.sync(stored[:10] + metas(5, seed=5, first=10))  # a fork, shorter
+    assert_same(scorer, index, query(6))
 
 
 @pytest.mark.parametrize("chunk", (64, 1 << 16))
