@@ -274,3 +274,15 @@ class MovedBlocks(Protocol):
         """``kv`` (computed at positions from ``src_pos``) as computed at positions from ``dst_pos``: K re-rotated
         in its own storage, V as is."""
         ...
+
+
+@runtime_checkable
+class MovesCells(Protocol):
+    """Also implemented by adapters that give resident cells new positions in place (a paged view whose keys are
+    rotated when read): materialization then moves a block that stays in the view instead of dropping and
+    reloading it."""
+
+    def move_cells(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """For each (src, dst, n), at once: the resident cells at positions ``[src, src + n)`` take positions
+        ``[dst, dst + n)``, their KV unchanged. Every source is resident; afterwards no two cells share a position."""
+        ...

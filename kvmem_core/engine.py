@@ -272,10 +272,11 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         plan = plan_view(current, [ViewBlock(str(b), b * bt, bt) for b in target], mode)
         positions = {int(e.block_id): e.pos for e in plan.slots}
         tail_pos = n_blocks * bt if mode == "original" else plan.next_pos
-        loaded, dropped = materialize(self.view, self.adapter, positions, tail_pos, lambda bs: self._load(bs, held))
-        self._counts["blocks_loaded"] += loaded
-        self._counts["blocks_dropped"] += dropped
-        return loaded + dropped
+        loaded, dropped, moved = materialize(
+            self.view, self.adapter, positions, tail_pos, lambda bs: self._load(bs, held)
+        )
+        self._counts.update(blocks_loaded=loaded, blocks_dropped=dropped, blocks_moved=moved)
+        return loaded + dropped + moved
 
     def _select(
         self,

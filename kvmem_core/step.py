@@ -13,11 +13,11 @@ computed at); moving one to another position re-rotates it while writing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 
-from kvmem_core.adapter import EngineAdapter, Placement
+from kvmem_core.adapter import EngineAdapter, MovesCells, Placement
 from kvmem_core.layout import BlockKV, BlockMeta
 
 LoadBlocks = Callable[[Sequence[int]], list[tuple[BlockMeta, BlockKV]]]
@@ -138,22 +138,31 @@ def append_computed(view: ViewState, tokens: Sequence[int]) -> list[int]:
 
 def materialize(
     view: ViewState, adapter: EngineAdapter, target: dict[int, int], tail_pos: int, load: LoadBlocks
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Make the view hold exactly the ``target`` blocks (index -> position) plus the tail at ``tail_pos``.
 
-    Blocks resident elsewhere are dropped and reloaded (the store holds every whole block);
-    the tail is read out and rewritten when it moves. Returns (blocks loaded, blocks dropped).
+    Blocks resident elsewhere move where the adapter moves cells (``MovesCells``), the tail with them; elsewhere
+    they are dropped and reloaded (the store holds every whole block) and the tail is read out and rewritten.
+    Returns (blocks loaded, blocks dropped, blocks moved).
     """
     bt = view.block_tokens
     assert all(tail_pos >= p + bt for p in target.values()), "the tail must come after every block"
+    moves = isinstance(adapter, MovesCells)
     n_tail = len(view.tokens) - view.tail_start
-    tail_kv = adapter.read_block(view.tail_pos, n_tail) if n_tail and tail_pos != view.tail_pos else None
-    stale = [b for b, p in view.blocks.items() if target.get(b) != p]
+    moving = {b: p for b, p in target.items() if moves and b in view.blocks and view.blocks[b] != p}
+    tail_kv = adapter.read_block(view.tail_pos, n_tail) if n_tail and tail_pos != view.tail_pos and not moves else None
+    stale = [b for b, p in view.blocks.items() if target.get(b) != p and b not in moving]
     for b in stale:
         pos = view.blocks.pop(b)
         adapter.drop(pos, pos + bt)
     if tail_kv is not None:
         adapter.drop(view.tail_pos, view.tail_pos + n_tail)
+    cells = [(view.blocks[b], p, bt) for b, p in moving.items()]
+    if moves and n_tail and tail_pos != view.tail_pos:
+        cells.append((view.tail_pos, tail_pos, n_tail))
+    if cells:
+        cast(MovesCells, adapter).move_cells(cells)
+    view.blocks.update(moving)
     missing = sorted(b for b in target if b not in view.blocks)
     placements = [Placement(kv, meta.start_pos, target[b]) for b, (meta, kv) in zip(missing, load(missing))]
     if tail_kv is not None:
@@ -161,7 +170,7 @@ def materialize(
     adapter.write_blocks(placements)
     view.blocks.update({b: target[b] for b in missing})
     view.tail_pos = tail_pos
-    return len(missing), len(stale)
+    return len(missing), len(stale), len(moving)
 
 
 def chunk_cuts(start: int, end: int, chunk: int, marks: Sequence[int] = ()) -> list[int]:

@@ -251,6 +251,12 @@ class TorchAdapter:
         ]
         self.stager.put(self.runner, blocks)
 
+    def move_cells(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """``MovesCells``: new positions for resident cells, in place (their RoPE rows rewritten, K is pre-RoPE)."""
+        self.stager.wait()
+        self.runner.move_cells(moves)
+        self._verified = self._forwarded = None  # their positions are the cells' old ones
+
     def content_keys(self, k: np.ndarray, start_pos: int) -> np.ndarray:
         if k.dtype == np.uint8:
             return fp8.dequantize(torch.from_numpy(k), torch.float32).numpy()

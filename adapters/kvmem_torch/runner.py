@@ -185,6 +185,24 @@ class Runner(GraphSteps):
             self.synced = min(self.synced, i)
         self.cache.set_positions(ids, _to_device(padded, self.model.device))
 
+    def move_cells(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """For each (src, dst, n), at once: the ``n`` cells from position ``src`` take the positions from ``dst``.
+        Only positions and their RoPE rows are written (K is pre-RoPE); no KV moves."""
+        moved: dict[int, int] = {}  # slot -> its new position
+        for src, dst, n in moves:
+            i, j = self.cells_at(src, src + n)
+            assert j - i == n, f"view holds {j - i} cells in [{src}, {src + n})"
+            moved.update(zip(self.cells[i:j], range(dst, dst + n)))
+        if not moved:
+            return
+        first = bisect.bisect_left(self.positions, min(min(src, dst) for src, dst, _ in moves))
+        cells = sorted((moved.get(c, p), c) for p, c in zip(self.positions[first:], self.cells[first:]))
+        self.positions[first:], self.cells[first:] = [p for p, _ in cells], [c for _, c in cells]
+        assert all(a < b for a, b in zip(self.positions[first:], self.positions[first + 1 :])), "positions collide"
+        self.synced = min(self.synced, first)
+        device = self.model.device
+        self.cache.place(_to_device(list(moved), device), _to_device(list(moved.values()), device))
+
     def cells_at(self, p0: int, p1: int) -> tuple[int, int]:
         """Index range of the cells with positions in ``[p0, p1)``."""
         return bisect.bisect_left(self.positions, p0), bisect.bisect_left(self.positions, p1)

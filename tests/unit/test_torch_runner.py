@@ -71,6 +71,31 @@ def test_compacted_positions_equal_the_shifted_run(model: Model) -> None:
     assert (got - expected).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize(
+    "moves",
+    (
+        ((32, 16, B), (48, 32, 2)),  # block 1 dropped: block 2 and the tail close the gap (compact)
+        ((0, 100, B), (32, 0, B), (48, 120, 2)),  # at once: block 2 takes block 0's old positions
+    ),
+)
+def test_cells_moved_in_place_equal_blocks_written_back_at_the_new_positions(model: Model, moves) -> None:
+    r, toks = prefilled(model)
+    snap = r.state.snapshot()
+    r.drop(16, 32)
+    kept = [] if any(src == 0 for src, _, _ in moves) else [(0, 0, B)]  # block 0 where it stays
+    out = [(dst, *(x.clone() for x in r.read_cells(src, n))) for src, dst, n in (*kept, *moves)]
+    r.move_cells(moves)
+    assert sorted(r.positions) == r.positions and r.length == 34
+    end = max(dst + n for _, dst, n in moves)
+    got, _ = r.forward(toks[50:], [end])
+    r.clear()
+    for dst, k, v in out:
+        r.insert_block(k, v, list(range(dst, dst + k.shape[1])))
+    r.state.restore(snap)
+    expected, _ = r.forward(toks[50:], [end])
+    assert torch.equal(got, expected)
+
+
 def test_dropping_a_block_equals_a_view_without_it(model: Model) -> None:
     r, toks = prefilled(model, 48)
     free = r.view_free()
