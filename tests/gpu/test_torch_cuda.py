@@ -109,3 +109,20 @@ def test_staged_block_writes_round_trip_bit_exact(hf: object) -> None:
     r.state.restore(snap)
     got, _ = r.forward(ids[48:], [48])
     assert torch.equal(got, expected)
+
+
+def test_cells_moved_in_place_decode_as_blocks_written_back(hf: object) -> None:
+    """A compact-style move (block 1 dropped, block 2 to its positions) read by graph-replayed decode steps."""
+    model = model_of(hf, torch.bfloat16)
+    r, ids = Runner(model, 16, B), tokens(50, seed=6)
+    r.prefill(ids[:48], list(range(48)))
+    snap = r.state.snapshot()
+    r.drop(16, 32)
+    blocks = [(dst, *(x.clone() for x in r.read_cells(src, B))) for src, dst in ((0, 0), (32, 16))]
+    r.move_cells([(32, 16, B)])
+    got = [r.forward([t], [32 + i])[0].clone() for i, t in enumerate(ids[48:])]
+    r.clear()
+    r.insert_blocks([(k, v, range(p, p + B)) for p, k, v in blocks])
+    r.state.restore(snap)
+    expected = [r.forward([t], [32 + i])[0] for i, t in enumerate(ids[48:])]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
