@@ -135,7 +135,6 @@ class BlockIndex:
         if not metas:
             return
         if not self.hashes:
-            self._reset()
             self._names = frozenset(n for n in metas[0].summary if n in _BLOCK_AXIS)
             if "head_pairs" in metas[0].summary:
                 self.head_pairs = tuple((int(a), int(b)) for a, b in metas[0].summary["head_pairs"])
