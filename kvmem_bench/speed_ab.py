@@ -2,8 +2,9 @@
 
 ``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``), ``prefill`` (whole
 prefill forwards replayed from CUDA graphs, ``kvmem_torch.graph_steps``), ``snapshots`` (those of them handing out
-checkpoint states, the offsets read on the device, or padded to a graph's rows; off: such forwards run eagerly) or
-``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host). The torch speed
+checkpoint states, the offsets read on the device, or padded to a graph's rows; off: such forwards run eagerly),
+``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host) or ``moves``
+(blocks that stay in the view moved in place, ``Runner.move_cells``; off: dropped and reloaded). The torch speed
 bench's session (a tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns
 up to ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the
 feature and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
@@ -15,6 +16,7 @@ feature and one without, in alternating order, so both sides see the same machin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -46,11 +48,16 @@ def set_summaries(adapter: Any, on: bool) -> None:
     adapter.staged.device_summaries = on
 
 
+def set_moves(adapter: Any, on: bool) -> None:
+    adapter.caps = dataclasses.replace(adapter.caps, moves_cells=on)
+
+
 FEATURES = {
     "graphs": set_graphs,
     "prefill": set_prefill_graphs,
     "snapshots": set_snapshot_graphs,
     "summaries": set_summaries,
+    "moves": set_moves,
 }
 
 

@@ -49,6 +49,9 @@ class Capabilities:
     # True: ``forward`` takes ``snapshot_at`` (offsets into its tokens) and hands out the recurrent state after
     # each in ``ForwardOut.states``, so a checkpoint does not end a forward (``kvmem_core.prefill``)
     snapshots: bool = False
+    # True: ``move_cells`` (``MovesCells``) gives resident cells new positions in place, so materialization moves
+    # the blocks that stay in the view instead of dropping and reloading them
+    moves_cells: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,8 +282,7 @@ class MovedBlocks(Protocol):
 @runtime_checkable
 class MovesCells(Protocol):
     """Also implemented by adapters that give resident cells new positions in place (a paged view whose keys are
-    rotated when read): materialization then moves a block that stays in the view instead of dropping and
-    reloading it."""
+    rotated when read; ``caps.moves_cells``)."""
 
     def move_cells(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """For each (src, dst, n), at once: the resident cells at positions ``[src, src + n)`` take positions

@@ -141,13 +141,13 @@ def materialize(
 ) -> tuple[int, int, int]:
     """Make the view hold exactly the ``target`` blocks (index -> position) plus the tail at ``tail_pos``.
 
-    Blocks resident elsewhere move where the adapter moves cells (``MovesCells``), the tail with them; elsewhere
+    Blocks resident elsewhere move where the adapter moves cells (``caps.moves_cells``), the tail with them; elsewhere
     they are dropped and reloaded (the store holds every whole block) and the tail is read out and rewritten.
     Returns (blocks loaded, blocks dropped, blocks moved).
     """
     bt = view.block_tokens
     assert all(tail_pos >= p + bt for p in target.values()), "the tail must come after every block"
-    moves = isinstance(adapter, MovesCells)
+    moves = adapter.caps.moves_cells
     n_tail = len(view.tokens) - view.tail_start
     moving = {b: p for b, p in target.items() if moves and b in view.blocks and view.blocks[b] != p}
     tail_kv = adapter.read_block(view.tail_pos, n_tail) if n_tail and tail_pos != view.tail_pos and not moves else None

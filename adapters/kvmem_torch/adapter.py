@@ -112,6 +112,7 @@ class TorchAdapter:
             draft_head=self.model.mtp is not None,
             cheap_drafts=self.runner.graph_verify,
             snapshots=bool(spec.deltanet_layers),
+            moves_cells=True,
         )
         self._forwarded: Forwarded | None = None  # with an MTP head: the last forward's rows (``draft_head``)
         self.staged = StagedBlocks()  # reads ``stage_reads`` took, for ``read_block``

@@ -17,8 +17,10 @@ def test_each_switch_reaches_the_part_that_reads_it():
     for on in (False, True):
         speed_ab.set_graphs(adapter, on)
         speed_ab.set_summaries(adapter, on)
+        speed_ab.set_moves(adapter, on)
         assert adapter.model.rule_graphs.enabled is on
         assert adapter.staged.device_summaries is on
+        assert adapter.caps.moves_cells is on
     adapter.close()
 
 

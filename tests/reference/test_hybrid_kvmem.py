@@ -11,8 +11,8 @@ that fails to load is recomputed). Over the budget,
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 from unittest.mock import patch
 
 import numpy as np
@@ -26,7 +26,6 @@ from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
 from kvmem_core.retrieval import BlockIndex  # noqa: E402
-from kvmem_core import step as step_module  # noqa: E402
 from kvmem_core.step import view_sequence  # noqa: E402
 from kvmem_torch.adapter import TorchAdapter  # noqa: E402
 from gguf_writer import write_gguf  # noqa: E402
@@ -145,17 +144,11 @@ def test_a_scoring_step_finds_its_new_blocks_indexed_as_they_were_archived(model
         np.testing.assert_array_equal(index.get(name), fresh.get(name))
 
 
-@runtime_checkable
-class NoAdapterMoves(Protocol):
-    def no_adapter_has_this(self) -> None: ...
-
-
-def compact_session(path: Path, moves: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list, int]:
+def compact_session(path: Path, moves: bool) -> tuple[list, int]:
     """Each turn's (last logits, answer, selection) of a compact-mode retrieval session, with the adapter moving
     resident cells or (``moves`` False) dropping and reloading them; and the blocks it moved."""
-    if not moves:
-        monkeypatch.setattr(step_module, "MovesCells", NoAdapterMoves)
     engine = make_engine(path, OVER.replace(method="retrieval", positions="compact"))
+    engine.adapter.caps = dataclasses.replace(engine.adapter.caps, moves_cells=moves)
     ids, out = tokens(150, seed=21), []
     for turn in range(4):
         result = step(engine, ids)
@@ -163,13 +156,12 @@ def compact_session(path: Path, moves: bool, monkeypatch: pytest.MonkeyPatch) ->
         ids = ids + list(result.token_ids) + tokens(50, seed=22 + turn)
     moved = engine.metrics()["blocks_moved"]
     engine.close()
-    monkeypatch.undo()
     return out, moved
 
 
-def test_resident_blocks_moved_in_place_answer_as_blocks_reloaded(model, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resident_blocks_moved_in_place_answer_as_blocks_reloaded(model) -> None:
     _, path = model
-    (moved_run, moved), (reloaded_run, none) = (compact_session(path, m, monkeypatch) for m in (True, False))
+    (moved_run, moved), (reloaded_run, none) = (compact_session(path, m) for m in (True, False))
     assert moved > 0 and none == 0
     for (logits, answer, sel), (want_logits, want_answer, want_sel) in zip(moved_run, reloaded_run):
         assert sel == want_sel and answer == want_answer
