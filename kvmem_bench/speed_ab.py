@@ -122,9 +122,10 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the GGUF whose tokenizer and template the weights get")
     ap.add_argument("--workspace", type=int, default=8000, help="warm-up turns until the workspace holds this many")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu (the tiny shape: what the host does)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    out = run(args.feature, args.shape, args.model, args.workspace, args.rounds)
+    out = run(args.feature, args.shape, args.model, args.workspace, args.rounds, args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"ab-{args.feature}.json").write_text(json.dumps(out, indent=1))
 
