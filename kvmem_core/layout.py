@@ -12,6 +12,7 @@ import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -100,6 +101,12 @@ def chain_hash(namespace: str, parent_hash: str, token_ids: np.ndarray | list[in
     h.update(bytes.fromhex(parent_hash))
     h.update(ids.tobytes())
     return h.hexdigest()
+
+
+def starts_with(metas: Sequence[BlockMeta], hashes: Sequence[str]) -> bool:
+    """Whether ``metas`` begin with the blocks whose chain hashes are ``hashes``: a chain hash names every block
+    before it, so the last one tells."""
+    return len(metas) >= len(hashes) and (not hashes or metas[len(hashes) - 1].chain_hash == hashes[-1])
 
 
 def kv_checksum(k: np.ndarray, v: np.ndarray) -> int:

@@ -149,8 +149,9 @@ def materialize(
     assert all(tail_pos >= p + bt for p in target.values()), "the tail must come after every block"
     moves = adapter.caps.moves_cells
     n_tail = len(view.tokens) - view.tail_start
-    moving = {b: p for b, p in target.items() if moves and b in view.blocks and view.blocks[b] != p}
-    tail_kv = adapter.read_block(view.tail_pos, n_tail) if n_tail and tail_pos != view.tail_pos and not moves else None
+    tail_moves = n_tail > 0 and tail_pos != view.tail_pos
+    moving = {b: p for b, p in target.items() if b in view.blocks and view.blocks[b] != p} if moves else {}
+    tail_kv = adapter.read_block(view.tail_pos, n_tail) if tail_moves and not moves else None
     stale = [b for b, p in view.blocks.items() if target.get(b) != p and b not in moving]
     for b in stale:
         pos = view.blocks.pop(b)
@@ -158,7 +159,7 @@ def materialize(
     if tail_kv is not None:
         adapter.drop(view.tail_pos, view.tail_pos + n_tail)
     cells = [(view.blocks[b], p, bt) for b, p in moving.items()]
-    if moves and n_tail and tail_pos != view.tail_pos:
+    if tail_moves and moves:
         cells.append((view.tail_pos, tail_pos, n_tail))
     if cells:
         cast(MovesCells, adapter).move_cells(cells)

@@ -20,10 +20,9 @@ workspace's blocks carry every summary, the default scorer reads only the head k
 others cost most of an append's time and memory.
 
 The index is append-only: ``sync`` extends it when the workspace grew and rebuilds it when
-the workspace's block list no longer starts with the indexed blocks; ``follow`` appends one block
-as it is stored (the engine calls it while archiving, so a step's selection finds its new blocks
-indexed). Chain hashes name a block's whole prefix (``kvmem_core.layout.chain_hash``), so the last
-indexed hash tells whether a block list starts with the indexed blocks.
+the workspace's block list no longer starts with the indexed blocks (``kvmem_core.layout.starts_with``);
+``follow`` appends one block as it is stored (the engine calls it while archiving, so a step's
+selection finds its new blocks indexed).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvmem_core.errors import KVMemError
-from kvmem_core.layout import BlockMeta
+from kvmem_core.layout import BlockMeta, starts_with
 
 _BLOCK_AXIS = {"mean_k": 2, "sub_mean_k": 2, "protos": 2, "head_keys": 1, "head_scale": 1}
 _SOURCE = {"head_scale": "head_keys"}  # stacked with another summary, not stored with the blocks
@@ -105,11 +104,9 @@ class BlockIndex:
 
     def sync(self, metas: Sequence[BlockMeta]) -> None:
         """Make the index hold exactly ``metas``: append new ones, or rebuild after a divergence."""
-        n = self.n_blocks
-        if len(metas) < n or (n and metas[n - 1].chain_hash != self.hashes[-1]):
+        if not starts_with(metas, self.hashes):
             self._reset()
-            n = 0
-        self.append(metas[n:])
+        self.append(metas[self.n_blocks :])
 
     def follow(self, meta: BlockMeta) -> None:
         """Append ``meta`` if it continues the indexed blocks (its parent is the last of them); else leave the

@@ -31,7 +31,7 @@ import numpy as np
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import BudgetError, ConfigError
-from kvmem_core.layout import BlockMeta
+from kvmem_core.layout import BlockMeta, starts_with
 from kvmem_core.retrieval.base import BlockScores
 
 MANDATORY_TAG = "mandatory"
@@ -87,10 +87,9 @@ class StoredSpans:
 
     def spans(self, metas: Sequence[BlockMeta]) -> BlockSpans:
         """The spans of ``metas`` (as ``BlockSpans.from_metas`` gives them)."""
-        n = len(self.hashes)
-        if len(metas) < n or (n and metas[n - 1].chain_hash != self.hashes[-1]):  # a chain hash names its prefix
+        if not starts_with(metas, self.hashes):
             self._reset()
-            n = 0
+        n = len(self.hashes)
         old, new = self._spans, BlockSpans.from_metas(metas[n:], self._names)
         self._spans = BlockSpans(
             np.concatenate((old.n_tokens, new.n_tokens)),
