@@ -11,7 +11,6 @@ them (``--resume`` continues it).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -339,18 +338,3 @@ def run_queues(
                 f.cancel()
             return False
     return True
-
-
-def machine() -> str:
-    """OS, architecture, CPU count and model (from /proc/cpuinfo where there is one), and the GPUs the vendors'
-    tools list."""
-    import contextlib
-    import platform
-
-    from kvmem.devices import probe_gpus
-
-    cpu = platform.processor()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    gpus = "".join(f", GPU {g.name} ({g.total_mib} MiB)" for g in probe_gpus())
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {cpu or 'unknown CPU'}{gpus}"

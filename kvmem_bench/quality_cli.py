@@ -10,8 +10,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -19,7 +17,8 @@ from typing import Any
 
 from kvmem_bench import plots, report
 from kvmem_bench.api import Api
-from kvmem_bench.quality import Journal, RunOptions, machine, run_queues
+from kvmem_bench.provenance import run_meta
+from kvmem_bench.quality import Journal, RunOptions, run_queues
 from kvmem_bench.quality_plan import PLANS, Plan, Queue, View, fit_kinds, only_sizes, parse_shards, plan_named, queues
 from kvmem.serve_process import ServeProcess, sigterm_as_interrupt
 from kvmem_core.errors import ConfigError
@@ -167,35 +166,8 @@ def meta(
         "change": args.change or "none: default knobs",
         "trained_ctx": trained,
         "chars_per_token": cpt,
-        "commit": commit(),
-        "machine": machine(),
-        "command": " ".join(["kvmem", "bench", "quality", *map(shlex.quote, sys.argv[3:])])
-        if sys.argv[1:3] == ["bench", "quality"]
-        else f"kvmem bench quality --plan {plan.name}",
-        "date": time.strftime("%Y-%m-%d"),
+        **run_meta("quality", ("--plan", plan.name)),
     }
-
-
-def commit() -> str:
-    """The checkout's commit (``-dirty`` with local changes), else ``KVMEM_COMMIT``, else "unknown"."""
-    root = Path(__file__).resolve().parents[1]  # the checkout holding kvmem_bench/
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("KVMEM_COMMIT", "unknown")
 
 
 def _write(

@@ -20,10 +20,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shlex
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -36,8 +34,7 @@ from typing import Any, Callable
 from kvmem.compute import THREADS_ENV
 from kvmem.serve_process import ServeProcess
 from kvmem_bench.api import Api, ApiError
-from kvmem_bench.quality import machine
-from kvmem_bench.quality_cli import commit
+from kvmem_bench.provenance import run_meta
 from kvmem_bench.soak_watch import MIB, Watch, engine_metric, fill_disk, mount_tmpfs, unmount
 from kvmem_bench.speed_replicas import MAX_TOKENS, TOOL_OUTPUT
 
@@ -118,14 +115,7 @@ def run(model: str | None, plan: SoakPlan, *, log: Log = print) -> dict[str, Any
 
 def meta() -> dict[str, str]:
     """What produced the numbers: commit, machine, date, the engine threads asked for and the command."""
-    argv = sys.argv[1:] if sys.argv[1:3] == ["bench", "soak"] else ["bench", "soak"]
-    return {
-        "commit": commit(),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
-        "threads": os.environ.get(THREADS_ENV, "default"),
-        "command": " ".join(["kvmem", *map(shlex.quote, argv)]),
-    }
+    return {**run_meta("soak"), "threads": os.environ.get(THREADS_ENV, "default")}
 
 
 def _soak(server: ServeProcess, plan: SoakPlan, nvme: Path, disk: Path | None, why_not: str, log: Log) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvmem_bench import speed_common
+from kvmem_bench.provenance import run_meta
 
 
 def run_speed(
@@ -23,9 +24,10 @@ def run_speed(
     compute: dict[str, Any] | None = None,
     **opts: Any,
 ) -> dict[str, Any]:
-    """Every speed figure of ``backend`` as a JSON-ready dict: the contract's headline keys first,
-    then ``points`` (one per workspace size), ``transfer``, ``threads`` and ``goals``; JSON + PNGs go
-    to ``out_dir``. ``compute``: the adapter's thread and GPU-layer options (``kvmem.compute``)."""
+    """Every speed figure of ``backend`` as a JSON-ready dict: the contract's headline keys first, then ``points``
+    (one per workspace size), ``transfer``, ``meta`` (commit, machine, date and command: ``provenance``),
+    ``threads`` and ``goals``; JSON + PNGs go to ``out_dir``. ``compute``: the adapter's thread and GPU-layer
+    options (``kvmem.compute``)."""
     from kvmem_bench import speed_threads
 
     compute = compute or {}
@@ -38,6 +40,7 @@ def run_speed(
         from kvmem_bench import speed_torch
 
         result = speed_torch.run(quick=quick, log=log, **opts)
+    result["meta"] = run_meta("speed")
     if out_dir is not None:  # the session's figures first: a later phase that fails must not take them along
         speed_common.write_json(result, out_dir)
     result["threads"] = speed_threads.run(backend, model_path, compute, quick=quick, log=log)

@@ -24,7 +24,10 @@ def test_bench_speed_torch_json_last_line_and_files(tmp_path):
     sizes = [p["workspace_tokens"] for p in result["points"]]
     assert len(sizes) == 2 and 1024 <= sizes[0] < 4096 <= sizes[1]  # the CPU plan, through the engine's steps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decode.png", "memory.png", "speed.json", "ttft.png"]
-    assert json.loads((tmp_path / "speed.json").read_text())["points"] == result["points"]
+    written = json.loads((tmp_path / "speed.json").read_text())
+    assert written["points"] == result["points"]
+    command = f"kvmem bench speed --backend torch --model {SMALL_MODEL} --json --out {tmp_path}"
+    assert written["meta"]["command"] == command  # what re-runs it
 
 
 @pytest.mark.llamacpp

@@ -4,6 +4,7 @@ and chat template (CPU): every figure present, consistent, and produced by the e
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -144,6 +145,10 @@ def test_the_session_figures_are_written_before_the_thread_sweep(result: dict, t
         speed.run_speed("torch", str(small_model()), quick=True, out_dir=tmp_path, log=lambda line: None)
     written = json.loads((tmp_path / "speed.json").read_text())
     assert written["points"] == result["points"] and "threads" not in written
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+    meta = written["meta"]  # what produced the figures, written with them
+    assert head.startswith(meta["commit"].removesuffix("-dirty")) and meta["machine"] and meta["date"]
+    assert meta["command"] == "kvmem bench speed"  # called from Python: the bench's name alone
 
 
 @pytest.mark.slow  # 30-100 s on a 2-vCPU machine: ./kvmem test --slow runs it
