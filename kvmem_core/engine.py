@@ -98,7 +98,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         self._stored_spans: dict[str, StoredSpans] = {}
         self._view_ws: str | None = None
         self._counts: Counter[str] = Counter(
-            blocks_recomputed=0, draft_tokens=0, draft_accepted=0
+            blocks_recomputed=0, blocks_loaded=0, blocks_dropped=0, blocks_moved=0, draft_tokens=0, draft_accepted=0
         )  # listed from the start
 
     # ---- the Engine contract ------------------------------------------------------------

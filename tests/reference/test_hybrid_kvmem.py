@@ -149,6 +149,7 @@ def compact_session(path: Path, moves: bool) -> tuple[list, int]:
     resident cells or (``moves`` False) dropping and reloading them; and the blocks it moved."""
     engine = make_engine(path, OVER.replace(method="retrieval", positions="compact"))
     engine.adapter.caps = dataclasses.replace(engine.adapter.caps, moves_cells=moves)
+    assert engine.metrics()["blocks_moved"] == 0  # listed before the first step
     ids, out = tokens(150, seed=21), []
     for turn in range(4):
         result = step(engine, ids)
