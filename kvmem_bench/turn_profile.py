@@ -6,6 +6,11 @@ shows. Writes ``SIZE.txt`` per size (cumulative and own-time listings) into ``--
 
     python -m kvmem_bench.turn_profile --shape tiny --device cpu --sizes 131072,524288,1048576 --out OUT
 
+``--trace`` profiles the turn with ``torch.profiler`` instead, each phase of the step labelled, so a GPU's kernel
+time is charged to the phase that launched it (``turn_trace``: ``SIZE.trace.txt`` and a timeline):
+
+    python -m kvmem_bench.turn_profile --shape 9b --device cuda --sizes 131072,1048576 --trace --out OUT --model GGUF
+
 ``--prompt-turns N`` times only building the prompt (``kvmem_core.prompt.build_prompt``, with the default model's
 tokenizer and template) of the same session's turns past N turns (365: ~1.05M tokens), no model run.
 """
@@ -29,9 +34,17 @@ from kvmem_core.prompt import build_prompt
 
 
 def run(
-    shape: str, model: str | None, sizes: Sequence[int], out: Path, device: str, lines: int = LINES, log: Any = print
+    shape: str,
+    model: str | None,
+    sizes: Sequence[int],
+    out: Path,
+    device: str,
+    lines: int = LINES,
+    log: Any = print,
+    trace: bool = False,
 ) -> list[tuple[int, float]]:
-    """Profile a turn past each of ``sizes`` (ascending) into ``out``. -> (workspace tokens, TTFT s) per profile"""
+    """Profile a turn past each of ``sizes`` (ascending) into ``out``; ``trace``: with ``torch.profiler`` and the
+    engine's phases labelled (``turn_trace``) instead of ``cProfile``. -> (workspace tokens, TTFT s) per profile"""
     plan = dict(DEFAULT_VIEW, sizes=(max(sizes),), lines=lines)
     engine = session_engine(shape, model, plan, device)
     session, done = Session(engine, lines), []
@@ -40,19 +53,31 @@ def run(
         for size in sorted(sizes):
             while session.step()[0] < size:
                 pass
-            profile = cProfile.Profile()
-            profile.enable()
-            tokens, ttft = session.step()
-            profile.disable()
-            text = io.StringIO()
-            for order, rows in (("cumulative", 60), ("tottime", 30)):
-                pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
-            (out / f"{size}.txt").write_text(f"workspace {tokens} tokens, TTFT {ttft:.3f} s\n{text.getvalue()}")
+            tokens, ttft = _traced(engine, session, out, size) if trace else _profiled(session, out, size)
             log(f"profiled a turn at {tokens} tokens: TTFT {ttft:.3f} s")
             done.append((tokens, ttft))
     finally:
         engine.close()
     return done
+
+
+def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
+    """One turn under ``cProfile``, its listings written to ``SIZE.txt``."""
+    profile = cProfile.Profile()
+    profile.enable()
+    tokens, ttft = session.step()
+    profile.disable()
+    text = io.StringIO()
+    for order, rows in (("cumulative", 60), ("tottime", 30)):
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
+    (out / f"{size}.txt").write_text(f"workspace {tokens} tokens, TTFT {ttft:.3f} s\n{text.getvalue()}")
+    return tokens, ttft
+
+
+def _traced(engine: Any, session: Session, out: Path, size: int) -> tuple[int, float]:
+    from kvmem_bench.turn_trace import traced  # torch's profiler, imported only here
+
+    return traced(engine, session.step, out, size)
 
 
 def prompt_seconds(model: str | None, turns: int, timed: int = 7, lines: int = LINES) -> tuple[int, list[float]]:
@@ -83,6 +108,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the GGUF whose tokenizer and template the weights get")
     ap.add_argument("--sizes", default="131072,524288,1048576")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--trace", action="store_true", help="torch.profiler with the engine's phases labelled")
     ap.add_argument("--prompt-turns", type=int, default=None, help="time building the prompt past this many turns")
     args = ap.parse_args()
     if args.prompt_turns is not None:
@@ -91,7 +117,7 @@ def main() -> None:
         return
     if args.out is None:
         ap.error("--out is required")
-    run(args.shape, args.model, [int(s) for s in args.sizes.split(",")], args.out, args.device)
+    run(args.shape, args.model, [int(s) for s in args.sizes.split(",")], args.out, args.device, trace=args.trace)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,26 @@ def test_each_size_gets_the_profile_of_a_turn_past_it(tmp_path):
 def test_building_the_prompt_is_timed_turn_by_turn():
     tokens, seconds = turn_profile.prompt_seconds(str(small_model()), turns=3, timed=2, lines=8)
     assert tokens > 0 and len(seconds) == 2 and min(seconds) > 0
+
+
+@pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer
+def test_a_traced_turn_charges_its_time_to_the_engine_phases_and_leaves_the_engine_as_it_was(tmp_path):
+    from kvmem_bench.speed_ab import Session
+    from kvmem_bench.speed_torch import DEFAULT_VIEW, session_engine
+    from kvmem_bench.turn_trace import PHASES, traced
+
+    engine = session_engine("tiny", str(small_model()), dict(DEFAULT_VIEW, sizes=(6000,), lines=8), "cpu")
+    try:
+        session = Session(engine, 8)
+        while session.step()[0] < 3200:
+            pass
+        tokens, ttft = traced(engine, session.step, tmp_path, 900)
+        assert not set(PHASES) & set(vars(engine)) and "_scorer" not in vars(engine)
+    finally:
+        engine.close()
+    lines = (tmp_path / "900.trace.txt").read_text().splitlines()
+    assert lines[0] == f"workspace {tokens} tokens, TTFT {ttft:.3f} s"
+    host = {line.split()[0]: float(line.split()[2]) for line in lines if line.startswith("kvmem.")}
+    assert {"kvmem._prefill", "kvmem._select", "kvmem.score", "kvmem.admit", "kvmem._decode"} <= host.keys()
+    assert 0 < host["kvmem.score"] <= host["kvmem._select"] and host["kvmem._prefill"] <= ttft * 1000
+    assert (tmp_path / "900.trace.json.gz").stat().st_size > 0
