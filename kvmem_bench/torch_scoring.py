@@ -1,9 +1,11 @@
 """Retrieval-heads scoring time: numpy on the host vs torch with the index on the GPU or in pinned memory.
 
 ``python -m kvmem_bench.torch_scoring --tokens 262144,1048576`` on a random index shaped like
-Qwen3.6-27B's (head dim 256, 3 retrieval heads on 3 kv heads, 128-token blocks) and a
-512-token query. Prints one JSON line per size: median seconds per score and the mirror's
-first sync (the upload of the whole index).
+Qwen3.6-27B's (head dim 256, 3 retrieval heads on 3 kv heads, 64-token blocks as ``--kvmem-block-tokens``'
+default) and the query rows a step scores with (``QUERY_WINDOW`` tokens). Prints one JSON line per size: median
+seconds per score and the mirror's first sync (the upload of the whole index); on the GPU both with the fused
+kernel (``kvmem_torch.score_kernel``, ``gpu_s``) and without it (the streamed chunks of logits,
+``gpu_streamed_s``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import numpy as np
 import torch
 
 from kvmem_core.layout import BlockMeta
+from kvmem_core.prompt import QUERY_WINDOW
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, make_scorer
-from kvmem_torch import TorchRetrievalHeads
+from kvmem_torch import TorchRetrievalHeads, score_kernel
 
 HEADS = ((10, 0), (20, 7), (30, 13))  # (layer, query head) on kv heads 0, 1, 2 of 6 query heads per kv head
-N_LAYERS, N_HEADS, N_KV, DIM, B, QUERY = 32, 24, 4, 256, 128, 512
+N_LAYERS, N_HEADS, N_KV, DIM, B, QUERY = 32, 24, 4, 256, 64, QUERY_WINDOW
 
 
 def random_index(n_tokens: int, seed: int = 0) -> BlockIndex:
@@ -55,12 +58,18 @@ def main() -> None:
         index = random_index(n)
         row = {"tokens": n, "index_mb": round(index.get("head_keys").nbytes / 2**20)}
         row["numpy_s"] = timed(lambda: make_scorer("retrieval-heads", HEADS).score(q, index), 1)
-        for where, pinned in (("gpu", False), ("pinned", True)):
+        want = make_scorer("retrieval-heads", HEADS).score(q, index)
+        for where, pinned, fused in (("gpu", False, True), ("gpu_streamed", False, False), ("pinned", True, True)):
+            score_kernel.FUSED = fused
             scorer = TorchRetrievalHeads(HEADS, "cuda", pinned)
             row[f"{where}_first_s"] = timed(lambda: scorer.score(q, index), 1)
             row[f"{where}_s"] = timed(lambda: scorer.score(q, index), args.repeats)
-        want, got = make_scorer("retrieval-heads", HEADS).score(q, index), scorer.score(q, index)
-        row["max_rel_err"] = float(np.max(np.abs(got.scores - want.scores) / np.maximum(want.scores, 1e-12)))
+            got = scorer.score(q, index)
+            row[f"{where}_max_rel_err"] = float(
+                np.max(np.abs(got.scores - want.scores) / np.maximum(want.scores, 1e-12))
+            )
+            row[f"{where}_peaks_equal"] = bool((got.peaks == want.peaks).all())
+        score_kernel.FUSED = True
         print(json.dumps(row), flush=True)
 
 
