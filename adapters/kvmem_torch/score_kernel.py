@@ -9,8 +9,9 @@ and writes three numbers per (row, block): the largest logit, its offset and the
 [rows, blocks] arrays, the same arithmetic the streaming path ends with, so the scores agree to float32
 rounding (the product runs in IEEE float32; the scale is applied to the keys, as the numpy path does).
 
-Used by ``scoring.TorchRetrievalHeads`` where the keys are on a CUDA device and Triton is importable
-(``TRITON_INTERPRET=1`` runs it on the CPU, which is how the unit tests check it).
+Used by ``scoring.TorchRetrievalHeads`` where ``FUSED`` is on, the keys are on a CUDA device and Triton is
+importable (``TRITON_INTERPRET=1`` runs it on the CPU, which is how the unit tests check it). ``FUSED`` is off
+until a GPU measures it against the streaming path (``kvmem_bench.torch_scoring``, ``speed_ab --feature scoring``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvmem_core.retrieval.heads_score import BlockStats, HeadKeys, HeadMass, bac
 from kvmem_torch.kernels import eligible, triton
 
 ROW_TILE = 32  # query rows a program scores against its block (registers: tile x block tokens logits)
-FUSED = True  # off: the streaming path scores everywhere (A/B runs)
+FUSED = False  # on: the engine scores through the kernel (off until its speed is measured on a GPU; A/B runs)
 
 if triton is not None:
     import triton.language as tl

@@ -17,6 +17,7 @@ import torch
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, SummaryOptions, make_scorer, summarize_block
 from kvmem_core.retrieval.heads_score import CHUNK_TOKENS
+from kvmem_torch import score_kernel
 from kvmem_torch.scoring import TorchRetrievalHeads
 
 HEADS = ((0, 1), (1, 2), (1, 3))  # (layer, query head); two query heads per kv head
@@ -77,8 +78,9 @@ def test_torch_scorer_equals_numpy_on_cpu(chunk: int, monkeypatch: pytest.Monkey
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("pinned", (False, True))
-def test_torch_scorer_equals_numpy_on_cuda(pinned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("pinned,fused", ((False, False), (False, True), (True, False)))
+def test_torch_scorer_equals_numpy_on_cuda(pinned: bool, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(score_kernel, "FUSED", fused)
     check("cuda", pinned, 64, monkeypatch)
 
 
@@ -87,6 +89,7 @@ import pytest, torch
 from kvmem_torch import score_kernel
 import test_torch_kvmem_scoring as t
 calls = []
+score_kernel.FUSED = True
 block_stats = score_kernel.block_stats
 score_kernel.block_stats = lambda rows, keys: calls.append(keys.keys.shape) or block_stats(rows, keys)
 t.check("cpu", False, 64, pytest.MonkeyPatch())
