@@ -1,7 +1,8 @@
 """A turn's host work follows its new tokens, not the workspace: an agent session on the tiny random qwen35 (a
 hybrid model: recurrent checkpoints are taken and restored every turn) through ``KVMemEngine``, over the budget,
 grows turn by turn; the bytes hashed (checkpoint keys, chain hashes), the stored blocks the prefix match checks and
-the block metas the selector's spans convert stay flat while the workspace grows fourfold. The engine's caches
+the block metas the selector's spans convert stay flat while the workspace grows fourfold, and the block index never
+copies itself to grow. The engine's caches
 behind that (``PrefixKeys``, the registry's last match, ``StoredSpans``, the view's token array) change no result:
 an engine whose caches are dropped before every step selects, answers and stores the same."""
 
@@ -24,6 +25,7 @@ from kvmem_core.checkpoints import PrefixKeys  # noqa: E402
 from kvmem_core.config import KVMemConfig  # noqa: E402
 from kvmem_core.contract import SamplingParams, StepRequest, StepResult  # noqa: E402
 from kvmem_core.engine import KVMemEngine  # noqa: E402
+from kvmem_core.retrieval import BlockIndex  # noqa: E402
 from kvmem_core.workspace import WorkspaceRegistry  # noqa: E402
 from torch_tiny import random_qwen35_adapter  # noqa: E402
 
@@ -66,7 +68,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     fake = SimpleNamespace(blake2b=blake2b)
     monkeypatch.setattr(checkpoints_module, "hashlib", fake)
     monkeypatch.setattr(layout_module, "hashlib", fake)
-    verified, group_of = WorkspaceRegistry._verified, selector_module._group_of
+    verified, group_of, grow = WorkspaceRegistry._verified, selector_module._group_of, BlockIndex._grow
 
     def counted_verified(self: WorkspaceRegistry, *args: Any) -> bool:
         counts["verified"] += 1
@@ -76,8 +78,13 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         counts["spans"] += 1
         return group_of(*args)
 
+    def counted_grow(self: BlockIndex, capacity: int) -> None:
+        counts["index_copies"] += bool(self._arrays)  # stacked summaries copied into larger arrays
+        grow(self, capacity)
+
     monkeypatch.setattr(WorkspaceRegistry, "_verified", counted_verified)
     monkeypatch.setattr(selector_module, "_group_of", counted_group_of)
+    monkeypatch.setattr(BlockIndex, "_grow", counted_grow)
     return counts
 
 
@@ -119,6 +126,7 @@ def test_a_turns_hashing_and_block_work_do_not_grow_with_the_workspace(monkeypat
     assert late["verified"] <= early["verified"] + 2, (early, late)
     assert late["spans"] <= early["spans"] + 2, (early, late)
     assert late["hashed"] < 4 * 8 * (TURN + ANSWER), "the checkpoint keys hash the new tokens about once each"
+    assert counts["index_copies"] == 0, "the index is made for a whole --ctx workspace: it never copies itself"
 
 
 def test_the_engine_caches_change_no_selection_answer_or_stored_block():

@@ -214,3 +214,34 @@ def test_empty_workspace_scores_nothing(name):
     query = QueryFeatures(np.ones((2, 1, 4, 8), np.float32), 2)
     got = scorer(name, ((0, 0),), []).score(query, BlockIndex(16))
     assert got.scores.shape == (0,) and got.peaks.shape == (0,)
+
+
+def test_a_reserved_index_never_copies_itself_and_falls_back_to_doubling_where_memory_is_refused(monkeypatch):
+    rng = np.random.default_rng(6)
+    blocks = [rng.standard_normal((1, 16 - 5 * (i == 9), 1, 8)).astype(np.float32) for i in range(10)]
+    _, metas = build(blocks, ((0, 0),), group=1)
+    plain, reserved = BlockIndex(16), BlockIndex(16, reserve=1 << 20)  # 1M blocks: 128 MiB of keys, never written
+    for index in (plain, reserved):
+        index.sync(metas[:1])
+        index.get("head_keys")
+    arrays = reserved.get("head_keys").base
+    for n in range(2, 11):
+        plain.sync(metas[:n])
+        reserved.sync(metas[:n])
+    assert reserved.capacity == 1 << 20 and plain.capacity < 64 and reserved.get("head_keys").base is arrays
+    for name in ("head_keys", "head_scale", "mean_k"):
+        np.testing.assert_array_equal(reserved.get(name), plain.get(name))
+    np.testing.assert_array_equal(reserved.n_tokens, plain.n_tokens)
+
+    zeros = np.zeros
+
+    def refusing(shape, dtype=float):  # as an OS without that much address space to give: large arrays refused
+        if np.prod(shape) * np.dtype(dtype).itemsize > 1 << 23:
+            raise MemoryError
+        return zeros(shape, dtype=dtype)
+
+    monkeypatch.setattr(np, "zeros", refusing)
+    refused = BlockIndex(16, reserve=1 << 20)
+    refused.sync(metas)
+    np.testing.assert_array_equal(refused.get("head_keys"), plain.get("head_keys"))
+    assert refused.capacity == 64  # as an index without a reservation starts
