@@ -83,7 +83,7 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
     events = prof.key_averages()
     phases = sorted((e for e in events if e.key.startswith(PREFIX)), key=lambda e: -e.cpu_time_total)
     lines = [f"workspace {tokens} tokens, TTFT {ttft:.3f} s", "", "phase  calls  host_ms  device_ms"]
-    lines += [f"{e.key}  {e.count}  {e.cpu_time_total / 1e3:.2f}  {_device_us(e) / 1e3:.2f}" for e in phases]
+    lines += [f"{e.key}  {e.count}  {e.cpu_time_total / 1e3:.2f}  {e.device_time_total / 1e3:.2f}" for e in phases]
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     lines += ["", events.table(sort_by=sort, row_limit=50, max_name_column_width=90)]
     (out / f"{size}.trace.txt").write_text("\n".join(lines))
@@ -93,8 +93,3 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
         shutil.copyfileobj(src, dst)
     raw.unlink()
     return tokens, ttft
-
-
-def _device_us(event: Any) -> float:
-    """Microseconds of device time under a range (``device_time_total``; older torch: ``cuda_time_total``)."""
-    return float(getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)))

@@ -106,10 +106,6 @@ class NumpyOps:
     def new(like: np.ndarray, shape: tuple[int, ...], fill: float, dtype: str) -> np.ndarray:
         return np.full(shape, fill, dtype=dtype)
 
-    @staticmethod
-    def arange(like: np.ndarray, n: int) -> np.ndarray:
-        return np.arange(n)
-
     stack = staticmethod(np.stack)
     exp = staticmethod(np.exp)
     log = staticmethod(np.log)
@@ -162,10 +158,6 @@ def _torch_ops() -> type:
         @staticmethod
         def new(like: torch.Tensor, shape: tuple[int, ...], fill: float, dtype: str) -> torch.Tensor:
             return torch.full(shape, fill, dtype=getattr(torch, dtype), device=like.device)
-
-        @staticmethod
-        def arange(like: torch.Tensor, n: int) -> torch.Tensor:
-            return torch.arange(n, device=like.device)
 
         stack = staticmethod(lambda xs, axis: torch.stack(xs, dim=axis))
         exp = staticmethod(torch.exp)
@@ -239,16 +231,18 @@ class BlockStats:
 
 
 def normalized(
-    ops: Any, blocks: BlockStats, ref_max: Array, ref_sum: Array, ref_of: Array
+    ops: Any, blocks: BlockStats, ref_max: Array, ref_sum: Array, ref_of: Array | None = None
 ) -> tuple[Array, Array, Array]:
     """Mass per (row, block) [rows, N] float64, and each block's peak (log mass [N], offset [N]), from ``blocks``'
-    stats whose sums are relative to reference maxima ``ref_max`` [rows, refs] (block ``j``'s is ``ref_of[j]``),
-    each reference's exp-sum being ``ref_sum`` [rows, refs]: the softmax over every token, in float64."""
+    stats whose sums are relative to reference maxima ``ref_max`` [rows, refs] (block ``j``'s is ``ref_of[j]``;
+    None: each block is its own reference), each reference's exp-sum being ``ref_sum`` [rows, refs]: the softmax
+    over every token, in float64."""
     cmax = ops.float64(ref_max)
     top = ops.max_arg(cmax, 1)[0][:, None]
     weight = ops.exp(cmax - top)
     z = (ref_sum * weight).sum(1)[:, None]
-    mass = blocks.sum * (weight / z)[:, ref_of]
+    scale = weight / z
+    mass = blocks.sum * (scale if ref_of is None else scale[:, ref_of])
     rel = blocks.max - (top + ops.log(z))
     peak, best = ops.max_arg(rel, 0)
     return mass, peak, ops.pick(blocks.arg, best)
@@ -257,9 +251,7 @@ def normalized(
 def block_mass(ops: Any, blocks: BlockStats, n_query_tokens: int) -> HeadMass:
     """``head_block_mass``'s result from per-block stats whose sums are relative to each block's own maximum (what
     a fused kernel computes in one pass over the keys, e.g. ``kvmem_torch.score_kernel``)."""
-    n_blocks = blocks.max.shape[1]
-    mass, peak, arg = normalized(ops, blocks, blocks.max, blocks.sum, ops.arange(blocks.max, n_blocks))
-    return _per_head(ops, mass, peak, arg, n_query_tokens)
+    return _per_head(ops, *normalized(ops, blocks, blocks.max, blocks.sum), n_query_tokens)
 
 
 def chunks(n_blocks: int, block_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:

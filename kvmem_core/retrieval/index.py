@@ -182,16 +182,17 @@ class BlockIndex:
     def _empty(self, name: str, shape: list[int]) -> np.ndarray:
         """Zeros for ``name`` of one block's ``shape`` at the index's capacity; past what the OS will map, the
         capacity falls back to twice the blocks indexed (``reserve`` is a wish, not a need)."""
-        shape = list(shape)
-        shape.insert(_BLOCK_AXIS[name], self._capacity)
+        full = list(shape)
+        full.insert(_BLOCK_AXIS[name], self._capacity)
         try:
-            return np.zeros(shape, dtype=_DTYPE[name])
+            return np.zeros(full, dtype=_DTYPE[name])
         except MemoryError:
-            if self._capacity <= max(64, 2 * self.n_blocks):
+            fallback = max(64, 2 * self.n_blocks)
+            if self._capacity <= fallback:
                 raise
             self._reserved = 0
-            self._grow(max(64, 2 * self.n_blocks))
-            return self._empty(name, shape[: _BLOCK_AXIS[name]] + shape[_BLOCK_AXIS[name] + 1 :])
+            self._grow(fallback)
+            return self._empty(name, shape)
 
     def _grow(self, capacity: int) -> None:
         for name, arr in self._arrays.items():
