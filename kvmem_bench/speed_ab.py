@@ -6,8 +6,7 @@ checkpoint states, the offsets read on the device, or padded to a graph's rows; 
 ``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host) or ``moves``
 (blocks that stay in the view moved in place, ``Runner.move_cells``; off: dropped and reloaded) or ``scoring``
 (retrieval-heads scores from one fused pass over the device index, ``kvmem_torch.score_kernel``; off: the streamed
-chunks of logits) or ``room`` (the view's cells for a whole prefill chunk, ``prefill_room_for``; off: chunks of a
-quarter of the view). The torch speed
+chunks of logits). The torch speed
 bench's session (a tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns
 up to ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the
 feature and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
@@ -61,11 +60,6 @@ def set_fused_scoring(adapter: Any, on: bool) -> None:
     score_kernel.FUSED = on
 
 
-def set_prefill_room(adapter: Any, on: bool) -> None:
-    cells = adapter.view_tokens + (adapter.prefill_room if on else 0)
-    adapter.caps = dataclasses.replace(adapter.caps, max_view_tokens=cells)
-
-
 FEATURES = {
     "graphs": set_graphs,
     "prefill": set_prefill_graphs,
@@ -73,7 +67,6 @@ FEATURES = {
     "summaries": set_summaries,
     "moves": set_moves,
     "scoring": set_fused_scoring,
-    "room": set_prefill_room,
 }
 
 

@@ -57,8 +57,7 @@ class PrefillOps:
     def _streaming_blocks(self, cfg: KVMemConfig, n_blocks: int) -> list[int]:
         bt = self.layout.block_tokens
         sink = -(-cfg.sink_tokens // bt)
-        cells = self.adapter.caps.max_view_tokens
-        recent = max(1, (cells - self._prefill_chunk(cfg) - cfg.sink_tokens) // bt - 1)
+        recent = max(1, (cfg.view_tokens - self._prefill_chunk(cfg) - cfg.sink_tokens) // bt - 1)
         return sorted(set(range(min(sink, n_blocks))) | set(range(max(0, n_blocks - recent), n_blocks)))
 
     def _checkpoint_marks(self, cfg: KVMemConfig, prompt: Prompt) -> tuple[int, ...]:
@@ -131,15 +130,13 @@ class PrefillOps:
         return out.logits, np.concatenate(queries, axis=1) if queries else None
 
     def _prefill_chunk(self, cfg: KVMemConfig) -> int:
-        """Tokens per prefill forward: ``PREFILL_CHUNK``, or what the adapter asks for up to the larger of a quarter
-        of the view and the adapter's prefill room (cells it holds beyond ``cfg.view_tokens``), whole blocks, so a
-        streaming prefill still sees most of the recent history; never more than ``_make_room`` can always free
-        (the cells less the sink blocks and a partial tail block). Blocks are archived and progress reported
-        between forwards."""
-        bt, cells = self.layout.block_tokens, self.adapter.caps.max_view_tokens
-        spare = max(cfg.view_tokens // 4, cells - cfg.view_tokens) // bt * bt
-        asked = max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, spare))
-        room = cells - (-(-cfg.sink_tokens // bt) + 1) * bt
+        """Tokens per prefill forward: ``PREFILL_CHUNK``, or what the adapter asks for up to a quarter of the view
+        (whole blocks), so a streaming prefill still sees most of the recent history; never more than
+        ``_make_room`` can always free (the view less its sink blocks and a partial tail block). Blocks are
+        archived and progress reported between forwards."""
+        bt = self.layout.block_tokens
+        asked = max(PREFILL_CHUNK, min(self.adapter.caps.prefill_chunk, cfg.view_tokens // 4 // bt * bt))
+        room = cfg.view_tokens - (-(-cfg.sink_tokens // bt) + 1) * bt
         return max(1, min(asked, room))
 
     def _renumbers(self, cfg: KVMemConfig, mode: str, n: int) -> bool:

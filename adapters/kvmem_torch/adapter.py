@@ -61,7 +61,6 @@ class TorchAdapter:
         device: str | None = None,
         dtype: torch.dtype | str | None = None,
         prefill_chunk: int | None = None,
-        prefill_room: int | None = None,
         cuda_graphs: bool | None = None,
         progress: bool = True,
         n_threads: int | None = None,
@@ -73,9 +72,7 @@ class TorchAdapter:
         or its name; None: bfloat16 on CUDA, float32 elsewhere) holds weights and KV. ``loaded``: spec,
         weights (``dtype`` on ``device``), tokenizer and fingerprint already in memory (the speed bench's random
         weights); ``model_path`` then only names the model. ``prefill_chunk``: most tokens per forward (None:
-        ``prefill_chunk_for(device)``). ``prefill_room``: cells beyond ``view_tokens`` for a prefill chunk, so the
-        engine prefills whole chunks without dropping the view's history first (None: ``prefill_room_for``).
-        ``kv_fp8``: K/V as 8-bit e4m3 rows with scales (``fp8``) in the view and
+        ``prefill_chunk_for(device)``). ``kv_fp8``: K/V as 8-bit e4m3 rows with scales (``fp8``) in the view and
         every tier, instead of in ``dtype``."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = resolve_threads(n_threads, n_threads_batch)
@@ -86,14 +83,12 @@ class TorchAdapter:
         path = Path(model_path)
         spec, weights, self.tokenizer, self.fingerprint = loaded or _load(path, dtype, device, progress)
         self.model = Model(spec, weights)
-        self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
-        self.prefill_room = prefill_room_for(device, self.prefill_chunk) if prefill_room is None else prefill_room
-        self.view_tokens, cells = view_tokens, view_tokens + self.prefill_room
-        num_blocks = -(-cells // block_tokens) + 2  # slack for partly filled blocks
+        num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs, kv_fp8)
         self.stager = BlockStager(self.runner.cache)
         self.model_path, self.model_id = str(path), path.stem if path.is_file() else path.name
         self.chat_template = self.tokenizer.chat_template or ""
+        self.prefill_chunk = prefill_chunk or prefill_chunk_for(device)
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # retrieval index -> GPU copy
         self._verified: Verified | None = None  # a hybrid model's last ``forward_every``, while it can be cut back
         self.layout = BlockLayout(
@@ -106,7 +101,7 @@ class TorchAdapter:
         )
         self.caps = Capabilities(
             backend="torch",
-            max_view_tokens=cells,
+            max_view_tokens=view_tokens,
             trained_ctx=spec.max_context,
             paged_slots=True,
             recurrent_state=bool(spec.deltanet_layers),
@@ -336,13 +331,6 @@ def prefill_chunk_for(device: str) -> int:
     """Tokens per prefill forward: 4096 on a GPU, where larger GEMMs and fewer passes over the view's keys pay
     (measured at the 27B shape, docs/torch.md); the core's default on the CPU, where they do not."""
     return 4096 if device.startswith("cuda") else PREFILL_CHUNK
-
-
-def prefill_room_for(device: str, prefill_chunk: int) -> int:
-    """Cells a view holds beyond its budget for one prefill chunk: a whole chunk on a GPU, where 4096-token
-    forwards pay (``prefill_chunk_for``) and a quarter of the default view is 640 tokens (128 MiB more for the 9B
-    shape's KV); none on the CPU, where the core's 512-token chunk is what it asks for either way."""
-    return prefill_chunk if device.startswith("cuda") else 0
 
 
 def _load(path: Path, dtype: torch.dtype, device: str, progress: bool) -> Loaded:
