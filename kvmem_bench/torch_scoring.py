@@ -3,9 +3,8 @@
 ``python -m kvmem_bench.torch_scoring --tokens 262144,1048576`` on a random index shaped like
 Qwen3.6-27B's (head dim 256, 3 retrieval heads on 3 kv heads, 64-token blocks as ``--kvmem-block-tokens``'
 default) and the query rows a step scores with (``QUERY_WINDOW`` tokens). Prints one JSON line per size: median
-seconds per score and the mirror's first sync (the upload of the whole index); on the GPU both with the fused
-kernel (``kvmem_torch.score_kernel``, ``gpu_s``) and without it (the streamed chunks of logits,
-``gpu_streamed_s``).
+seconds per score and the mirror's first sync (the upload of the whole index), and whether the scores and peaks
+agree with numpy's.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import torch
 from kvmem_core.layout import BlockMeta
 from kvmem_core.prompt import QUERY_WINDOW
 from kvmem_core.retrieval import BlockIndex, QueryFeatures, make_scorer
-from kvmem_torch import TorchRetrievalHeads, score_kernel
+from kvmem_torch import TorchRetrievalHeads
 
 HEADS = ((10, 0), (20, 7), (30, 13))  # (layer, query head) on kv heads 0, 1, 2 of 6 query heads per kv head
 N_LAYERS, N_HEADS, N_KV, DIM, B, QUERY = 32, 24, 4, 256, 64, QUERY_WINDOW
@@ -58,9 +57,8 @@ def main() -> None:
         index = random_index(n)
         row = {"tokens": n, "index_mb": round(index.get("head_keys").nbytes / 2**20)}
         row["numpy_s"] = timed(lambda: make_scorer("retrieval-heads", HEADS).score(q, index), 1)
-        want, default = make_scorer("retrieval-heads", HEADS).score(q, index), score_kernel.FUSED
-        for where, pinned, fused in (("gpu", False, True), ("gpu_streamed", False, False), ("pinned", True, False)):
-            score_kernel.FUSED = fused
+        want = make_scorer("retrieval-heads", HEADS).score(q, index)
+        for where, pinned in (("gpu", False), ("pinned", True)):
             scorer = TorchRetrievalHeads(HEADS, "cuda", pinned)
             row[f"{where}_first_s"] = timed(lambda: scorer.score(q, index), 1)
             row[f"{where}_s"] = timed(lambda: scorer.score(q, index), args.repeats)
@@ -69,7 +67,6 @@ def main() -> None:
                 np.max(np.abs(got.scores - want.scores) / np.maximum(want.scores, 1e-12))
             )
             row[f"{where}_peaks_equal"] = bool((got.peaks == want.peaks).all())
-        score_kernel.FUSED = default
         print(json.dumps(row), flush=True)
 
 

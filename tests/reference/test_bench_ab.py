@@ -11,21 +11,16 @@ from model_support import small_model
 from torch_tiny import random_qwen35_adapter
 
 
-def test_each_switch_reaches_the_part_that_reads_it(monkeypatch):
-    from kvmem_torch import score_kernel
-
-    monkeypatch.setattr(score_kernel, "FUSED", score_kernel.FUSED)  # restored after the test
+def test_each_switch_reaches_the_part_that_reads_it():
     adapter = random_qwen35_adapter("cpu", view_tokens=256, block_tokens=16)
     assert adapter.staged.device_summaries  # on by default (graphs: CUDA only)
     for on in (False, True):
         speed_ab.set_graphs(adapter, on)
         speed_ab.set_summaries(adapter, on)
         speed_ab.set_moves(adapter, on)
-        speed_ab.set_fused_scoring(adapter, on)
         assert adapter.model.rule_graphs.enabled is on
         assert adapter.staged.device_summaries is on
         assert adapter.caps.moves_cells is on
-        assert score_kernel.FUSED is on
     adapter.close()
 
 
