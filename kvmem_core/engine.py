@@ -367,10 +367,11 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         return self.adapter.content_keys(kv.k, self.store.lookup(block_hash).start_pos)
 
     def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:
-        """``ws_id``'s index holding ``metas``; made for a whole ``--ctx`` workspace (it never copies itself)."""
+        """``ws_id``'s index holding ``metas``; reserved for a whole ``--ctx`` workspace (it never copies itself)."""
         if ws_id not in self._indexes:
             bt = self.layout.block_tokens
-            self._indexes[ws_id] = BlockIndex(bt, reserve=-(-self.config.ctx // bt))
+            self._indexes[ws_id] = BlockIndex(bt)
+            self._indexes[ws_id].reserve(-(-self.config.ctx // bt))
         index = self._indexes[ws_id]
         index.sync(metas)
         return index

@@ -62,18 +62,11 @@ class MissingSummaryError(KVMemError):
 
 
 class BlockIndex:
-    """Summaries of a workspace's blocks in chronological order, stacked for scoring.
+    """Summaries of a workspace's blocks in chronological order, stacked for scoring."""
 
-    ``reserve``: blocks the stacked arrays are made for from the start (the workspace's largest, ``--ctx``), so the
-    index never copies itself to grow: growing a 1M-token index of three heads' keys copied ~0.8 GB and took 1.3 s
-    at 8K blocks and 2.5 s at 16K on this project's VM, in the turn that crossed the capacity. The arrays are
-    zero-filled on demand (``np.zeros``: pages the OS maps when first written), so what is never written costs
-    address space, not memory; where the OS refuses that address space, the index grows by doubling instead.
-    """
-
-    def __init__(self, block_tokens: int, reserve: int = 0) -> None:
+    def __init__(self, block_tokens: int) -> None:
         self.block_tokens = block_tokens
-        self._reserved = reserve
+        self._reserved = 0  # the capacity ``reserve`` asked for, kept through rebuilds
         self._reset()
 
     def _reset(self) -> None:
@@ -135,7 +128,12 @@ class BlockIndex:
             self._reset()
 
     def reserve(self, n_blocks: int) -> None:
-        """Grow capacity to ``n_blocks`` now (avoids copies while appending a known count)."""
+        """Hold ``n_blocks`` without copying: capacity grows to it now and again after any rebuild. A reserved index
+        never copies itself to grow (growing a 1M-token index of three heads' keys copied ~0.8 GB and took 1.3 s at
+        8K blocks and 2.5 s at 16K on this project's VM, in the turn that crossed the capacity). The arrays are
+        zero-filled on demand (``np.zeros``: pages the OS maps when first written), so what is never written costs
+        address space, not memory; where the OS refuses that address space, the index grows by doubling instead."""
+        self._reserved = max(self._reserved, n_blocks)
         if n_blocks > self._capacity:
             self._grow(n_blocks)
 

@@ -220,7 +220,8 @@ def test_a_reserved_index_never_copies_itself_and_falls_back_to_doubling_where_m
     rng = np.random.default_rng(6)
     blocks = [rng.standard_normal((1, 16 - 5 * (i == 9), 1, 8)).astype(np.float32) for i in range(10)]
     _, metas = build(blocks, ((0, 0),), group=1)
-    plain, reserved = BlockIndex(16), BlockIndex(16, reserve=1 << 20)  # 1M blocks: 128 MiB of keys, never written
+    plain, reserved = BlockIndex(16), BlockIndex(16)
+    reserved.reserve(1 << 20)  # 1M blocks: 128 MiB of keys, never written
     for index in (plain, reserved):
         index.sync(metas[:1])
         index.get("head_keys")
@@ -232,6 +233,8 @@ def test_a_reserved_index_never_copies_itself_and_falls_back_to_doubling_where_m
     for name in ("head_keys", "head_scale", "mean_k"):
         np.testing.assert_array_equal(reserved.get(name), plain.get(name))
     np.testing.assert_array_equal(reserved.n_tokens, plain.n_tokens)
+    reserved.sync(metas[1:4])  # a divergence rebuilds the index: the reservation holds
+    assert reserved.capacity == 1 << 20 and reserved.n_blocks == 3
 
     zeros = np.zeros
 
@@ -241,7 +244,8 @@ def test_a_reserved_index_never_copies_itself_and_falls_back_to_doubling_where_m
         return zeros(shape, dtype=dtype)
 
     monkeypatch.setattr(np, "zeros", refusing)
-    refused = BlockIndex(16, reserve=1 << 20)
+    refused = BlockIndex(16)
+    refused.reserve(1 << 20)
     refused.sync(metas)
     np.testing.assert_array_equal(refused.get("head_keys"), plain.get("head_keys"))
     assert refused.capacity == 64  # as an index without a reservation starts
