@@ -5,7 +5,8 @@ greedy turns.
 drafts are right); ``story`` asks for new text with nothing to copy; ``edit_json`` and ``explain``, held out from
 tuning (``turns``), are one of each kind again (each row names its ``split``). Each round runs both modes on the
 same engine, off first, and the rows report each mode's median decode tok/s over the rounds, the ratio, the share
-of drafted tokens accepted and whether every round's answers were the same token for token. Run: ``python -m
+of drafted tokens accepted and whether every round's answers were the same token for token; lookup rows add
+``bound``, the most any choice of draft lengths could gain on that answer (``lookup_bound``). Run: ``python -m
 kvmem_bench.speed_speculative [--backend llamacpp|torch] [--model NAME|PATH] [--speculative lookup|mtp] [--random
 SHAPE] [--device D] [--tokens N] [--rounds R]``; rows are JSON lines. ``kvmem bench speed`` reports one round of
 each turn (``speed_row``).
@@ -20,11 +21,15 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from kvmem_core.config import KVMemConfig
 from kvmem_core.contract import SamplingParams, StepRequest
 from kvmem_core.engine import KVMemEngine
+from kvmem_core.lookup import DRAFT_TOKENS, LookupDrafter
+from kvmem_core.prompt import build_prompt
 
 CFG = KVMemConfig(ctx=8192, budget=4096, gen_budget=512, method="full")
 # the file the rewrite turn reads back (about 800 tokens): a frozen copy of an earlier lookup.py, so the turn, and
@@ -104,6 +109,11 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
                 drafted += t.get("draft_tokens", 0.0)
                 accepted += t.get("draft_accepted", 0.0)
         off, on = statistics.median(rates["off"]), statistics.median(rates[mode])
+        ratios = engine.forward_costs.ratios(DRAFT_TOKENS + 1)
+        bound = {}
+        if mode == "lookup" and ratios is not None:
+            history = build_prompt(engine.adapter, _greedy(messages, tokens, "off")).ids
+            bound["bound"] = round(lookup_bound(history, answers["off"][0], ratios), 3)
         rows.append(
             {
                 "turn": name,
@@ -115,9 +125,32 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
                 "accepted_share": round(accepted / drafted, 3) if drafted else 0.0,
                 "drafted_per_round": drafted / rounds,
                 "same_answer": answers[mode] == answers["off"],
+                **bound,
             }
         )
     return rows
+
+
+def lookup_bound(history: Sequence[int], answer: Sequence[int], ratios: np.ndarray) -> float:
+    """The largest decode speedup lookup could give ``answer`` after ``history`` with forwards costing ``ratios``
+    (a forward of ``k + 1`` tokens in one-token forwards, ``ForwardCosts.ratios``): each draft's accepted length
+    known ahead, the draft lengths chosen for the least total cost (exact, by dynamic programming over the answer;
+    the drafts follow from the answer alone). What a draft length policy can reach at best; time outside forwards is
+    left out."""
+    drafter, n = LookupDrafter(history), len(answer)
+    accepted = []
+    for i in range(n):
+        draft = drafter.propose()
+        a = 0
+        while a < len(draft) and i + a < n and draft[a] == answer[i + a]:
+            a += 1
+        accepted.append(a)
+        drafter.extend(answer[i : i + 1])
+    cost = [0.0] * (n + 1)  # one-token forwards from token i to the end
+    for i in range(n - 1, -1, -1):
+        most = min(accepted[i], n - i - 1, len(ratios) - 1)
+        cost[i] = min(float(ratios[k]) + cost[i + k + 1] for k in range(most + 1))
+    return n / cost[0] if n else 1.0
 
 
 def _greedy(messages: tuple[dict[str, str], ...], tokens: int, mode: str) -> StepRequest:

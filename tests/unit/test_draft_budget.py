@@ -1,5 +1,6 @@
 """Lookup draft lengths from timed forwards and the step's acceptance (``kvmem_core.draft_budget``), and the
-speculating decode loop's use of them, against a verifier whose forwards take the times a test gives them."""
+speculating decode loop's use of them, against a verifier whose forwards take the times a test gives them; and the
+speculative bench's bound on what any draft lengths could gain (``kvmem_bench.speed_speculative.lookup_bound``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import kvmem_core.speculative as speculative
 from kvmem_core.draft_budget import FIRST_DRAFT, KNOWN_AFTER, SPIKE, Acceptance, DraftBudget, ForwardCosts
 from kvmem_core.lookup import DRAFT_TOKENS, LookupDrafter
 from kvmem_core.speculative import LookupAdvance
+from kvmem_bench.speed_speculative import lookup_bound
 
 # one llama.cpp thread pair on a 2-vCPU x86-64 VM, default model (ms): a batch costs nearly per token
 CPU_MS = {1: 22.5, 2: 43.2, 3: 55.9, 5: 81.7, 9: 125.5, 17: 188.4, 33: 317.4}
@@ -200,3 +202,24 @@ def test_guesses_stop_where_rows_cost_and_return_when_a_copy_would_pay(monkeypat
     in_copy = [rows for rows, at in zip(v.rows_run, v.run_at) if at >= 150]
     assert sum(rows > 1 for rows in in_prose) <= 2, "wrong guesses stop being verified (a chance streak aside)"
     assert max(in_copy) > FIRST_DRAFT and len(in_copy) < 40, "the declined drafts show the copy; it is drafted again"
+
+
+COPIED = list(range(10, 50))  # 40 tokens the answers below copy
+HISTORY = [7, 8, *COPIED, 7, 8]  # ends with the two tokens that came before them
+
+
+def test_the_bound_verifies_each_copied_run_in_one_forward_where_rows_are_free() -> None:
+    # the 2-gram (7, 8) drafts COPIED[:32]: one forward of 33 rows takes those and the next token; then the newest
+    # match of the last 4 tokens drafts the rest, 7 tokens in a second forward: 40 tokens in 2 forwards
+    assert lookup_bound(HISTORY, COPIED, np.ones(DRAFT_TOKENS + 1)) == 20.0
+
+
+def test_the_bound_is_one_where_nothing_is_drafted_or_rows_cost_per_token() -> None:
+    assert lookup_bound(HISTORY, list(range(100, 140)), np.ones(DRAFT_TOKENS + 1)) == 1.0
+    assert lookup_bound(HISTORY, COPIED, np.arange(1.0, DRAFT_TOKENS + 2)) == 1.0
+
+
+def test_the_bound_takes_a_shorter_draft_where_a_long_one_costs_more_than_it_saves() -> None:
+    # rows cost nothing up to 5, then 10 one-token forwards each: 8 forwards of 5 tokens beat any longer draft
+    ratios = np.where(np.arange(1, DRAFT_TOKENS + 2) <= 5, 1.0, 10.0)
+    assert lookup_bound(HISTORY, COPIED, ratios) == 5.0
