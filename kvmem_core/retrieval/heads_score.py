@@ -124,19 +124,34 @@ def _torch_ops() -> type:
 
         @staticmethod
         def rows(rows: np.ndarray, keys: HeadKeys) -> torch.Tensor:
-            return torch.from_numpy(rows).to(keys.keys.device if keys.device is None else keys.device)
+            """``rows`` on the keys' device; for int8 keys on a GPU with fp16 products that return float32 (torch
+            2.8 on), as fp16 [2R, D]: each row's fp16 value, then what it leaves (``logits`` sums the two products:
+            tensor cores, and within ~2^-22 of float32 rows, int8 keys being exact in fp16)."""
+            device = keys.keys.device if keys.device is None else keys.device
+            x = torch.from_numpy(rows).to(device)
+            if x.device.type != "cuda" or keys.keys.dtype != torch.int8 or not hasattr(torch.ops.aten.mm, "dtype"):
+                return x
+            high = x.half()
+            return torch.cat((high, (x - high.float()).half()))
 
         @staticmethod
         def logits(
             rows: torch.Tensor, keys: torch.Tensor, n_tokens: torch.Tensor, scales: torch.Tensor | None
         ) -> torch.Tensor:
-            keys = keys.to(rows.device, non_blocking=True).float()
-            logits = torch.einsum("rd,btd->rbt", rows, keys)
-            if scales is not None:
-                logits *= scales.to(rows.device, non_blocking=True)
+            nb, width, dim = keys.shape
+            keys = keys.to(rows.device, non_blocking=True).reshape(nb * width, dim)
+            if rows.dtype == torch.float16:  # split rows (``rows``)
+                r, k = len(rows) // 2, keys.half().T
+                flat = torch.addmm(torch.mm(rows[:r], k, out_dtype=torch.float32), rows[r:], k, out_dtype=torch.float32)
+            else:
+                flat = rows @ keys.float().T
+            logits = flat.view(-1, nb, width)
             count = n_tokens.to(rows.device, non_blocking=True)
-            pad = torch.arange(keys.shape[1], device=rows.device)[None, :] >= count[:, None]
-            return logits.masked_fill_(pad, -torch.inf)
+            pad = torch.arange(width, device=rows.device)[None, :] >= count[:, None]
+            bias = torch.zeros(pad.shape, device=rows.device).masked_fill_(pad, -torch.inf)  # [nb, width]: small
+            if scales is None:
+                return logits.add_(bias)
+            return torch.addcmul(bias, logits, scales.to(rows.device, non_blocking=True), out=logits)
 
         @staticmethod
         def max_arg(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
