@@ -91,15 +91,17 @@ def measure(engine: KVMemEngine, tokens: int, rounds: int, mode: str = "lookup")
     """One row per turn: median decode tok/s off and with ``mode``, their ratio, drafted and accepted tokens, and
     ``same_answer``: whether every round's answer with ``mode`` was off's, token for token (lossless in exact
     arithmetic; a GPU's batched verification may round a near tie the other way). Each turn first runs once
-    untimed, so that both modes start from the turn's cached workspace (a first run prefills the turn and may
-    capture decode graphs: neither belongs to either mode's rate, and a prefilled view may round differently from
-    one restored from the cache)."""
+    untimed with ``mode``, so that both modes start from the turn's cached workspace (a first run prefills the turn
+    and may capture decode graphs: neither belongs to either mode's rate, and a prefilled view may round differently
+    from one restored from the cache), and so that the draft budget's first timings of each forward size, which an
+    engine makes once (``draft_budget.ForwardCosts``), fall outside the rounds as they fall outside a served
+    agent's later turns."""
     rows = []
     for name, messages in turns().items():
         rates: dict[str, list[float]] = {"off": [], mode: []}
         answers: dict[str, list[tuple[int, ...]]] = {"off": [], mode: []}
         drafted = accepted = 0.0
-        engine.step(_greedy(messages, tokens, "off"), lambda piece: True)
+        engine.step(_greedy(messages, tokens, mode), lambda piece: True)
         for _ in range(rounds):
             for run in rates:
                 result = engine.step(_greedy(messages, tokens, run), lambda piece: True)
