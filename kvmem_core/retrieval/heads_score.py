@@ -117,6 +117,8 @@ class NumpyOps:
 def _torch_ops() -> type:
     import torch
 
+    SPLIT = hasattr(torch.ops.aten.mm, "dtype")  # fp16 products with float32 results (torch 2.8 on)
+
     class TorchOps:
         """The same operations on torch tensors; keys in pinned host memory are copied per chunk."""
 
@@ -129,7 +131,7 @@ def _torch_ops() -> type:
             tensor cores, and within ~2^-22 of float32 rows, int8 keys being exact in fp16)."""
             device = keys.keys.device if keys.device is None else keys.device
             x = torch.from_numpy(rows).to(device)
-            if x.device.type != "cuda" or keys.keys.dtype != torch.int8 or not hasattr(torch.ops.aten.mm, "dtype"):
+            if x.device.type != "cuda" or keys.keys.dtype != torch.int8 or not SPLIT:
                 return x
             high = x.half()
             return torch.cat((high, (x - high.float()).half()))
