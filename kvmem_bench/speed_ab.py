@@ -4,7 +4,9 @@
 prefill forwards replayed from CUDA graphs, ``kvmem_torch.graph_steps``), ``snapshots`` (those of them handing out
 checkpoint states, the offsets read on the device, or padded to a graph's rows; off: such forwards run eagerly),
 ``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host) or ``moves``
-(blocks that stay in the view moved in place, ``Runner.move_cells``; off: dropped and reloaded). The torch speed
+(blocks that stay in the view moved in place, ``Runner.move_cells``; off: dropped and reloaded) or ``scoring``
+(retrieval-heads scores from one fused pass over the device index, ``kvmem_torch.score_kernel``; off: the streamed
+chunks of logits). The torch speed
 bench's session (a tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns
 up to ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the
 feature and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
@@ -52,12 +54,19 @@ def set_moves(adapter: Any, on: bool) -> None:
     adapter.caps = dataclasses.replace(adapter.caps, moves_cells=on)
 
 
+def set_fused_scoring(adapter: Any, on: bool) -> None:
+    from kvmem_torch import score_kernel
+
+    score_kernel.FUSED = on
+
+
 FEATURES = {
     "graphs": set_graphs,
     "prefill": set_prefill_graphs,
     "snapshots": set_snapshot_graphs,
     "summaries": set_summaries,
     "moves": set_moves,
+    "scoring": set_fused_scoring,
 }
 
 

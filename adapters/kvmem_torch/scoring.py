@@ -23,6 +23,7 @@ from kvmem_core.retrieval.base import BlockScores, QueryFeatures
 from kvmem_core.retrieval.heads_score import HeadKeys, score_heads
 from kvmem_core.retrieval.index import BlockIndex
 from kvmem_core.retrieval.token_mass import indexed_pairs
+from kvmem_torch.score_kernel import fused_block_mass
 
 
 class DeviceIndex:
@@ -89,4 +90,4 @@ class TorchRetrievalHeads:
             return HeadKeys(mirror.keys[slot, :n], mirror.n_tokens[:n], mirror.scales[slot, :n], self.device)
 
         with torch.inference_mode():
-            return score_heads(self.heads, query, pairs, keys_of, n)
+            return score_heads(self.heads, query, pairs, keys_of, n, mass_of=fused_block_mass)

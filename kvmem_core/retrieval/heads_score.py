@@ -106,6 +106,10 @@ class NumpyOps:
     def new(like: np.ndarray, shape: tuple[int, ...], fill: float, dtype: str) -> np.ndarray:
         return np.full(shape, fill, dtype=dtype)
 
+    @staticmethod
+    def arange(like: np.ndarray, n: int) -> np.ndarray:
+        return np.arange(n)
+
     stack = staticmethod(np.stack)
     exp = staticmethod(np.exp)
     log = staticmethod(np.log)
@@ -176,6 +180,10 @@ def _torch_ops() -> type:
         def new(like: torch.Tensor, shape: tuple[int, ...], fill: float, dtype: str) -> torch.Tensor:
             return torch.full(shape, fill, dtype=getattr(torch, dtype), device=like.device)
 
+        @staticmethod
+        def arange(like: torch.Tensor, n: int) -> torch.Tensor:
+            return torch.arange(n, device=like.device)
+
         stack = staticmethod(lambda xs, axis: torch.stack(xs, dim=axis))
         exp = staticmethod(torch.exp)
         log = staticmethod(torch.log)
@@ -228,14 +236,47 @@ class StreamingMass:
     def finish(self) -> tuple[Array, Array, Array]:
         """Mass per (row, block) [rows, N] float64, and each block's peak (log mass [N], offset [N])."""
         ops = self._ops
-        cmax = ops.float64(ops.stack(self._chunk_max, 1))
-        top = ops.max_arg(cmax, 1)[0][:, None]
-        weight = ops.exp(cmax - top)
-        z = (ops.stack(self._chunk_sum, 1) * weight).sum(1)[:, None]
-        mass = self._block_sum * (weight / z)[:, self._block_chunk]
-        rel = self._block_max - (top + ops.log(z))
-        peak, best = ops.max_arg(rel, 0)
-        return mass, peak, ops.pick(self._block_arg, best)
+        return normalized(
+            ops,
+            BlockStats(self._block_max, self._block_arg, self._block_sum),
+            ops.stack(self._chunk_max, 1),
+            ops.stack(self._chunk_sum, 1),
+            self._block_chunk,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class BlockStats:
+    """Per (row, block) [rows, N]: the largest logit ``max`` (float32), its token offset ``arg`` (int64), and
+    ``sum``, the block's exp-sum relative to a reference row maximum (its chunk's, or ``max`` itself)."""
+
+    max: Array
+    arg: Array
+    sum: Array
+
+
+def normalized(
+    ops: Any, blocks: BlockStats, ref_max: Array, ref_sum: Array, ref_of: Array
+) -> tuple[Array, Array, Array]:
+    """Mass per (row, block) [rows, N] float64, and each block's peak (log mass [N], offset [N]), from ``blocks``'
+    stats whose sums are relative to reference maxima ``ref_max`` [rows, refs] (block ``j``'s is ``ref_of[j]``),
+    each reference's exp-sum being ``ref_sum`` [rows, refs]: the softmax over every token, in float64."""
+    cmax = ops.float64(ref_max)
+    top = ops.max_arg(cmax, 1)[0][:, None]
+    weight = ops.exp(cmax - top)
+    z = (ref_sum * weight).sum(1)[:, None]
+    mass = blocks.sum * (weight / z)[:, ref_of]
+    rel = blocks.max - (top + ops.log(z))
+    peak, best = ops.max_arg(rel, 0)
+    return mass, peak, ops.pick(blocks.arg, best)
+
+
+def block_mass(ops: Any, blocks: BlockStats, n_query_tokens: int) -> HeadMass:
+    """``head_block_mass``'s result from per-block stats whose sums are relative to each block's own maximum (what
+    a fused kernel computes in one pass over the keys, e.g. ``kvmem_torch.score_kernel``)."""
+    n_blocks = blocks.max.shape[1]
+    mass, peak, arg = normalized(ops, blocks, blocks.max, blocks.sum, ops.arange(blocks.max, n_blocks))
+    return _per_head(ops, mass, peak, arg, n_query_tokens)
 
 
 def chunks(n_blocks: int, block_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
@@ -260,8 +301,12 @@ def head_block_mass(rows: np.ndarray, keys: HeadKeys, n_query_tokens: int, worke
         acc.add(ops.logits(rows_x, keys.keys[b0:b1], keys.n_tokens[b0:b1], scales), b0, chunk)
 
     map_on(workers if ops is NumpyOps else 1, add, range(len(spans)))  # numpy releases the GIL in its loops
-    mass, peak, arg = acc.finish()
-    per_head = ops.max_arg(mass.reshape(-1, n_query_tokens, n_blocks), 1)[0]
+    return _per_head(ops, *acc.finish(), n_query_tokens)
+
+
+def _per_head(ops: Any, mass: Array, peak: Array, arg: Array, n_query_tokens: int) -> HeadMass:
+    """Per head the largest mass one of its ``n_query_tokens`` rows gives each block; numpy results."""
+    per_head = ops.max_arg(mass.reshape(-1, n_query_tokens, mass.shape[1]), 1)[0]
     return HeadMass(ops.numpy(per_head), ops.numpy(peak), ops.numpy(arg))
 
 
@@ -295,13 +340,19 @@ def score_heads(
     keys_of: Callable[[int, int], HeadKeys],
     n_blocks: int,
     workers: int = 1,
+    mass_of: Callable[[np.ndarray, HeadKeys, int], HeadMass] | None = None,
 ) -> BlockScores:
     """Block scores summed over the (layer, query head) ``heads``, reading each (layer, kv head) of
     ``pairs`` through ``keys_of``; a block's peak is its strongest token over every head. ``workers``: threads
-    per (layer, kv head) on numpy (``head_block_mass``)."""
+    per (layer, kv head) on numpy (``head_block_mass``). ``mass_of``: what scores one (layer, kv head)'s rows
+    instead of ``head_block_mass`` (the same results, e.g. from a fused kernel)."""
     merge = PeakMerge(n_blocks)
     for layer, kv in pairs:
         picked = [h for l, h in heads if l == layer and h // query.group_size == kv]
-        got = head_block_mass(head_rows(query.q[layer], picked), keys_of(layer, kv), query.n_query_tokens, workers)
+        rows, keys = head_rows(query.q[layer], picked), keys_of(layer, kv)
+        if mass_of is None:
+            got = head_block_mass(rows, keys, query.n_query_tokens, workers)
+        else:
+            got = mass_of(rows, keys, query.n_query_tokens)
         merge.add(got.mass.sum(axis=0), got.peak_log, got.peak_at)
     return BlockScores(merge.total, merge.peaks)

@@ -5,6 +5,11 @@ CPU here (device memory and pinned mirrors); the ``gpu`` test repeats it on CUDA
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +80,32 @@ def test_torch_scorer_equals_numpy_on_cpu(chunk: int, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("pinned", (False, True))
 def test_torch_scorer_equals_numpy_on_cuda(pinned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     check("cuda", pinned, 64, monkeypatch)
+
+
+FUSED_UNDER_INTERPRETER = """
+import pytest, torch
+from kvmem_torch import score_kernel
+import test_torch_kvmem_scoring as t
+calls = []
+block_stats = score_kernel.block_stats
+score_kernel.block_stats = lambda rows, keys: calls.append(keys.keys.shape) or block_stats(rows, keys)
+t.check("cpu", False, 64, pytest.MonkeyPatch())
+print(len(calls))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_fused_kernel_scores_as_numpy_does_under_tritons_interpreter() -> None:
+    """The scorer through ``kvmem_torch.score_kernel`` (Triton's interpreter on the CPU; compiled on CUDA in the
+    ``gpu`` test above): the same scores and peaks over appends and forks as the numpy scorer."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(str(p) for p in (root / "adapters", root, root / "tests", Path(__file__).parent)),
+    )
+    done = subprocess.run([sys.executable, "-c", FUSED_UNDER_INTERPRETER], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 8  # every (layer, kv head) of the four scorings went through the kernel
