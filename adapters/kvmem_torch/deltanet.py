@@ -102,6 +102,14 @@ def chunked_delta_rule(
 
 
 @functools.cache
+def fla_causal_conv() -> Callable:
+    """flash-linear-attention's ``causal_conv1d`` (installed wherever ``fla_chunked_rule`` is)."""
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    return causal_conv1d
+
+
+@functools.cache
 def fla_chunked_rule() -> Callable | None:
     """flash-linear-attention's ``chunk_gated_delta_rule``, or None when it is not installed."""
     try:
@@ -156,6 +164,19 @@ def _columns(x: torch.Tensor, start: Offset, width: int) -> torch.Tensor:
     if isinstance(start, int):
         return x[:, start : start + width]
     return x.index_select(1, start + torch.arange(width, device=x.device))
+
+
+def _tail_after(tail: torch.Tensor, x: torch.Tensor, offset: Offset) -> torch.Tensor:
+    """The conv tail [conv_dim, width] after ``offset`` (an int or a device tensor) of the tokens ``x`` [T, conv_dim]
+    that follow ``tail``: their last ``width`` inputs up to there, the oldest still ``tail``'s where ``offset <
+    width``."""
+    width = tail.shape[1]
+    if isinstance(offset, int) and offset >= width:
+        return x[offset - width : offset].T
+    at = offset + torch.arange(-width, 0, device=x.device)  # rows of x; below 0, columns of tail
+    return torch.where(
+        at >= 0, x.index_select(0, at.clamp(min=0)).T, tail.index_select(1, (at + width).clamp(max=width - 1))
+    )
 
 
 def _sent(values: list, device: torch.device) -> torch.Tensor:
@@ -285,7 +306,7 @@ class DeltaNet:
             batch = tiled(T, 1 + len(offsets), mixed.device)
         elif snapshots:
             batch = prefixes(T, tuple(offsets), mixed.device)
-        if batch is not None:
+        if batch is not None and len(batch.lengths) > 1:  # one sequence: its rows are the forward's
             mixed, a, b = (x.index_select(0, batch.rows) for x in (mixed, a, b))
         n = mixed.shape[0]
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
@@ -332,7 +353,9 @@ class DeltaNet:
     ) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail; ``tails``: (offset, conv)
         pairs, each conv receiving the tail after that many tokens (an int or a device tensor); ``rows``: the
-        forward's own rows (the tail kept is theirs)."""
+        forward's own rows (the tail kept is theirs). Through fla where the layer runs it (``_fla_conv``)."""
+        if self.fla:
+            return self._fla_conv(mixed, conv_state, tails, rows)
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
         width = conv_state.shape[1]
         for offset, tail in tails:
@@ -340,6 +363,22 @@ class DeltaNet:
         conv_state.copy_(_columns(xin, xin.shape[1] - width if rows is None else rows, width))
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)
+
+    def _fla_conv(
+        self,
+        mixed: torch.Tensor,
+        conv_state: torch.Tensor,
+        tails: Sequence[tuple[Offset, torch.Tensor]],
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``conv`` through fla's causal conv kernel, which reads ``mixed`` [T, conv_dim] where it lies (the torch
+        form copies it transposed behind the tail, then convolves channel by channel) and applies the SiLU to the
+        float32 sum (one rounding where the torch form rounds twice); the tails come from ``mixed``'s rows."""
+        before = F.pad(conv_state, (1, 0))[None]  # fla's state holds the kernel's width of inputs, the oldest unread
+        out, _ = fla_causal_conv()(mixed[None], self.w["conv"], initial_state=before, activation="silu")
+        for offset, tail in (*tails, (mixed.shape[0] if rows is None else rows, conv_state)):
+            tail.copy_(_tail_after(before[0, :, 1:], mixed, offset))
+        return out[0]
 
     def gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each head's output (plain weight, no 1+w), gated by silu(z)."""

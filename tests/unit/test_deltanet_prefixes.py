@@ -54,3 +54,19 @@ def test_a_tiled_batch_stops_each_snapshot_at_its_device_offset() -> None:
     keep = torch.arange(T) < o
     recurrent_delta_rule(q, k, v, gate * keep, b * keep, stopped)
     assert torch.allclose(stopped, cut, rtol=0, atol=1e-12)
+
+
+def test_the_conv_tail_after_an_offset_is_the_inputs_just_before_it() -> None:
+    """``_tail_after`` (what the fla conv path keeps as each snapshot's and the layer's conv tail) against the
+    columns of the tail with the inputs appended, as the torch form slices them; offsets as ints and device
+    tensors (a graph's), inside the old tail (offset < width) and past it."""
+    from kvmem_torch.deltanet import _tail_after
+
+    width, T = 3, 9
+    tail, x = torch.randn(6, width), torch.randn(T, 6)
+    joined = torch.cat([tail, x.T], dim=1)
+    for offset in range(T + 1):
+        want = joined[:, offset : offset + width]
+        assert torch.equal(_tail_after(tail, x, offset), want)
+        assert torch.equal(_tail_after(tail, x, torch.tensor([offset])), want)
+        assert torch.equal(_tail_after(tail, x, torch.tensor(offset)), want)
