@@ -353,8 +353,9 @@ class DeltaNet:
     ) -> torch.Tensor:
         """Depthwise causal conv + SiLU, continuing from (and updating) the conv tail; ``tails``: (offset, conv)
         pairs, each conv receiving the tail after that many tokens (an int or a device tensor); ``rows``: the
-        forward's own rows (the tail kept is theirs). Through fla where the layer runs it (``_fla_conv``)."""
-        if self.fla:
+        forward's own rows (the tail kept is theirs). Through fla where the delta rule goes there too
+        (``_fla_conv``)."""
+        if self.fla and (tails or rows is not None or mixed.shape[0] >= FLA_MIN_TOKENS):
             return self._fla_conv(mixed, conv_state, tails, rows)
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
         width = conv_state.shape[1]
