@@ -3,14 +3,13 @@
 ``--feature``: ``graphs`` (the DeltaNet prefill's CUDA graphs, ``kvmem_torch.rule_graphs``), ``prefill`` (whole
 prefill forwards replayed from CUDA graphs, ``kvmem_torch.graph_steps``), ``snapshots`` (those of them handing out
 checkpoint states, the offsets read on the device, or padded to a graph's rows; off: such forwards run eagerly),
-``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host) or ``moves``
+``summaries`` (staged blocks summarized where the view is, ``kvmem_torch.staged``; off: on the host), ``moves``
 (blocks that stay in the view moved in place, ``Runner.move_cells``; off: dropped and reloaded) or ``scoring``
 (retrieval-heads scores from one fused pass over the device index, ``kvmem_torch.score_kernel``; off: the streamed
-chunks of logits). The torch speed
-bench's session (a tool result of ~2.8K tokens a turn, the default view) on random qwen35 weights of a shape: turns
-up to ``--workspace`` warm it up (the first compiles the kernels), then ``--rounds`` pairs of turns, one with the
-feature and one without, in alternating order, so both sides see the same machine and workspace sizes. Writes
-``ab-FEATURE.json`` (every turn's TTFT, each side's median) into ``--out``:
+chunks of logits). The torch speed bench's session (a tool result of ~2.8K tokens a turn, the default view) on
+random qwen35 weights of a shape: turns up to ``--workspace`` warm it up (the first compiles the kernels), then
+``--rounds`` pairs of turns, one with the feature and one without, in alternating order, so both sides see the same
+machine and workspace sizes. Writes ``ab-FEATURE.json`` (every turn's TTFT, each side's median) into ``--out``:
 
     python -m kvmem_bench.speed_ab --feature graphs --shape 27b --workspace 8000 --rounds 3 --out OUT --model <GGUF>
 """
