@@ -313,7 +313,7 @@ class DeltaNet:
         g, beta = self.w["ssm_a"] * F.softplus(a.float() + self.w["dt_bias"]), torch.sigmoid(b.float())
         if on_device:
             g, beta = _stopped_at(g, beta, batch, [T if rows is None else rows, *offsets])
-        if self.fla and (batch is not None or T >= FLA_MIN_TOKENS):
+        if self._through_fla(T, snapshots, rows):
             return fla_delta_rule(
                 q.view(n, self.nk, self.dk),
                 k.view(n, self.nk, self.dk),
@@ -355,7 +355,7 @@ class DeltaNet:
         pairs, each conv receiving the tail after that many tokens (an int or a device tensor); ``rows``: the
         forward's own rows (the tail kept is theirs). Through fla where the delta rule goes there too
         (``_fla_conv``)."""
-        if self.fla and (tails or rows is not None or mixed.shape[0] >= FLA_MIN_TOKENS):
+        if self._through_fla(mixed.shape[0], tails, rows):
             return self._fla_conv(mixed, conv_state, tails, rows)
         xin = torch.cat([conv_state, mixed.T.to(conv_state.dtype)], dim=1)  # [conv_dim, K-1+T]
         width = conv_state.shape[1]
@@ -364,6 +364,11 @@ class DeltaNet:
         conv_state.copy_(_columns(xin, xin.shape[1] - width if rows is None else rows, width))
         out = F.conv1d(xin[None].to(self.w["conv"].dtype), self.w["conv"][:, None, :], groups=self.conv_dim)[0]
         return F.silu(out).T.to(mixed.dtype)
+
+    def _through_fla(self, T: int, snapshots: Sequence, rows: torch.Tensor | None) -> bool:
+        """Whether a forward of ``T`` tokens runs its conv and delta rule through fla: on a layer that can, a forward
+        of at least ``FLA_MIN_TOKENS``, or one with snapshots or padding rows (which only fla's batch form takes)."""
+        return self.fla and (bool(snapshots) or rows is not None or T >= FLA_MIN_TOKENS)
 
     def _fla_conv(
         self,

@@ -95,10 +95,9 @@ def block_stats(rows: np.ndarray, keys: HeadKeys) -> BlockStats:
     the float32 row's."""
     k = keys.keys.contiguous()
     n_blocks, width, dim = k.shape
-    x = torch.from_numpy(rows).to(k.device)
-    high = x.half()
-    low = (x - high.float()).half()
     n_rows = len(rows)
+    halves = backend(k).halves(torch.from_numpy(rows).to(k.device))
+    high, low = halves[:n_rows], halves[n_rows:]
     peak = torch.empty((n_rows, n_blocks), dtype=torch.float32, device=k.device)
     arg = torch.empty((n_rows, n_blocks), dtype=torch.int64, device=k.device)
     total = torch.empty((n_rows, n_blocks), dtype=torch.float32, device=k.device)

@@ -137,6 +137,11 @@ def _torch_ops() -> type:
             x = torch.from_numpy(rows).to(device)
             if x.device.type != "cuda" or keys.keys.dtype != torch.int8 or not SPLIT:
                 return x
+            return TorchOps.halves(x)
+
+        @staticmethod
+        def halves(x: torch.Tensor) -> torch.Tensor:
+            """float32 rows [R, D] as fp16 [2R, D]: each row's fp16 value, then the fp16 remainder it leaves."""
             high = x.half()
             return torch.cat((high, (x - high.float()).half()))
 
