@@ -94,7 +94,7 @@ def prompt_seconds(model: str | None, turns: int, timed: int = 7, lines: int = L
     for turn in range(timed + 1):
         request = StepRequest(messages=transcript.add_tool_result(), sampling=GREEDY_ONE)
         t0 = time.perf_counter()
-        tokens = len(build_prompt(adapter, request).ids)
+        tokens = len(build_prompt(adapter, request).tokens)
         seconds += [time.perf_counter() - t0] if turn else []
         transcript.add_reply()
     adapter.close()

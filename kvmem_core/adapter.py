@@ -126,6 +126,11 @@ class EngineAdapter(Protocol):
         """Token ids of ``text``; ``special`` parses control tokens such as ``<|im_start|>``."""
         ...
 
+    def token_array(self, text: str) -> np.ndarray:
+        """``tokenize(text)`` (control tokens parsed) as a read-only int64 array: what a prompt is built from. A
+        long transcript tokenizes into it incrementally, and no list of its million ids is made."""
+        ...
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (control tokens rendered as text)."""
         ...

@@ -196,7 +196,7 @@ class ArchiveOps:
 
     def _replay_start(self, cfg: KVMemConfig, prompt: Prompt) -> int:
         """First token replayed against the selected view: the query, the recent window, at most MAX_QUERY_TOKENS."""
-        n = len(prompt.ids)
+        n = len(prompt.tokens)
         return min(max(prompt.query_start, n - cfg.recent_tokens, n - MAX_QUERY_TOKENS), n - 1)
 
     def _replay(self, r0: int) -> np.ndarray:
@@ -212,7 +212,7 @@ class ArchiveOps:
         return out.logits
 
     def _probe_plan(self, cfg: KVMemConfig, mode: str, prompt: Prompt, cached: int) -> Probe | None:
-        """The probe of a step that prefills ``prompt.ids[cached:]``, where it is exact and saves work: the adapter
+        """The probe of a step that prefills ``prompt.tokens[cached:]``, where it is exact and saves work: the adapter
         stops forwards early, retrieval-heads scoring (it reads only its heads' layers) with heads above the last
         layer, no recurrent state, and original positions (held blocks stay where they are) or an adapter that
         moves blocks (``MovedBlocks``: compaction moves held blocks, which are stored at their probed positions).
@@ -227,7 +227,7 @@ class ArchiveOps:
             or cfg.scorer != "retrieval-heads"
         ):
             return None
-        stop, n = max(layer for layer, _ in (*heads, *self.heads)), len(prompt.ids)  # summaries index self.heads
+        stop, n = max(layer for layer, _ in (*heads, *self.heads)), len(prompt.tokens)  # summaries index self.heads
         start = max(self._replay_start(cfg, prompt), chunk_cuts(cached, n, self._prefill_chunk(cfg))[-2])
         return Probe(start, stop) if stop < self.layout.n_layers - 1 else None
 

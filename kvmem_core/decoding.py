@@ -47,7 +47,7 @@ class DecodeOps:
         logits: np.ndarray,
         on_text: OnText,
         steer: Thinking | None,
-        history: Sequence[int],
+        history: Sequence[int] | np.ndarray,
     ) -> tuple[str, list[int], str, list[int], dict[str, int]]:
         """Sample into the generation reserve (``steer`` ends think blocks on budget); every decoded token joins
         the workspace (commit). Returns the text, ids, finish reason and the blocks completed but not yet

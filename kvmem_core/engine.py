@@ -109,7 +109,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
     def count_tokens(self, request: StepRequest) -> int:
         """Prompt tokens ``request`` renders to (what ``step`` would report as ``prompt_tokens``)."""
         check_request(request, self.config)
-        return len(build_prompt(self.adapter, request).ids)
+        return len(build_prompt(self.adapter, request).tokens)
 
     def step(self, request: StepRequest, on_text: OnText, on_start: OnStart | None = None) -> StepResult:
         """Run one KVMem step (see module docstring); stream text through ``on_text``; ``on_start`` learns
@@ -159,9 +159,9 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         oracle: Sequence[int] | None,
         t0: float,
     ) -> StepResult:
-        fits = len(prompt.ids) <= cfg.budget
+        fits = len(prompt.tokens) <= cfg.budget
         scoring = not fits and cfg.method == "retrieval" and oracle is None
-        limit = min(len(prompt.ids) - 1, prompt.query_from if scoring else len(prompt.ids))
+        limit = min(len(prompt.tokens) - 1, prompt.query_from if scoring else len(prompt.tokens))
         if not scoring and self.view.replayed_from is not None:  # that KV saw a selection, not this step's view
             limit = min(limit, self.view.replayed_from)
         ws, cached = self._open(prompt, limit, Route(request.cache_key, request.workspace_id))
@@ -176,9 +176,9 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         if not fits:
             logits, selection = self._select(cfg, mode, ws, prompt, queries, logits, oracle, probe)
         t2 = time.perf_counter()
-        steer = thinking_for(self.adapter, request, prompt.ids)
-        sampling = within(request.sampling, min(cfg.ctx - len(prompt.ids), self.adapter.caps.trained_ctx))
-        text, ids, finish, completed, drafts = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.ids)
+        steer = thinking_for(self.adapter, request, prompt.tokens)
+        sampling = within(request.sampling, min(cfg.ctx - len(prompt.tokens), self.adapter.caps.trained_ctx))
+        text, ids, finish, completed, drafts = self._decode(cfg, ws, sampling, logits, on_text, steer, prompt.tokens)
         t3 = time.perf_counter()
         self._archive(ws, completed)
         if self.checkpoints is not None:
@@ -191,21 +191,21 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
             "select_s": t2 - t1,
             "decode_s": t3 - t2,
             "archive_s": t4 - t3,
-            "prefill_tokens": float(len(prompt.ids) - cached),
+            "prefill_tokens": float(len(prompt.tokens) - cached),
             "decode_tokens": float(len(ids)),
             "reasoning_tokens": float(steer.spent if steer else 0),
             **{k: float(v) for k, v in drafts.items()},
         }
         self._counts.update(
             steps=1,
-            prompt_tokens=len(prompt.ids),
+            prompt_tokens=len(prompt.tokens),
             cached_tokens=cached,
             decode_tokens=len(ids),
             prefill_seconds=timings["prefill_s"],
             decode_seconds=timings["decode_s"],
             **drafts,
         )
-        return StepResult(text, tuple(ids), finish, len(prompt.ids), cached, ws.id, selection, timings)
+        return StepResult(text, tuple(ids), finish, len(prompt.tokens), cached, ws.id, selection, timings)
 
     @property
     def chat_template(self) -> str:
@@ -251,7 +251,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         else:
             truncate(self.view, self.adapter, reuse // bt * bt)
             cached = min(hit * bt, limit // bt * bt)
-            self.view.assign(prompt.ids[:cached], ids[:cached])  # blocks past the view's prefix load from the store
+            self.view.assign(ids[:cached].tolist(), ids[:cached])  # blocks past the view's prefix load from the store
         self._view_ws = ws.id
         if self.checkpoints is not None:
             cached = self.checkpoints.resume(live, ids, cached, lambda m: truncate(self.view, self.adapter, m))
@@ -294,7 +294,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         metas = self.store.workspace_blocks(ws.id)
         stored, held = len(metas), self._held_blocks(ws, probe, prompt.mandatory) if probe is not None else {}
         metas = metas + [meta for meta, _ in held.values()]
-        n, bt = len(prompt.ids), self.layout.block_tokens
+        n, bt = len(prompt.tokens), self.layout.block_tokens
         scores, method = None, cfg.method
         if oracle is not None:
             scores, method = (

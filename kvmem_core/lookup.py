@@ -25,7 +25,12 @@ class LookupDrafter:
     taken from it; ``extend`` adds generated tokens, ``propose`` drafts the next ones."""
 
     def __init__(
-        self, history: Sequence[int], *, k: int = DRAFT_TOKENS, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN
+        self,
+        history: Sequence[int] | np.ndarray,
+        *,
+        k: int = DRAFT_TOKENS,
+        ngram_max: int = NGRAM_MAX,
+        ngram_min: int = NGRAM_MIN,
     ) -> None:
         assert k >= 1 and 1 <= ngram_min <= ngram_max
         self.k, self.ngram_max, self.ngram_min = k, ngram_max, ngram_min

@@ -65,7 +65,7 @@ class PrefillOps:
         last block edge (none without recurrent state)."""
         if self.checkpoints is None:
             return ()
-        edge = len(prompt.ids) // self.layout.block_tokens * self.layout.block_tokens
+        edge = len(prompt.tokens) // self.layout.block_tokens * self.layout.block_tokens
         return (prompt.query_start, self._replay_start(cfg, prompt), edge)
 
     def _prefill_cuts(self, cfg: KVMemConfig, cached: int, n: int, marks: Sequence[int]) -> list[int]:
@@ -87,7 +87,7 @@ class PrefillOps:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q. With a
         ``probe``, its window is probed (no logits) and the blocks it completes are held, not archived. Captured
         queries are read once the last chunk is issued (an adapter may still be copying them)."""
-        ids, q0 = prompt.ids, prompt.scored_from
+        ids, q0 = prompt.tokens, prompt.scored_from
         captured: list[ForwardOut] = []
         out = None
         marks = self._checkpoint_marks(cfg, prompt)
@@ -96,7 +96,7 @@ class PrefillOps:
         cuts = sorted({*cuts, probe.start}) if probe else cuts
         staged: dict[int, int] = {}  # the previous chunk's blocks, read but not archived yet (``_stage``)
         for s, e in zip(cuts, cuts[1:]):
-            chunk = ids[s:e]
+            chunk = ids[s:e].tolist()
             if not fits and s in room:
                 if self._renumbers(cfg, mode, room[s]):  # renumbering loads every resident block from the store
                     self._archive(ws, sorted(staged), prompt.mandatory, staged)

@@ -1,13 +1,7 @@
 """Render a request with the model's chat template, tokenize it, and mark its spans.
 
-Message ``i`` ends where the rendering of messages ``[:i+1]`` ends. That rendering is a
-prefix of the whole transcript's, so the ends are found in one pass instead of rendering
-and tokenizing every prefix: each message rendered by itself ends with exactly the text
-the whole rendering continues with at the previous message's end (whatever a template adds
-before a lone message, such as a default system turn, is a head the match skips). Where a
-template renders a message differently alone (or refuses to), that one end comes from
-rendering its prefix. One tokenization of the whole text then maps the character offsets
-to token indices through the tokens' byte lengths. The *query* is the last user message
+Where each message ends, in characters and then in tokens, is ``kvmem_core.marks``'s (one
+pass over the text, carried over from the last request where the two agree). The *query* is the last user message
 (where retrieval looks from); system and developer messages and the tool definitions are
 *mandatory* history, and so, for one step, are the messages a request pins (``kvmem.pin``).
 Messages also fall into semantic groups (``kvmem_core.groups``) the selector keeps together.
@@ -16,12 +10,9 @@ Messages also fall into semantic groups (``kvmem_core.groups``) the selector kee
 from __future__ import annotations
 
 import functools
-import json
 import os
-import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,8 +22,9 @@ from kvmem_core.contract import StepRequest
 from kvmem_core.errors import BudgetError, ConfigError, ContextLengthError, KVMemError, LimitError, TemplateError
 from kvmem_core.groups import Span, covered, token_groups
 from kvmem_core.layout import BlockLayout
+from kvmem_core.marks import Render, token_marks
 from kvmem_core.speculative import check_mode
-from kvmem_core.tokens import TokenIds
+from kvmem_core.tokens import read_only
 
 RAW_QUERY_TOKENS = 64  # a raw prompt's query: its last tokens
 MAX_QUERY_TOKENS = 512
@@ -40,43 +32,52 @@ QUERY_WINDOW = 128  # retrieval scores with the question's last tokens only: its
 MAX_MESSAGES = 65536  # per request: a 256K-token agent transcript holds thousands (the quality bench sends over 4,096);
 # a 1M-token one of short turns tens of thousands; past that, a flood of tiny messages only ties up the engine
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
-PROBE_CHARS = 32
-LONE_RENDERS = 16384  # messages rendered alone kept per adapter (``_lone_renderer``)
-Render = Callable[[Sequence[dict[str, Any]], bool], str]
-_piece_lengths: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
-_lone_renders: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], str]] = weakref.WeakKeyDictionary()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Prompt:
-    """Token ids of a rendered request, where its query starts, and token ranges: the mandatory ones
-    (system, developer, tool definitions), each message's, each semantic group's, and the ones pinned
-    for this step only."""
+    """Token ids of a rendered request (``tokens``, a read-only int64 array), where its query starts, and token
+    ranges: the mandatory ones (system, developer, tool definitions), each message's, each semantic group's, and
+    the ones pinned for this step only."""
 
-    ids: list[int]
+    tokens: np.ndarray
     query_start: int
     mandatory: tuple[Span, ...] = ()
     messages: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
     pinned: tuple[Span, ...] = ()
-    tokens: np.ndarray = field(default=None, repr=False, compare=False)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
-        """``tokens``: ``ids`` as a read-only int64 array, converted once per prompt (given, or from ``ids``)."""
-        if self.tokens is None:
-            object.__setattr__(self, "tokens", read_only(np.asarray(self.ids, dtype=np.int64)))
+        """``tokens`` given as a list (or a writeable array) is held as a read-only int64 array."""
+        if not isinstance(self.tokens, np.ndarray) or self.tokens.flags.writeable or self.tokens.dtype != np.int64:
+            object.__setattr__(self, "tokens", read_only(np.array(self.tokens, dtype=np.int64)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Prompt):
+            return NotImplemented
+        spans = (self.query_start, self.mandatory, self.messages, self.groups, self.pinned)
+        theirs = (other.query_start, other.mandatory, other.messages, other.groups, other.pinned)
+        return spans == theirs and np.array_equal(self.tokens, other.tokens)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @functools.cached_property
+    def ids(self) -> list[int]:
+        """``tokens`` as a list, made on first use (at a million tokens that costs milliseconds: the step's own
+        path reads ``tokens``)."""
+        return self.tokens.tolist()
 
     @property
     def query_from(self) -> int:
         """First token of the step's query (the last user turn, at most ``MAX_QUERY_TOKENS``): prefilled every
         step, never reused from the cache."""
-        return max(self.query_start, len(self.ids) - MAX_QUERY_TOKENS)
+        return max(self.query_start, len(self.tokens) - MAX_QUERY_TOKENS)
 
     @property
     def scored_from(self) -> int:
         """First token whose query features retrieval scores with: the query's last ``QUERY_WINDOW`` tokens (an
         agent's turn may be a long tool result; what it asks is at its end)."""
-        return max(self.query_from, len(self.ids) - QUERY_WINDOW)
+        return max(self.query_from, len(self.tokens) - QUERY_WINDOW)
 
 
 def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
@@ -87,18 +88,16 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     naming a variable KVMem sets itself (``RESERVED_KWARGS``).
     """
     if request.messages is None:
-        ids = adapter.tokenize(request.prompt or "")
-        return Prompt(ids, max(0, len(ids) - RAW_QUERY_TOKENS))
+        tokens = adapter.token_array(request.prompt or "")
+        return Prompt(tokens, max(0, len(tokens) - RAW_QUERY_TOKENS))
     messages = [_plain(m) for m in request.messages]
     render = _renderer(adapter, request)
     text = render(messages, True)
-    ids = adapter.tokenize(text)
-    tokens = read_only(ids.array if isinstance(ids, TokenIds) else np.asarray(ids, dtype=np.int64))
+    tokens = adapter.token_array(text)
     schemas = (
         _tool_schemas(render, _renderer(adapter, replace(request, tools=None)), messages, text) if request.tools else ()
     )
-    char_ends = message_ends(render, messages, text, _lone_renderer(adapter, request, render))
-    marks = _token_indices(adapter, text, tokens, [*char_ends, *schemas])
+    marks = token_marks(adapter, render, request, messages, text, tokens, schemas)
     ends, schema = marks[: len(messages)], marks[len(messages) :]
     starts = [0] + ends[:-1]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
@@ -106,19 +105,12 @@ def build_prompt(adapter: EngineAdapter, request: StepRequest) -> Prompt:
     mandatory = tuple((starts[i], ends[i]) for i, m in enumerate(messages) if m.get("role") in ("system", "developer"))
     schema_span = ((schema[0], schema[1]),) if schema else ()
     return Prompt(
-        ids,
-        min(query_start, max(0, len(ids) - 1)),
+        tokens,
+        min(query_start, max(0, len(tokens) - 1)),
         mandatory + schema_span,
         tuple(zip(starts, ends)),
         token_groups(messages, starts, ends),
-        tokens=tokens,
     )
-
-
-def read_only(array: np.ndarray) -> np.ndarray:
-    """``array``, no longer writeable (what may be shared between a step's phases without copies)."""
-    array.flags.writeable = False
-    return array
 
 
 def _tool_schemas(render: Render, bare: Render, messages: Sequence[dict[str, Any]], text: str) -> tuple[int, ...]:
@@ -171,131 +163,6 @@ def _renderer(adapter: EngineAdapter, request: StepRequest) -> Render:
     return render
 
 
-def message_ends(
-    render: Render, messages: Sequence[dict[str, Any]], text: str, lone: Callable[[dict[str, Any]], str] | None = None
-) -> list[int]:
-    """Character offset in ``text`` (the whole transcript rendered) where each message's rendering ends; ``lone``
-    renders a message alone (default: ``render``, "" where the template refuses it)."""
-    lone = lone or functools.partial(_alone, render)
-    ends, pos = [], 0
-    for i, message in enumerate(messages):
-        n = _continued(lone(message), text, pos)
-        pos = pos + n if n else _prefix_end(render, messages[: i + 1], text, pos)
-        ends.append(pos)
-    return ends
-
-
-def _alone(render: Render, message: dict[str, Any]) -> str:
-    try:
-        return render([message], False)
-    except TemplateError:  # e.g. a template that wants turns to alternate from a user turn
-        return ""
-
-
-def _lone_renderer(adapter: EngineAdapter, request: StepRequest, render: Render) -> Callable[[dict[str, Any]], str]:
-    """``_alone`` remembered per adapter by the message, the request's tools and template kwargs (the most recent
-    ``LONE_RENDERS``): an agent's turn renders alone only its new messages. What a lone rendering is used for is
-    checked against the whole text (``_continued``), so a template whose output changes (a date) costs a fallback,
-    never a wrong mark."""
-    kept = _lone_renders.setdefault(adapter, OrderedDict())
-    setting = json.dumps([request.tools, request.template_kwargs], sort_keys=True, default=repr)
-
-    def lone(message: dict[str, Any]) -> str:
-        key = (setting, _frozen(message))
-        text = kept.get(key)
-        if text is None:
-            text = kept[key] = _alone(render, message)
-            while len(kept) > LONE_RENDERS:
-                kept.popitem(last=False)
-        else:
-            kept.move_to_end(key)
-        return text
-
-    return lone
-
-
-def _frozen(value: Any) -> Any:
-    """``value`` (a message, or anything in one) as a hashable key that tells apart exactly what JSON would: dicts by
-    their sorted items, lists item by item, other values with their type (``1``, ``1.0`` and ``True`` are three).
-    Hashing a transcript's messages this way costs a sixth of serializing them (~2 ms against ~12 ms at 1M tokens)."""
-    if isinstance(value, dict):
-        return tuple(sorted(((str(k), _frozen(v)) for k, v in value.items()), key=lambda item: item[0]))
-    if isinstance(value, (list, tuple)):
-        return (list, *(_frozen(v) for v in value))
-    return value if type(value) is str else (type(value).__name__, repr(value))
-
-
-def _continued(alone: str, text: str, pos: int) -> int:
-    """Length of the longest tail of ``alone`` that ``text`` continues with at ``pos`` (0: none)."""
-    probe = text[pos : pos + PROBE_CHARS]
-    if not probe:
-        return 0
-    j = alone.find(probe)
-    while j >= 0:  # tails at least a probe long
-        if text.startswith(alone[j:], pos):
-            return len(alone) - j
-        j = alone.find(probe, j + 1)
-    for j in range(max(0, len(alone) - len(probe) + 1), len(alone)):  # shorter tails
-        if text.startswith(alone[j:], pos):
-            return len(alone) - j
-    return 0
-
-
-def _prefix_end(render: Render, prefix: Sequence[dict[str, Any]], text: str, pos: int) -> int:
-    """Where ``prefix``'s own rendering ends in ``text``; ``pos`` when it does not render as a prefix of it."""
-    try:
-        head = render(prefix, False)
-    except TemplateError:
-        return pos
-    return max(pos, len(head)) if text.startswith(head) else pos
-
-
-def _token_indices(
-    adapter: EngineAdapter, text: str, ids: Sequence[int] | np.ndarray, offsets: Sequence[int]
-) -> list[int]:
-    """For each character offset into ``text`` (in any order), how many of its tokens ``ids`` end at or before it.
-
-    Token byte lengths accumulate to byte offsets; bytes the tokenizer adds in front of the
-    text (a BOS it inserts, a leading space) come before offset 0.
-    """
-    ends = np.cumsum(_lengths(adapter, np.asarray(ids, dtype=np.int64)))
-    total = int(ends[-1]) if len(ends) else 0
-    lead = total - (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
-    return np.searchsorted(ends, lead + _byte_offsets(text, offsets), side="right").tolist()
-
-
-def _byte_offsets(text: str, offsets: Sequence[int]) -> np.ndarray:
-    """UTF-8 byte offset of each character offset into ``text`` (a lone surrogate counts its three bytes)."""
-    at = np.asarray(offsets, dtype=np.int64)
-    if text.isascii():
-        return at
-    order = np.argsort(at, kind="stable")
-    sizes, prev = np.empty(len(at), dtype=np.int64), 0
-    for i, k in enumerate(order.tolist()):
-        sizes[i] = len(text[prev : offsets[k]].encode("utf-8", "surrogatepass"))
-        prev = offsets[k]
-    out = np.empty_like(at)
-    out[order] = np.cumsum(sizes)
-    return out
-
-
-def _lengths(adapter: EngineAdapter, ids: np.ndarray) -> np.ndarray:
-    """Byte length of each token's text, from a table kept per adapter (token bytes cost a call into the engine:
-    only ids not seen before make one)."""
-    table = _piece_lengths.get(adapter)
-    top = int(ids.max()) + 1 if len(ids) else 0
-    if table is None or len(table) < top:
-        grown = np.full(max(top, 2 * len(table) if table is not None else 0), -1, dtype=np.int64)
-        if table is not None:
-            grown[: len(table)] = table
-        table = _piece_lengths[adapter] = grown
-    lengths = table[ids]
-    unseen = np.unique(ids[lengths < 0]).tolist()
-    for t in unseen:
-        table[t] = len(adapter.token_bytes(t))
-    return table[ids] if unseen else lengths
-
-
 def admit(
     adapter: EngineAdapter, config: KVMemConfig, request: StepRequest, has_prototypes: bool
 ) -> tuple[KVMemConfig, Prompt, tuple[int, ...] | None]:
@@ -310,7 +177,7 @@ def admit(
     check_mode(cfg.speculative, adapter)
     prompt = pin(build_prompt(adapter, request), pins)
     check_prompt(cfg, prompt, adapter.layout, adapter.caps.max_view_tokens, has_prototypes)
-    if oracle is not None and not all(0 <= b < len(prompt.ids) // adapter.layout.block_tokens for b in oracle):
+    if oracle is not None and not all(0 <= b < len(prompt.tokens) // adapter.layout.block_tokens for b in oracle):
         raise ConfigError(f"kvmem.blocks {list(oracle)} names blocks outside this prompt's stored history")
     return cfg, prompt, None if oracle is None else tuple(oracle)
 
@@ -344,7 +211,7 @@ def check_prompt(
     """Refuse a step that cannot run as configured, before anything changes: an empty or too long prompt,
     retrieval heads outside the model, key-direction scoring without prototypes, mandatory spans (or
     ``full``) over the budget."""
-    n = len(prompt.ids)
+    n = len(prompt.tokens)
     cfg.validate_view(max_view_tokens)
     if n == 0:
         raise ContextLengthError("the prompt is empty")

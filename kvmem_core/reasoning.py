@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from kvmem_core.adapter import EngineAdapter
 from kvmem_core.contract import StepRequest
 
@@ -89,12 +91,14 @@ class Thinking:
             self._forcing = True
 
 
-def thinking_for(adapter: EngineAdapter, request: StepRequest, prompt_ids: Sequence[int]) -> Thinking | None:
+def thinking_for(
+    adapter: EngineAdapter, request: StepRequest, prompt_ids: Sequence[int] | np.ndarray
+) -> Thinking | None:
     """The steer for a chat step on a template with thinking; None for raw prompts and templates without it."""
     tags = think_tags(adapter.chat_template)
     if tags is None or request.messages is None:
         return None
-    inside = inside_block(adapter.detokenize(prompt_ids[-TAIL_TOKENS:]), tags)
+    inside = inside_block(adapter.detokenize([int(t) for t in prompt_ids[-TAIL_TOKENS:]]), tags)
     return Thinking(tags, inside, request.reasoning_budget, _text_ids(adapter, f"\n{tags.close}\n\n"))
 
 

@@ -161,7 +161,7 @@ def speculative_advance(
     adapter: EngineAdapter,
     sampling: SamplingParams,
     shaped: bool,
-    history: Sequence[int],
+    history: Sequence[int] | np.ndarray,
     verifier: Callable[[], Verifier],
     costs: ForwardCosts,
 ) -> LookupAdvance | None:

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-KEEP = 4  # texts kept: an agent's current transcript and a few others (1M tokens cost ~40 MB of ids each)
+KEEP = 4  # texts kept: an agent's current transcript and a few others (1M tokens cost ~8 MB of ids each)
 MIN_CHARS = 4096  # shorter texts are tokenized whole, and not kept: they cost little either way
 _CHUNKS = (1 << 16, 1 << 10, 1 << 4, 1)  # sizes of the pieces compared in turn, narrowing to the first difference
 
@@ -56,26 +56,13 @@ def _agree(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-class TokenIds(list):
-    """Token ids as ``PrefixTokenizer`` hands them out: a list like any other, whose ``array`` holds the same ids as
-    a read-only int64 array built from the kept text's and the new part's (converting a 1M-token list costs ~20 ms,
-    a turn's share of the host time at that size). Not to be changed in place: ``array`` would not follow."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, ids: list[int], array: np.ndarray) -> None:
-        super().__init__(ids)
-        self.array = array
-
-
 @dataclass(frozen=True)
 class _Kept:
     """A tokenized text with where its cuts are: ``starts``/``ends`` (character offsets of each occurrence of a cut
-    token's text, in order) and ``at`` (each one's index in ``ids``); ``array``: ``ids`` as a read-only int64 array."""
+    token's text, in order) and ``at`` (each one's index in ``ids``); ``ids``: a read-only int64 array."""
 
     text: str
-    ids: list[int]
-    array: np.ndarray
+    ids: np.ndarray
     starts: list[int]
     ends: list[int]
     at: list[int]
@@ -98,10 +85,17 @@ class PrefixTokenizer:
         self._lock = threading.Lock()
 
     def __call__(self, text: str) -> list[int]:
-        """Token ids of ``text``: ``encode(text)``, tokenized from the latest cut inside the prefix it shares with a
-        kept text on (the ids before it are that text's); a long one's as ``TokenIds``."""
+        """Token ids of ``text``: ``encode(text)`` (a long text's through ``array``)."""
         if len(text) < MIN_CHARS or not self._load_cuts():
             return self._encode(text)
+        return self.array(text).tolist()
+
+    def array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as a read-only int64 array, tokenized from the latest cut inside the prefix it shares
+        with a kept text on (the ids before it are that text's). Never a Python list of the whole text's ids: at a
+        million tokens, building one costs milliseconds and so does the collector's every walk over it."""
+        if len(text) < MIN_CHARS or not self._load_cuts():
+            return read_only(np.asarray(self._encode(text), dtype=np.int64))
         with self._lock:
             kept = list(self._kept)
         base, j = _NOTHING, -1
@@ -109,14 +103,10 @@ class PrefixTokenizer:
             i = bisect_right(entry.ends, common_prefix(entry.text, text)) - 1
             if i >= 0 and (j < 0 or entry.starts[i] > base.starts[j]):
                 base, j = entry, i
-        start, ids = (base.starts[j], base.ids[: base.at[j]]) if j >= 0 else (0, [])
-        n_head = len(ids)
-        tail = self._encode(text[start:])
-        ids += tail
-        array = np.concatenate((base.array[:n_head], np.asarray(tail, dtype=np.int64)))
-        array.flags.writeable = False
-        self._keep(text, ids, array, base, max(j, 0), start, n_head)
-        return TokenIds(ids, array)  # a copy: callers may change theirs (``array`` is shared, and read-only)
+        start, n_head = (base.starts[j], base.at[j]) if j >= 0 else (0, 0)
+        ids = read_only(np.concatenate((base.ids[:n_head], np.asarray(self._encode(text[start:]), dtype=np.int64))))
+        self._keep(text, ids, base, max(j, 0), start, n_head)
+        return ids
 
     def _load_cuts(self) -> bool:
         """Whether there are cuts (read from the source the first time)."""
@@ -128,21 +118,18 @@ class PrefixTokenizer:
                 self._cut_source = None
         return self._find is not None
 
-    def _keep(
-        self, text: str, ids: list[int], array: np.ndarray, base: _Kept, reused: int, start: int, n_head: int
-    ) -> None:
+    def _keep(self, text: str, ids: np.ndarray, base: _Kept, reused: int, start: int, n_head: int) -> None:
         """Keep ``text`` and ``ids`` (tokenized from character ``start``, token ``n_head`` on) with their cuts: the
         first ``reused`` of ``base``, then those found from ``start`` on. A text whose cut tokens do not pair one to
         one with its cut texts, or that has none, is not kept. It replaces a kept text it extends."""
         assert self._find is not None
         found = list(self._find.finditer(text, start))
-        at = (np.flatnonzero(np.isin(array[n_head:], self._cut_ids)) + n_head).tolist()
+        at = (np.flatnonzero(np.isin(ids[n_head:], self._cut_ids)) + n_head).tolist()
         if not found or len(at) != len(found) or any(ids[i] != self._cuts[m.group()] for i, m in zip(at, found)):
             return
         entry = _Kept(
             text,
             ids,
-            array,
             base.starts[:reused] + [m.start() for m in found],
             base.ends[:reused] + [m.end() for m in found],
             base.at[:reused] + at,
@@ -152,7 +139,13 @@ class PrefixTokenizer:
             self._kept = [entry, *rest[: KEEP - 1]]
 
 
-_NOTHING = _Kept("", [], np.zeros(0, dtype=np.int64), [], [], [])
+_NOTHING = _Kept("", np.zeros(0, dtype=np.int64), [], [], [])
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array``, no longer writeable (what may be shared between a step's phases without copies)."""
+    array.flags.writeable = False
+    return array
 
 
 def common_prefix(a: str, b: str) -> int:

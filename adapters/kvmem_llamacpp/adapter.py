@@ -21,7 +21,7 @@ from kvmem_core.adapter import Capabilities, ForwardOut, Placement, file_fingerp
 from kvmem_core.errors import UnsupportedModelError
 from kvmem_core.layout import BlockKV, BlockLayout
 from kvmem_core.thread_governor import ThreadGovernor
-from kvmem_core.tokens import PrefixTokenizer
+from kvmem_core.tokens import PrefixTokenizer, read_only
 from kvmem_core.threads import Threads, map_on, resolve_threads
 from kvmem_llamacpp import blob, q8_0
 from kvmem_llamacpp.capture import QueryCapture
@@ -128,10 +128,19 @@ class LlamaCppAdapter:
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         ids = self._parsed(text) if special else tokens(self.model.vocab, text, special=False)
+        bos = self._added_bos()
+        return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+
+    def token_array(self, text: str) -> np.ndarray:
+        ids, bos = self._parsed.array(text), self._added_bos()
+        if bos is None or ids[:1].tolist() == [bos]:
+            return ids
+        return read_only(np.concatenate(([bos], ids)))
+
+    def _added_bos(self) -> int | None:
+        """The BOS id where the model was trained with one: it gets it once, whether or not the template wrote it."""
         bos = L.llama_vocab_bos(self.model.vocab)
-        if L.llama_vocab_get_add_bos(self.model.vocab) and bos >= 0 and ids[:1] != [bos]:
-            return [bos, *ids]  # models trained with BOS get it once, whether or not the template wrote it
-        return ids
+        return bos if L.llama_vocab_get_add_bos(self.model.vocab) and bos >= 0 else None
 
     @functools.cached_property
     def _parsed(self) -> PrefixTokenizer:

@@ -122,6 +122,9 @@ class TorchAdapter:
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, special=special)
 
+    def token_array(self, text: str) -> np.ndarray:
+        return self.tokenizer.encode_array(text)
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return b"".join(self.tokenizer.token_bytes(t) for t in ids).decode("utf-8", "replace")
 

@@ -16,8 +16,10 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from kvmem_core.errors import UnsupportedModelError
-from kvmem_core.tokens import PrefixTokenizer, clean_cuts
+from kvmem_core.tokens import PrefixTokenizer, clean_cuts, read_only
 
 _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -67,6 +69,10 @@ class Tokenizer:
         A long text that starts like a recent one is tokenized from the last cut they share (``PrefixTokenizer``)."""
         ids = self._parsed(text) if special else self._encode(text, special=False)
         return [self.bos_id, *ids] if add_bos and self.add_bos and self.bos_id is not None else ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` (control tokens parsed, no BOS) as a read-only int64 array (``PrefixTokenizer.array``)."""
+        return self._parsed.array(text)
 
     def _encode(self, text: str, special: bool) -> list[int]:
         self.tok.encode_special_tokens = not special
@@ -129,6 +135,9 @@ class IdTokenizer:
         if any(not 0 <= i < self.vocab_size for i in ids):
             raise UnsupportedModelError(f"token ids must lie in [0, {self.vocab_size})")
         return ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return read_only(np.asarray(self.encode(text), dtype=np.int64))
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(f" {i}" for i in ids)

@@ -1,7 +1,7 @@
 """Incremental tokenization gives the ids of tokenizing each text whole, with the default model's tokenizer in both
 engines: transcripts grown turn by turn, edited in the middle, cut short anywhere (inside a control token too), with
-unicode and control-token texts in the messages; the int64 array handed out with them holds the same ids. A turn
-that extends the last tokenizes only what it adds."""
+unicode and control-token texts in the messages; the read-only int64 array a prompt is built from holds the same ids.
+A turn that extends the last tokenizes only what it adds."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from kvmem_core.config import KVMemConfig
 from kvmem_core.errors import ModelNotFoundError
 from kvmem_core.gguf_file import GGUFFile
-from kvmem_core.tokens import MIN_CHARS, PrefixTokenizer, TokenIds
+from kvmem_core.tokens import MIN_CHARS, PrefixTokenizer
 from kvmem_torch.tokenizer import Tokenizer, from_gguf_meta
 
 SYSTEM = "You are a careful build assistant; keep track of every failure and say which test broke. " * 50
@@ -64,17 +65,19 @@ def torch_whole(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 @pytest.fixture(params=["torch", pytest.param("llama.cpp", marks=pytest.mark.llamacpp)])
-def engine(request: pytest.FixtureRequest) -> tuple[Encode, Encode]:
-    """(incremental, whole) tokenization with control tokens parsed: the torch tokenizer's ``encode``, and the
-    ``PrefixTokenizer`` the llama.cpp adapter makes over ``llama_tokenize``."""
+def engine(request: pytest.FixtureRequest) -> tuple[Encode, Callable[[str], np.ndarray], Encode]:
+    """(incremental list, incremental array, whole) tokenization with control tokens parsed: the torch tokenizer's
+    ``encode`` and ``encode_array``, and the ``PrefixTokenizer`` the llama.cpp adapter makes over
+    ``llama_tokenize``."""
     if request.param == "torch":
         tokenizer = request.getfixturevalue("torch_tokenizer")
-        return tokenizer.encode, partial(torch_whole, tokenizer)
+        return tokenizer.encode, tokenizer.encode_array, partial(torch_whole, tokenizer)
     from kvmem_llamacpp.vocab import cut_tokens, tokens
 
     vocab = request.getfixturevalue("llama_vocab")
     whole = partial(tokens, vocab, special=True)
-    return PrefixTokenizer(whole, partial(cut_tokens, vocab)), whole
+    prefix = PrefixTokenizer(whole, partial(cut_tokens, vocab))
+    return prefix, prefix.array, whole
 
 
 pieces = ["a", "b", " ", "  ", "\n", ".", "é", "東", "🚢", "<", "|>", "<|im_", "start|>", "user", "<tool_call>"]
@@ -100,19 +103,23 @@ def change(transcript: list[tuple[str, str]], what: tuple[Any, ...]) -> list[tup
 @given(first=messages, turns=turns)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_incremental_ids_equal_whole_tokenization(
-    engine: tuple[Encode, Encode], first: list[tuple[str, str]], turns: list[tuple[Any, int, bool]]
+    engine: tuple[Encode, Callable[[str], np.ndarray], Encode],
+    first: list[tuple[str, str]],
+    turns: list[tuple[Any, int, bool]],
 ) -> None:
-    incremental, whole = engine
+    incremental, array, whole = engine
     transcript = [("system", SYSTEM), *first]
-    for what, chop, prompt in turns:
+    for i, (what, chop, prompt) in enumerate(turns):
         transcript = change(transcript, what)
         text = chatml(transcript, prompt)
         text = text[: len(text) - chop]  # ends anywhere: inside a control token, between a surrogate-free pair
         assert len(text) >= MIN_CHARS
-        ids = incremental(text)
-        assert ids == whole(text)
-        if isinstance(ids, TokenIds):  # the array handed out with them: the same ids, and not writable
-            assert ids.array.tolist() == ids and not ids.array.flags.writeable
+        if i % 2:  # both ways in turn, over the texts either kept
+            ids = array(text)
+            assert ids.dtype == np.int64 and not ids.flags.writeable
+            assert ids.tolist() == whole(text)
+        else:
+            assert incremental(text) == whole(text)
 
 
 class CountingTokenizer:

@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 
+import kvmem_core.marks as marks_module
 import kvmem_core.prompt as prompt_module
 import kvmem_core.workspace as workspace_module
 from kvmem_core.contract import StepRequest
@@ -128,8 +129,8 @@ class Chat:
         self.renders += 1
         return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<a>" if add_generation_prompt else "")
 
-    def tokenize(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
+    def token_array(self, text: str) -> np.ndarray:
+        return np.array([ord(c) for c in text], dtype=np.int64)
 
     def token_bytes(self, token: int) -> bytes:
         return chr(token).encode()
@@ -142,7 +143,8 @@ def test_a_prompt_renders_alone_only_its_new_messages_and_marks_them_as_before()
         before = chat.renders
         prompt = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
         spent.append(chat.renders - before)
-        prompt_module._lone_renders.pop(chat)
+        marks_module._lone_renders.pop(chat)
+        marks_module._marked.pop(chat)  # from scratch: nothing carried over from the last turn
         again = prompt_module.build_prompt(chat, StepRequest(messages=tuple(messages)))
         assert (prompt.messages, prompt.groups, prompt.mandatory) == (again.messages, again.groups, again.mandatory)
     assert spent[0] == 1 + 3 and spent[-1] == 1 + 2  # the whole transcript once, then each new message alone
@@ -151,10 +153,11 @@ def test_a_prompt_renders_alone_only_its_new_messages_and_marks_them_as_before()
 def test_a_message_renders_alone_again_when_anything_json_tells_apart_changes():
     chat = Chat()
     chat.render_chat = lambda messages, **kw: "".join(f"<{m['role']}>{json.dumps(m['content'])}</>" for m in messages)
-    render = prompt_module._renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)))
-    lone = prompt_module._lone_renderer(chat, StepRequest(messages=({"role": "user", "content": "x"},)), render)
+    request = StepRequest(messages=({"role": "user", "content": "x"},))
+    render = prompt_module._renderer(chat, request)
+    lone = marks_module.lone_renderer(chat, marks_module.setting(request), render)
     variants = [1, 1.0, True, "1", [1], {"a": 1}, {"a": 1.0}, [[1]], None]
     texts = [lone({"role": "user", "content": v}) for v in variants]
     assert texts == [render([{"role": "user", "content": v}], False) for v in variants]
     assert len(set(texts)) == len(variants)  # no two share a cached rendering
-    prompt_module._lone_renders.pop(chat)
+    marks_module._lone_renders.pop(chat)
