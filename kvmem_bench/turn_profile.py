@@ -11,6 +11,9 @@ time is charged to the phase that launched it (``turn_trace``: ``SIZE.trace.txt`
 
     python -m kvmem_bench.turn_profile --shape 9b --device cuda --sizes 131072,1048576 --trace --out OUT --model GGUF
 
+``--collector`` times Python's garbage collector over five turns past each size instead (``SIZE.gc.json``: passes
+and milliseconds a turn, by generation): what a turn's large Python objects cost beyond building them.
+
 ``--prompt-turns N`` times only building the prompt (``kvmem_core.prompt.build_prompt``, with the default model's
 tokenizer and template) of the same session's turns past N turns (365: ~1.05M tokens), no model run.
 """
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
+import json
 import pstats
 import statistics
 import time
@@ -32,6 +37,8 @@ from kvmem_bench.speed_torch import DEFAULT_VIEW, session_engine
 from kvmem_core.contract import StepRequest
 from kvmem_core.prompt import build_prompt
 
+COLLECTOR_TURNS = 5
+
 
 def run(
     shape: str,
@@ -42,9 +49,11 @@ def run(
     lines: int = LINES,
     log: Any = print,
     trace: bool = False,
+    collector: bool = False,
 ) -> list[tuple[int, float]]:
     """Profile a turn past each of ``sizes`` (ascending) into ``out``; ``trace``: with ``torch.profiler`` and the
-    engine's phases labelled (``turn_trace``) instead of ``cProfile``. -> (workspace tokens, TTFT s) per profile"""
+    engine's phases labelled (``turn_trace``) instead of ``cProfile``; ``collector``: time Python's garbage
+    collector over ``COLLECTOR_TURNS`` turns instead. -> (workspace tokens, TTFT s) per profile"""
     plan = dict(DEFAULT_VIEW, sizes=(max(sizes),), lines=lines)
     engine = session_engine(shape, model, plan, device)
     session, done = Session(engine, lines), []
@@ -53,7 +62,8 @@ def run(
         for size in sorted(sizes):
             while session.step()[0] < size:
                 pass
-            tokens, ttft = _traced(engine, session, out, size) if trace else _profiled(session, out, size)
+            profile = _collected if collector else _traced if trace else _profiled
+            tokens, ttft = profile(engine, session, out, size)
             log(f"profiled a turn at {tokens} tokens: TTFT {ttft:.3f} s")
             done.append((tokens, ttft))
     finally:
@@ -61,7 +71,7 @@ def run(
     return done
 
 
-def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
+def _profiled(engine: Any, session: Session, out: Path, size: int) -> tuple[int, float]:
     """One turn under ``cProfile``, its listings written to ``SIZE.txt``."""
     profile = cProfile.Profile()
     profile.enable()
@@ -71,6 +81,30 @@ def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
     for order, rows in (("cumulative", 60), ("tottime", 30)):
         pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
     (out / f"{size}.txt").write_text(f"workspace {tokens} tokens, TTFT {ttft:.3f} s\n{text.getvalue()}")
+    return tokens, ttft
+
+
+def _collected(engine: Any, session: Session, out: Path, size: int) -> tuple[int, float]:
+    """``COLLECTOR_TURNS`` turns with each of the garbage collector's passes timed (``gc.callbacks``); writes
+    ``SIZE.gc.json``: per generation, passes and milliseconds a turn. -> (the last turn's tokens, its TTFT)"""
+    passes, ms, started = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            passes[info["generation"]] += 1
+            ms[info["generation"]] += (time.perf_counter() - started[0]) * 1000
+
+    gc.callbacks.append(timed)
+    try:
+        for _ in range(COLLECTOR_TURNS):
+            tokens, ttft = session.step()
+    finally:
+        gc.callbacks.remove(timed)
+    per_turn = {f"gen{g}": {"passes": passes[g], "ms_a_turn": round(ms[g] / COLLECTOR_TURNS, 2)} for g in range(3)}
+    (out / f"{size}.gc.json").write_text(json.dumps({"tokens": tokens, "turns": COLLECTOR_TURNS, **per_turn}))
+    print(f"{tokens} tokens: the collector a turn, by generation: {per_turn}")
     return tokens, ttft
 
 
@@ -109,6 +143,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="131072,524288,1048576")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--trace", action="store_true", help="torch.profiler with the engine's phases labelled")
+    ap.add_argument("--collector", action="store_true", help="time the garbage collector over a few turns")
     ap.add_argument("--prompt-turns", type=int, default=None, help="time building the prompt past this many turns")
     args = ap.parse_args()
     if args.prompt_turns is not None:
@@ -117,7 +152,8 @@ def main() -> None:
         return
     if args.out is None:
         ap.error("--out is required")
-    run(args.shape, args.model, [int(s) for s in args.sizes.split(",")], args.out, args.device, trace=args.trace)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    run(args.shape, args.model, sizes, args.out, args.device, trace=args.trace, collector=args.collector)
 
 
 if __name__ == "__main__":

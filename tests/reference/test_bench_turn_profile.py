@@ -46,3 +46,20 @@ def test_a_traced_turn_charges_its_time_to_the_engine_phases_and_leaves_the_engi
     assert {"kvmem._prefill", "kvmem._select", "kvmem.score", "kvmem.admit", "kvmem._decode"} <= host.keys()
     assert 0 < host["kvmem.score"] <= host["kvmem._select"] and host["kvmem._prefill"] <= ttft * 1000
     assert (tmp_path / "900.trace.json.gz").stat().st_size > 0
+
+
+def test_the_collector_is_timed_pass_by_pass_over_the_turns(tmp_path):
+    import gc
+    import json
+
+    class Collecting:  # a session whose every turn runs one pass of the middle generation
+        def step(self):
+            gc.collect(1)
+            return 1000, 0.5
+
+    callbacks = list(gc.callbacks)
+    assert turn_profile._collected(None, Collecting(), tmp_path, 900) == (1000, 0.5)
+    report = json.loads((tmp_path / "900.gc.json").read_text())
+    assert report["tokens"] == 1000 and report["turns"] == turn_profile.COLLECTOR_TURNS
+    assert report["gen1"]["passes"] >= turn_profile.COLLECTOR_TURNS and report["gen1"]["ms_a_turn"] > 0
+    assert gc.callbacks == callbacks
