@@ -62,8 +62,10 @@ def run(
         for size in sorted(sizes):
             while session.step()[0] < size:
                 pass
-            profile = _collected if collector else _traced if trace else _profiled
-            tokens, ttft = profile(engine, session, out, size)
+            if trace:
+                tokens, ttft = _traced(engine, session, out, size)
+            else:
+                tokens, ttft = (_collected if collector else _profiled)(session, out, size)
             log(f"profiled a turn at {tokens} tokens: TTFT {ttft:.3f} s")
             done.append((tokens, ttft))
     finally:
@@ -71,7 +73,7 @@ def run(
     return done
 
 
-def _profiled(engine: Any, session: Session, out: Path, size: int) -> tuple[int, float]:
+def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
     """One turn under ``cProfile``, its listings written to ``SIZE.txt``."""
     profile = cProfile.Profile()
     profile.enable()
@@ -84,7 +86,7 @@ def _profiled(engine: Any, session: Session, out: Path, size: int) -> tuple[int,
     return tokens, ttft
 
 
-def _collected(engine: Any, session: Session, out: Path, size: int) -> tuple[int, float]:
+def _collected(session: Session, out: Path, size: int) -> tuple[int, float]:
     """``COLLECTOR_TURNS`` turns with each of the garbage collector's passes timed (``gc.callbacks``); writes
     ``SIZE.gc.json``: per generation, passes and milliseconds a turn. -> (the last turn's tokens, its TTFT)"""
     passes, ms, started = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]

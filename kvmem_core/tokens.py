@@ -86,15 +86,13 @@ class PrefixTokenizer:
 
     def __call__(self, text: str) -> list[int]:
         """Token ids of ``text``: ``encode(text)`` (a long text's through ``array``)."""
-        if len(text) < MIN_CHARS or not self._load_cuts():
-            return self._encode(text)
-        return self.array(text).tolist()
+        return self._encode(text) if self._whole(text) else self.array(text).tolist()
 
     def array(self, text: str) -> np.ndarray:
         """``encode(text)`` as a read-only int64 array, tokenized from the latest cut inside the prefix it shares
         with a kept text on (the ids before it are that text's). Never a Python list of the whole text's ids: at a
         million tokens, building one costs milliseconds and so does the collector's every walk over it."""
-        if len(text) < MIN_CHARS or not self._load_cuts():
+        if self._whole(text):
             return read_only(np.asarray(self._encode(text), dtype=np.int64))
         with self._lock:
             kept = list(self._kept)
@@ -107,6 +105,10 @@ class PrefixTokenizer:
         ids = read_only(np.concatenate((base.ids[:n_head], np.asarray(self._encode(text[start:]), dtype=np.int64))))
         self._keep(text, ids, base, max(j, 0), start, n_head)
         return ids
+
+    def _whole(self, text: str) -> bool:
+        """Whether ``text`` is tokenized whole: it is short, or the tokenizer has no cuts."""
+        return len(text) < MIN_CHARS or not self._load_cuts()
 
     def _load_cuts(self) -> bool:
         """Whether there are cuts (read from the source the first time)."""

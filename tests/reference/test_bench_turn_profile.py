@@ -48,18 +48,18 @@ def test_a_traced_turn_charges_its_time_to_the_engine_phases_and_leaves_the_engi
     assert (tmp_path / "900.trace.json.gz").stat().st_size > 0
 
 
-def test_the_collector_is_timed_pass_by_pass_over_the_turns(tmp_path):
+@pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer
+def test_the_collector_is_timed_pass_by_pass_over_the_engines_turns(tmp_path):
     import gc
     import json
 
-    class Collecting:  # a session whose every turn runs one pass of the middle generation
-        def step(self):
-            gc.collect(1)
-            return 1000, 0.5
-
-    callbacks = list(gc.callbacks)
-    assert turn_profile._collected(None, Collecting(), tmp_path, 900) == (1000, 0.5)
-    report = json.loads((tmp_path / "900.gc.json").read_text())
-    assert report["tokens"] == 1000 and report["turns"] == turn_profile.COLLECTOR_TURNS
-    assert report["gen1"]["passes"] >= turn_profile.COLLECTOR_TURNS and report["gen1"]["ms_a_turn"] > 0
+    callbacks, threshold = list(gc.callbacks), gc.get_threshold()
+    gc.set_threshold(50, 2, 1000)  # passes every few allocations: a turn this small would otherwise run none
+    try:
+        done = turn_profile.run("tiny", str(small_model()), [300], tmp_path, "cpu", lines=8, log=print, collector=True)
+    finally:
+        gc.set_threshold(*threshold)
+    report = json.loads((tmp_path / "300.gc.json").read_text())
+    assert report["tokens"] == done[0][0] >= 300 and report["turns"] == turn_profile.COLLECTOR_TURNS
+    assert report["gen0"]["passes"] > report["gen1"]["passes"] > 0 and report["gen0"]["ms_a_turn"] > 0
     assert gc.callbacks == callbacks
