@@ -47,18 +47,19 @@ def token_groups(messages: Sequence[dict[str, Any]], starts: Sequence[int], ends
 
 
 def block_groups(spans: Sequence[Span], n_blocks: int, block_tokens: int) -> np.ndarray:
-    """Per block, the index of the span in ``spans`` (sorted, disjoint) holding most of its tokens; -1: none."""
-    best = np.zeros(n_blocks, dtype=np.int64)
+    """Per block, the index of the span in ``spans`` (sorted, disjoint) holding most of its tokens; -1: none.
+    Whole-array work: a 1M-token transcript has ~1K groups over ~8K blocks, and each turn asks again."""
     out = np.full(n_blocks, -1, dtype=np.int64)
-    for g, (s, e) in enumerate(spans):
-        b0, b1 = s // block_tokens, min(-(-e // block_tokens), n_blocks)
-        if b0 >= b1:
-            continue
-        blocks = np.arange(b0, b1)
-        overlap = np.minimum(e, (blocks + 1) * block_tokens) - np.maximum(s, blocks * block_tokens)
-        wins = overlap > best[b0:b1]
-        out[b0:b1][wins] = g
-        best[b0:b1][wins] = overlap[wins]
+    s, e = np.asarray(spans, dtype=np.int64).reshape(-1, 2).T
+    b0 = s // block_tokens
+    count = np.maximum(np.minimum(-(-e // block_tokens), n_blocks) - b0, 0)
+    group = np.repeat(np.arange(len(s)), count)  # one entry per (span, block it touches)
+    block = np.arange(len(group)) + np.repeat(b0 - np.cumsum(count) + count, count)
+    overlap = np.minimum(e[group], (block + 1) * block_tokens) - np.maximum(s[group], block * block_tokens)
+    order = np.lexsort((group, -overlap, block))  # per block: the largest overlap, then the earlier span
+    first = order[np.flatnonzero(np.diff(block[order], prepend=-1))]
+    first = first[overlap[first] > 0]
+    out[block[first]] = group[first]
     return out
 
 
