@@ -215,8 +215,9 @@ class PrefixKeys:
     """Checkpoint keys: the blake2b digest of the token ids' int64 bytes, computed from the saved hash state of the
     longest prefix hashed before. It holds one token sequence at a time (the last one asked about that did not
     start with it; a read-only array is taken as unchanging and held without a copy) and the states after its
-    prefixes asked about, so a step's keys cost the tokens new since the last key, plus one comparison of each array
-    asked about with that sequence. ``hashed`` counts tokens hashed."""
+    prefixes asked about, so a step's keys cost the tokens new since the last key, plus one comparison with that
+    sequence of each array asked about that is not a prefix of the last read-only one. ``hashed`` counts tokens
+    hashed."""
 
     def __init__(self) -> None:
         self._seq = np.zeros(0, dtype=np.int64)
@@ -243,9 +244,23 @@ class PrefixKeys:
         return h.digest()
 
     def _common(self, arr: np.ndarray) -> int:
-        """Common prefix of ``arr`` and the sequence held; a read-only array asked about again is not compared."""
-        if self._last is not None and self._last[0] is arr:
-            return self._last[1]
+        """Common prefix of ``arr`` and the sequence held. A read-only array that starts where the sequence held or the
+        last one asked about starts (it again, or a slice of it: a step asks about several prefixes of its prompt) is
+        not compared where that tells the answer."""
+        if _same_start(arr, self._seq):
+            return min(len(arr), len(self._seq))
+        if self._last is not None and _same_start(arr, self._last[0]):
+            held, same = self._last
+            if same < len(held) or len(arr) <= len(held):
+                return min(same, len(arr))
         same = common_prefix(self._seq, arr)
         self._last = (arr, same) if not arr.flags.writeable else None
         return same
+
+
+def _same_start(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether read-only ``a`` reads the memory ``b`` reads from its start on, in the same steps (``b``: an array the
+    caller holds that no one writes to, so that memory holds the same tokens)."""
+    return a is b or (
+        not a.flags.writeable and a.strides == b.strides and a.ctypes.data == b.ctypes.data and a.dtype == b.dtype
+    )

@@ -22,7 +22,7 @@ from kvmem_core.checkpoints import PrefixKeys
 from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockSpans, StoredSpans
 from kvmem_core.retrieval.selector import _Members
-from kvmem_core.step import ViewState, append_computed
+from kvmem_core.step import ViewState, append_computed, common_prefix
 from test_store import LAYOUT, fill, host_store, nvme_store, tokens
 
 
@@ -46,6 +46,26 @@ def test_prefix_keys_equal_one_shot_digests_across_growth_forks_and_lists():
     before = keys.hashed
     assert keys.key(grown) == one_shot(grown)
     assert keys.hashed - before == 300  # from the state after the whole of ``seq``
+
+
+def test_prefix_keys_compare_a_prompt_once_for_all_its_prefixes(monkeypatch):
+    import kvmem_core.checkpoints as checkpoints
+
+    compared = []
+    monkeypatch.setattr(checkpoints, "common_prefix", lambda a, b: compared.append(len(b)) or common_prefix(a, b))
+    keys, rng = PrefixKeys(), np.random.default_rng(1)
+    seq = rng.integers(0, 1000, 4000)
+    seq.flags.writeable = False
+    assert keys.key(seq) == one_shot(seq)
+    turn = np.concatenate((seq[:3000], rng.integers(0, 1000, 1500)))  # the next prompt: an edit at 3000
+    turn.flags.writeable = False
+    compared.clear()
+    for n in (2500, 3200, 4500, 100):
+        assert keys.key(turn[:n]) == one_shot(turn[:n])
+    assert keys.key(turn, 3001) == one_shot(turn[:3001])
+    assert compared == [2500, 3200]  # the first slice, then a longer one past the first's answer; the rest follow
+    writable = turn.copy()
+    assert keys.key(writable[:50]) == one_shot(turn[:50]) and compared[-1] == 50  # a writable array: compared
 
 
 def test_a_prefix_match_after_its_blocks_left_checks_them_again():
