@@ -291,9 +291,9 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Score and select blocks, materialize them, replay the query; return its logits and the selection.
         A ``probe``'s held blocks are candidates as the stored ones are, and stored once the window is computed."""
-        metas = self.store.workspace_blocks(ws.id)
+        metas = self.store.workspace_view(ws.id)
         stored, held = len(metas), self._held_blocks(ws, probe, prompt.mandatory) if probe is not None else {}
-        metas = metas + [meta for meta, _ in held.values()]
+        metas = metas.plus([meta for meta, _ in held.values()])
         n, bt = len(prompt.tokens), self.layout.block_tokens
         scores, method = None, cfg.method
         if oracle is not None:
@@ -343,7 +343,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         return logits, out
 
     def _spans(
-        self, cfg: KVMemConfig, prompt: Prompt, ws_id: str, metas: list[BlockMeta], keep: Sequence[Span]
+        self, cfg: KVMemConfig, prompt: Prompt, ws_id: str, metas: Sequence[BlockMeta], keep: Sequence[Span]
     ) -> BlockSpans:
         """The stored blocks' spans plus this step's: mandatory ranges (system, tool definitions, pinned
         messages, ``keep``; stored tags know only what was mandatory when a block was stored) and, with
@@ -366,7 +366,7 @@ class KVMemEngine(ArchiveOps, PrefillOps, DecodeOps, WorkspaceOps):
         kv = self.stored_kv(block_hash)
         return self.adapter.content_keys(kv.k, self.store.lookup(block_hash).start_pos)
 
-    def _index(self, ws_id: str, metas: list[BlockMeta]) -> BlockIndex:
+    def _index(self, ws_id: str, metas: Sequence[BlockMeta]) -> BlockIndex:
         """``ws_id``'s index holding ``metas``; reserved for a whole ``--ctx`` workspace (it never copies itself)."""
         if ws_id not in self._indexes:
             bt = self.layout.block_tokens

@@ -12,7 +12,7 @@ import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence, overload
 
 import numpy as np
 
@@ -101,6 +101,36 @@ def chain_hash(namespace: str, parent_hash: str, token_ids: np.ndarray | list[in
     h.update(bytes.fromhex(parent_hash))
     h.update(ids.tobytes())
     return h.hexdigest()
+
+
+class MetaView(Sequence["BlockMeta"]):
+    """The metas of the blocks ``hashes[:n]`` names, then of ``extra``, each looked up when read: a step that reads
+    only the blocks new since its last (the index, the spans) leaves the thousands of others of a 1M-token workspace
+    untouched, where a list of them walks every one cold in memory. Valid while ``hashes`` keeps its first ``n``."""
+
+    def __init__(
+        self, hashes: Sequence[str], n: int, metas: Mapping[str, BlockMeta], extra: Sequence[BlockMeta] = ()
+    ) -> None:
+        self._hashes, self._n, self._metas, self._extra = hashes, n, metas, extra
+
+    def plus(self, extra: Sequence[BlockMeta]) -> MetaView:
+        """These metas, then ``extra``."""
+        return MetaView(self._hashes, self._n, self._metas, [*self._extra, *extra])
+
+    def __len__(self) -> int:
+        return self._n + len(self._extra)
+
+    @overload
+    def __getitem__(self, i: int) -> BlockMeta: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BlockMeta]: ...
+    def __getitem__(self, i: int | slice) -> BlockMeta | list[BlockMeta]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        j = i + len(self) if i < 0 else i
+        if not 0 <= j < len(self):
+            raise IndexError(i)
+        return self._metas[self._hashes[j]] if j < self._n else self._extra[j - self._n]
 
 
 def starts_with(metas: Sequence[BlockMeta], hashes: Sequence[str]) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from kvmem_core.blockfile import encode_header
 from kvmem_core.config import GIB, KVMemConfig
 from kvmem_core.host import HostTier
-from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta
+from kvmem_core.layout import ROOT_HASH, BlockKV, BlockLayout, BlockMeta, MetaView
 from kvmem_core.nvme import NvmeTier
 from kvmem_core.policy import EvictionPolicy, LRUPolicy
 from kvmem_core.store_capacity import CapacityMixin
@@ -174,6 +174,13 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin, LoadMixin):
         """Metas of a workspace's stored blocks, in order: what a step may select from."""
         ws = self.workspaces.get(ws_id)
         return [] if ws is None else [self._metas[h] for h in ws.hashes if h in self._metas]
+
+    def workspace_view(self, ws_id: str) -> MetaView:
+        """``workspace_blocks`` of a workspace in use as a ``MetaView``: each meta looked up when read, valid while the
+        workspace keeps the blocks it holds now (a step's selection)."""
+        ws = self.workspaces.get(ws_id)
+        assert ws is not None, f"unknown workspace {ws_id}"
+        return MetaView(ws.hashes, len(ws.hashes), self._metas)
 
     def delete_workspace(self, ws_id: str) -> bool:
         """Delete a workspace; blocks no other workspace references are freed. False if unknown."""

@@ -23,7 +23,8 @@ from kvmem_core.layout import BlockMeta
 from kvmem_core.retrieval import BlockSpans, StoredSpans
 from kvmem_core.retrieval.selector import _Members
 from kvmem_core.step import ViewState, append_computed, common_prefix
-from test_store import LAYOUT, fill, host_store, nvme_store, tokens
+from kvmem_core.store import BlockStore
+from test_store import BLOCK, LAYOUT, fill, host_store, nvme_store, tokens
 
 
 def one_shot(ids: np.ndarray | list[int]) -> bytes:
@@ -113,6 +114,25 @@ def test_stored_spans_equal_the_spans_of_every_block_converted_again(cut: int | 
     if cut is not None:
         changed = metas[:cut] + [meta(i + 100, tags[i % 4]) for i in range(cut, 10)]
         assert stored.spans(changed).groups.tolist() == BlockSpans.from_metas(changed).groups.tolist()
+
+
+def test_a_workspace_view_reads_as_the_list_of_its_metas_it_was_taken_at():
+    store = BlockStore(LAYOUT, cpu_bytes=16 * BLOCK)
+    ws_id, _ = fill(store, tokens(6))
+    listed, view = store.workspace_blocks(ws_id), store.workspace_view(ws_id)
+    extra = [meta(100), meta(101)]
+    both, whole = view.plus(extra), listed + extra
+    assert len(view) == 6 and list(view) == listed and len(both) == 8 and list(both) == whole
+    for i in (0, 5, 6, 7, -1, -8):
+        assert both[i] is whole[i]
+    for cut in (slice(None), slice(4, None), slice(5, 7), slice(-3, None), slice(None, None, 2), slice(9, 12)):
+        assert both[cut] == whole[cut]
+    with pytest.raises(IndexError):
+        both[8]
+    with pytest.raises(IndexError):
+        both[-9]
+    fill(store, tokens(8))  # the workspace grows: the view stays what it was taken at
+    assert list(view) == listed
 
 
 def test_group_members_list_each_groups_blocks_in_order():
