@@ -2,7 +2,8 @@
 bench's session (``speed_ab.Session``) once the session has grown past each size.
 
 Random qwen35 weights of a shape; on the CPU the tiny shape computes little, so what grows with the workspace
-shows. Writes ``SIZE.txt`` per size (cumulative and own-time listings) into ``--out``:
+shows. Writes ``SIZE.txt`` per size (cumulative and own-time listings, then the core's functions alone) and the
+whole profile as ``SIZE.prof`` (``pstats``) into ``--out``:
 
     python -m kvmem_bench.turn_profile --shape tiny --device cpu --sizes 131072,524288,1048576 --out OUT
 
@@ -74,15 +75,16 @@ def run(
 
 
 def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
-    """One turn under ``cProfile``, its listings written to ``SIZE.txt``."""
+    """One turn under ``cProfile``, its listings written to ``SIZE.txt`` and the profile to ``SIZE.prof``."""
     profile = cProfile.Profile()
     profile.enable()
     tokens, ttft = session.step()
     profile.disable()
     text = io.StringIO()
-    for order, rows in (("cumulative", 60), ("tottime", 30)):
-        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
+    for order, *limits in (("cumulative", 60), ("tottime", 30), ("cumulative", "kvmem_core", 60)):
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(*limits)
     (out / f"{size}.txt").write_text(f"workspace {tokens} tokens, TTFT {ttft:.3f} s\n{text.getvalue()}")
+    profile.dump_stats(out / f"{size}.prof")
     return tokens, ttft
 
 

@@ -3,6 +3,8 @@ turn past that size, with the engine's step in it; building the prompt timed tur
 
 from __future__ import annotations
 
+import pstats
+
 import pytest
 
 from kvmem_bench import turn_profile
@@ -17,6 +19,7 @@ def test_each_size_gets_the_profile_of_a_turn_past_it(tmp_path):
     for size in (300, 900):
         text = (tmp_path / f"{size}.txt").read_text()
         assert text.startswith("workspace ") and "engine.py" in text and "(step)" in text
+        assert "_select" in str(pstats.Stats(str(tmp_path / f"{size}.prof")).stats)  # the whole profile, readable
 
 
 @pytest.mark.llamacpp  # SmolLM2's GGUF for the tokenizer and template
