@@ -270,9 +270,9 @@ def block_hashes(
     namespace: str, token_ids: Sequence[int] | np.ndarray, block_tokens: int, known: Sequence[str] = ()
 ) -> list[str]:
     """Chain hashes of every whole block of a token sequence; ``known``: those of its first blocks."""
-    ids = np.asarray(token_ids, dtype=np.int32)
+    ids = np.asarray(token_ids[len(known) * block_tokens :], dtype=np.int32)  # a turn converts its new ids alone
     out, parent = list(known), known[-1] if known else ROOT_HASH
-    for start in range(len(known) * block_tokens, len(ids) - block_tokens + 1, block_tokens):
+    for start in range(0, len(ids) - block_tokens + 1, block_tokens):
         parent = chain_hash(namespace, parent, ids[start : start + block_tokens])
         out.append(parent)
     return out

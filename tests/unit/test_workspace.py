@@ -149,3 +149,13 @@ def test_a_preferred_workspace_wins_among_equal_prefixes():
     assert newest.id == twin.id  # the most recent, without a preference
     chosen, _, _ = w.step(list(range(12)), route=Route(prefer=first.id))
     assert chosen.id == first.id
+
+
+def test_block_hashes_from_known_first_blocks_equal_them_hashed_whole() -> None:
+    ids = np.random.default_rng(3).integers(0, 50_000, 23)
+    whole = block_hashes("m", ids, B)
+    assert len(whole) == 5 and whole[0] != whole[1]
+    for known in range(6):
+        assert block_hashes("m", ids, B, whole[:known]) == whole
+        assert block_hashes("m", ids.tolist(), B, whole[:known]) == whole
+    assert block_hashes("m", ids[:3], B) == [] and block_hashes("n", ids, B) != whole
