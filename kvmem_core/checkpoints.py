@@ -246,14 +246,15 @@ class PrefixKeys:
     def _common(self, arr: np.ndarray) -> int:
         """Common prefix of ``arr`` and the sequence held. A read-only array that starts where the sequence held or the
         last one asked about starts (it again, or a slice of it: a step asks about several prefixes of its prompt) is
-        not compared where that tells the answer."""
+        compared only past what that tells."""
         if _same_start(arr, self._seq):
             return min(len(arr), len(self._seq))
+        start = 0
         if self._last is not None and _same_start(arr, self._last[0]):
-            held, same = self._last
-            if same < len(held) or len(arr) <= len(held):
-                return min(same, len(arr))
-        same = common_prefix(self._seq, arr)
+            held, start = self._last
+            if start < len(held) or len(arr) <= len(held):
+                return min(start, len(arr))
+        same = start + common_prefix(self._seq[start:], arr[start:])  # ``arr`` agrees up to ``start``
         self._last = (arr, same) if not arr.flags.writeable else None
         return same
 

@@ -125,6 +125,8 @@ class PrefillOps:
             if self.prefill_progress is not None:
                 self.prefill_progress(e - cached, len(ids) - cached)
         self._archive(ws, sorted(staged), prompt.mandatory, staged)
+        if len(self.view.tokens) == len(ids):  # the computed tokens are the prompt's: its array serves as theirs, so
+            self.view.assign(self.view.tokens, ids)  # the step's checkpoint keys see one array (``PrefixKeys``)
         assert out is not None and (probe is not None or out.logits is not None)
         queries = [o.queries for o in captured if o.queries is not None]
         return out.logits, np.concatenate(queries, axis=1) if queries else None
