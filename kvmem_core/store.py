@@ -171,13 +171,14 @@ class BlockStore(CapacityMixin, WriteThroughMixin, SideDataMixin, LoadMixin):
         self._sync_manifests()
 
     def workspace_blocks(self, ws_id: str) -> list[BlockMeta]:
-        """Metas of a workspace's stored blocks, in order: what a step may select from."""
-        ws = self.workspaces.get(ws_id)
-        return [] if ws is None else [self._metas[h] for h in ws.hashes if h in self._metas]
+        """Metas of a workspace's stored blocks, in order (none for an unknown workspace): what a step may select
+        from."""
+        return list(self.workspace_view(ws_id)) if self.workspaces.get(ws_id) is not None else []
 
     def workspace_view(self, ws_id: str) -> MetaView:
         """``workspace_blocks`` of a workspace in use as a ``MetaView``: each meta looked up when read, valid while the
-        workspace keeps the blocks it holds now (a step's selection)."""
+        workspace keeps the blocks it holds now (a step's selection). Every block a workspace holds has its meta: a
+        lost block cuts the workspaces holding it (``_drop_lost``)."""
         ws = self.workspaces.get(ws_id)
         assert ws is not None, f"unknown workspace {ws_id}"
         return MetaView(ws.hashes, len(ws.hashes), self._metas)
