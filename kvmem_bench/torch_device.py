@@ -4,7 +4,9 @@
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
 from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
-measured in the same run).
+measured in the same run), and where cuDNN's prefill attention runs, the same prefills through flash
+attention's kernel (``prefill_N_flash``); one layer's attention rate for a ``--chunk`` of queries at the end of
+each prefill size, by kernel (``attention_N``).
 ``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
 tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
@@ -33,6 +35,7 @@ from kvmem_torch import (
     quantize_fp8,
     set_dependent_launch,
 )
+from kvmem_torch.layers import cudnn_prefill, cudnn_prefill_usable, flash_prefill
 
 
 SHAPES = {
@@ -169,6 +172,19 @@ def gemm_tflops(n: int = 8192) -> float:
     return 2 * n**3 / timed(lambda: a @ b, 10) / 1e12
 
 
+def attention_rates(spec: ModelSpec, n_keys: int, n_queries: int = 4096) -> dict[str, float]:
+    """TFLOP/s of one layer's prefill attention: ``n_queries`` new tokens after ``n_keys - n_queries`` keys, the
+    shape's heads, through ``layers.flash_prefill`` and, where it runs, ``layers.cudnn_prefill``."""
+    q = torch.randn(n_queries, spec.n_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
+    keys, values = (torch.randn(n_keys, spec.n_kv_heads, spec.head_dim, device="cuda", dtype=q.dtype) for _ in "kv")
+    count = torch.tensor([n_keys], device="cuda")
+    flops = 4 * spec.n_heads * spec.head_dim * n_queries * (n_keys - n_queries + (n_queries + 1) / 2)
+    runs = {"flash": lambda: flash_prefill(q, keys, values, count)}
+    if cudnn_prefill_usable(q.dtype, spec.head_dim, q.device):
+        runs["cudnn"] = lambda: cudnn_prefill(q, keys, values)
+    return {f"{name}_TFLOPs": flops / timed(run, 5) / 1e12 for name, run in runs.items()}
+
+
 def prefill_flops(model: Model, n_tokens: int) -> float:
     """FLOPs of prefilling ``n_tokens`` from empty: each token through every layer matrix, plus causal
     attention (QK and PV over the keys before it). The LM head runs for the last token only."""
@@ -176,6 +192,18 @@ def prefill_flops(model: Model, n_tokens: int) -> float:
     params = sum(w.numel() for _, _, ws in model.layers for w in ws.values() if w.dim() == 2)
     attention = 4 * s.n_heads * s.head_dim * n_tokens * (n_tokens + 1) / 2 * len(s.attention_layers)
     return 2 * params * n_tokens + attention
+
+
+def set_prefill_kernel(runner: Any, cudnn: bool) -> bool:
+    """Route the attention layers' prefill through cuDNN's kernel (where it runs) or flash attention's, dropping the
+    captured graphs; -> whether cuDNN's runs here (else nothing changed)."""
+    layers = [m for _, m, _ in runner.model.layers if hasattr(m, "cudnn")]
+    usable = any(m.flash and cudnn_prefill_usable(runner.model.dtype, m.hd, runner.model.device) for m in layers)
+    if usable:
+        for m in layers:
+            m.cudnn = cudnn
+        runner.drop_graphs()
+    return usable
 
 
 def prefill_speed(runner: Any, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
@@ -276,9 +304,9 @@ def hf_decode_ms(spec: ModelSpec, prompt: int = 512, new: int = 16) -> float:
     return (many - one) / new * 1e3
 
 
-def profile(runner: Any, n_view: int, chunk: int) -> str:
-    """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and one ``chunk``-token prefill forward after
-    another."""
+def profile(runner: Any, n_view: int, chunk: int, at: int) -> str:
+    """Top CUDA kernels of 3 eager decode steps (view ``n_view``) and of one eager ``chunk``-token prefill forward
+    after ``at`` tokens of random KV (``at`` rounded down to whole blocks)."""
     from torch.profiler import ProfilerActivity, profile as prof
 
     graphs, runner.use_graphs = runner.use_graphs, False
@@ -288,18 +316,18 @@ def profile(runner: Any, n_view: int, chunk: int) -> str:
             runner.forward([1], [n_view + i])
         torch.cuda.synchronize()
     decode = p.key_averages().table(sort_by="cuda_time_total", row_limit=14)
-    runner.clear()
-    runner.forward([1] * chunk, list(range(chunk)))
+    at = at // runner.B * runner.B
+    fill_view(runner, at)
     with prof(activities=[ProfilerActivity.CUDA]) as p:
-        runner.forward([1] * chunk, list(range(chunk, 2 * chunk)))
+        runner.forward([1] * chunk, list(range(at, at + chunk)))
         torch.cuda.synchronize()
     runner.use_graphs = graphs
     runner.clear()
     return (
         "decode x3\n"
         + decode
-        + f"\nprefill chunk {chunk} at {chunk}\n"
-        + p.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+        + f"\nprefill chunk {chunk} at {at}\n"
+        + p.key_averages().table(sort_by="cuda_time_total", row_limit=20)
     )
 
 
@@ -313,6 +341,7 @@ def main() -> None:
     ap.add_argument("--chunks", default="", help="also prefill --chunk-at tokens with each of these chunk sizes")
     ap.add_argument("--chunk-at", type=int, default=32768)
     ap.add_argument("--profile", help="write a kernel profile to this file")
+    ap.add_argument("--profile-at", type=int, help="the profiled prefill forward's position (default: --chunk)")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers generate on the same shape")
     args = ap.parse_args()
     spec, views = qwen35_spec(args.shape), [int(v) for v in args.views.split(",")]
@@ -320,7 +349,9 @@ def main() -> None:
     model = Model(spec, random_weights(spec, torch.bfloat16, "cuda"))
     weights = weight_bytes(model)
     out: dict[str, object] = {"shape": args.shape, "weights_GB": weights / GB, "build_s": time.perf_counter() - t}
-    longest = max([*views, *(int(p) for p in args.prefill.split(",")), args.chunk_at])
+    longest = max(
+        [*views, *(int(p) for p in args.prefill.split(",")), args.chunk_at, (args.profile_at or 0) + args.chunk]
+    )
     runner = plain_engine(model, (longest // 128 + 2) * 128, 128)
     out |= bandwidths(runner.cache.block_nbytes) | staging(runner, 64)
     kv_per_token = runner.cache.block_nbytes / 128
@@ -348,12 +379,18 @@ def main() -> None:
     runner.clear()
     out["bf16_gemm_TFLOPs"] = tflops = gemm_tflops()
     for n in (int(p) for p in args.prefill.split(",")):
+        out[f"attention_{n}"] = attention_rates(spec, n, min(n, args.chunk))
+    for n in (int(p) for p in args.prefill.split(",")):
         out[f"prefill_{n}"] = prefill_speed(runner, n, args.chunk, tflops)
+    if set_prefill_kernel(runner, cudnn=False):
+        for n in (int(p) for p in args.prefill.split(",")):
+            out[f"prefill_{n}_flash"] = prefill_speed(runner, n, args.chunk, tflops)
+        set_prefill_kernel(runner, cudnn=True)
     for chunk in (int(c) for c in args.chunks.split(",") if c):
         out[f"prefill_{args.chunk_at}_chunk_{chunk}"] = prefill_speed(runner, args.chunk_at, chunk, tflops)
     if args.profile:
         with open(args.profile, "w") as f:
-            f.write(profile(runner, views[0], args.chunk))
+            f.write(profile(runner, views[0], args.chunk, args.profile_at or args.chunk))
     print(json.dumps(out, indent=1), flush=True)
     if args.hf:
         del runner, model

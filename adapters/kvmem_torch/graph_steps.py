@@ -66,10 +66,13 @@ class GraphSteps:
 
     def _replays_prefill(self, n: int, snapshots: int = 0, capture: bool = False) -> bool:
         """Whether a prefill forward of ``n`` tokens handing out ``snapshots`` states (and capturing its queries)
-        goes through a graph (module docstring): lengths past ``SMALL_QUERY`` (flash attention), a (padded length,
+        goes through a graph (module docstring): lengths past ``SMALL_QUERY`` (flash attention) whose attention
+        does not go through cuDNN's kernel (``Model.cudnn_prefill``), a (padded length,
         bucket, snapshots, capture) met before whose capture has not failed, while there is room for its graph
         (``PREFILL_GRAPHS``)."""
         if not self.graph_prefill or n <= SMALL_QUERY or n > self.view_free():
+            return False
+        if self.model.cudnn_prefill(n, len(self.cells) + n):  # eager: its split needs the exact key count
             return False
         if (snapshots or _padded(n) != n) and not self.graph_snapshots:
             return False

@@ -22,6 +22,7 @@ from kvmem_torch.layers import (
     Attention,
     StepContext,
     TorchOpsKeys,
+    cudnn_pays,
     interleave_rows,
     mlp,
     rms_norm,
@@ -98,6 +99,11 @@ class Model:
         self.fused_ops = on and self.can_fuse_ops
         for _, mixer, _ in self.layers:
             mixer.fused = on and mixer.can_fuse
+
+    def cudnn_prefill(self, n_new: int, n_keys: int) -> bool:
+        """Whether an eager forward of ``n_new`` tokens over ``n_keys`` view keys (theirs included) attends through
+        cuDNN's kernel (``layers.cudnn_prefill``): where it runs and pays (``layers.cudnn_pays``)."""
+        return cudnn_pays(n_new, n_keys) and any(m.cudnn for kind, m, _ in self.layers if kind == ATTENTION)
 
     def new_cache(self, num_blocks: int, block_tokens: int, kv_fp8: bool = False) -> PagedKV:
         s = self.spec

@@ -132,7 +132,7 @@ class Runner(GraphSteps):
                 _to_device(positions, dev),
                 capture,
             )
-            ctx.snapshots = tuple(snapshots)
+            ctx.snapshots, ctx.exact_keys = tuple(snapshots), True
             logits = self.model.forward(_to_device(tokens, dev), ctx, self.cache, self.state, last_only)
         return logits, ctx.capture
 

@@ -1,7 +1,7 @@
 """Whole prefill forwards replayed from CUDA graphs (``Runner``'s prefill graphs): flash attention over a key buffer
-padded past the view's keys against float64, and a bf16 hybrid model's forwards with graphs against the same
-forwards without them (logits, the recurrent state, snapshots at offsets that change from replay to replay),
-including a capture that fails."""
+padded past the view's keys, and the cuDNN split over exact keys, against float64; a bf16 hybrid model's forwards
+with graphs against the same forwards without them (logits, the recurrent state, snapshots at offsets that change
+from replay to replay), including a capture that fails."""
 
 from __future__ import annotations
 
@@ -12,11 +12,21 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from kvmem_torch.layers import flash_prefill  # noqa: E402
-from kvmem_torch.model import Model  # noqa: E402
+from kvmem_torch.layers import cudnn_prefill, cudnn_prefill_usable, flash_prefill  # noqa: E402
+from kvmem_torch.model import ATTENTION, Model  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
 
 T, BLOCK = 256, 64
+
+
+def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """float64 attention of q [T, heads, hd] as the last T of the keys k/v [S, kv, hd] -> [T, heads, hd]"""
+    n, new, group = k.shape[0], q.shape[0], q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double().transpose(0, 1), k.double().transpose(0, 1), v.double().transpose(0, 1)
+    kd, vd = kd.repeat_interleave(group, 0), vd.repeat_interleave(group, 0)
+    scores = (qd @ kd.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - new, n, device=q.device)[:, None]
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)
 
 
 def test_flash_prefill_stops_at_the_true_key_count() -> None:
@@ -29,11 +39,20 @@ def test_flash_prefill_stops_at_the_true_key_count() -> None:
     got = flash_prefill(q, k, v, torch.tensor([n], device="cuda"))
     k[n:], v[n:] = 1e3, -1e3
     assert torch.equal(got, flash_prefill(q, k, v, torch.tensor([n], device="cuda")))
-    qd, kd, vd = q.double().transpose(0, 1), k[:n].double().transpose(0, 1), v[:n].double().transpose(0, 1)
-    kd, vd = kd.repeat_interleave(6, 0), vd.repeat_interleave(6, 0)
-    scores = (qd @ kd.transpose(-1, -2)) / 16.0
-    allowed = torch.arange(n, device="cuda")[None, :] <= torch.arange(n - new, n, device="cuda")[:, None]
-    ref = (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)
+    ref = causal_reference(q, k[:n], v[:n])
+    assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("n", [640, 2040, 9000])
+def test_cudnn_prefill_against_float64(n: int) -> None:
+    """cuDNN's split (the new tokens' diagonal block causally, the keys before in full, merged) at the 27B shape's
+    heads: 640 new tokens as the whole view, after 1,400 keys and after 8,360."""
+    if not cudnn_prefill_usable(torch.bfloat16, 256, torch.device("cuda")):
+        pytest.skip("cuDNN's attention does not run here")
+    torch.manual_seed(0)
+    q = torch.randn(640, 24, 256, device="cuda").bfloat16()
+    k, v = (torch.randn(n, 4, 256, device="cuda").bfloat16() for _ in range(2))
+    got, ref = cudnn_prefill(q, k, v), causal_reference(q, k, v)
     assert (got.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
 
@@ -99,6 +118,28 @@ def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(runner, "_capture", refuse)
     assert_close_to_eager(model, runner, ids)
     assert runner.prefill_graphs and all(g is None for g in runner.prefill_graphs.values())
+
+
+def test_long_forwards_attend_through_cudnn_eagerly() -> None:
+    """Forwards whose queries x keys reach ``CUDNN_MIN_PAIRS`` skip the prefill graphs (their padded key buffers)
+    and attend through cuDNN's split where it runs; the hybrid model answers as it does through flash attention."""
+    model = hybrid_model()
+    attention = [m for kind, m, _ in model.layers if kind == ATTENTION]
+    if not all(m.cudnn for m in attention):
+        pytest.skip("cuDNN's attention does not run here")
+    n = 3072  # 3,072 new tokens over at least as many keys: 9.4M pairs
+    ids = torch.randint(0, model.spec.vocab_size, (3 * n,), generator=torch.Generator().manual_seed(3)).tolist()
+
+    def run(cudnn: bool) -> tuple[torch.Tensor, Runner]:
+        for m in attention:
+            m.cudnn = cudnn
+        runner = Runner(model, num_blocks=160, block_tokens=BLOCK, cuda_graphs=True)
+        logits = [runner.forward(ids[a : a + n], list(range(a, a + n)))[0][-1].float() for a in range(0, 3 * n, n)]
+        return torch.stack(logits), runner
+
+    (want, flash), (got, cudnn) = run(False), run(True)
+    assert close(want, got) and torch.equal(want.argmax(-1), got.argmax(-1))
+    assert flash.prefill_seen and not cudnn.prefill_seen and not cudnn.prefill_graphs
 
 
 # forwards after the first three: (length, snapshot offsets, captures queries); lengths padded to 256 in the graphs
