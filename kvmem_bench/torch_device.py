@@ -4,9 +4,9 @@
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
 from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
-measured in the same run), and where cuDNN's prefill attention runs, the same prefills through flash
-attention's kernel (``prefill_N_flash``); one layer's attention rate for a ``--chunk`` of queries at the end of
-each prefill size, by kernel (``attention_N``).
+measured in the same run), and where cuDNN's prefill attention runs, the same prefills with the long forwards'
+attention through it (``prefill_N_cudnn``, ``Model.use_cudnn_prefill``); one layer's attention for a ``--chunk``
+of queries at the end of each prefill size, by kernel (``attention_N``: rate and first call).
 ``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
 tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
@@ -173,8 +173,9 @@ def gemm_tflops(n: int = 8192) -> float:
 
 
 def attention_rates(spec: ModelSpec, n_keys: int, n_queries: int = 4096) -> dict[str, float]:
-    """TFLOP/s of one layer's prefill attention: ``n_queries`` new tokens after ``n_keys - n_queries`` keys, the
-    shape's heads, through ``layers.flash_prefill`` and, where it runs, ``layers.cudnn_prefill``."""
+    """One layer's prefill attention, ``n_queries`` new tokens after ``n_keys - n_queries`` keys, the shape's heads,
+    through ``layers.flash_prefill`` and, where it runs, ``layers.cudnn_prefill``: TFLOP/s, and the first call's
+    milliseconds at this shape (cuDNN builds a graph per shape)."""
     q = torch.randn(n_queries, spec.n_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
     keys, values = (torch.randn(n_keys, spec.n_kv_heads, spec.head_dim, device="cuda", dtype=q.dtype) for _ in "kv")
     count = torch.tensor([n_keys], device="cuda")
@@ -182,7 +183,15 @@ def attention_rates(spec: ModelSpec, n_keys: int, n_queries: int = 4096) -> dict
     runs = {"flash": lambda: flash_prefill(q, keys, values, count)}
     if cudnn_prefill_usable(q.dtype, spec.head_dim, q.device):
         runs["cudnn"] = lambda: cudnn_prefill(q, keys, values)
-    return {f"{name}_TFLOPs": flops / timed(run, 5) / 1e12 for name, run in runs.items()}
+    rates = {}
+    for name, run in runs.items():
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        rates[f"{name}_first_call_ms"] = (time.perf_counter() - t) * 1e3
+        rates[f"{name}_TFLOPs"] = flops / timed(run, 5) / 1e12
+    return rates
 
 
 def prefill_flops(model: Model, n_tokens: int) -> float:
@@ -192,18 +201,6 @@ def prefill_flops(model: Model, n_tokens: int) -> float:
     params = sum(w.numel() for _, _, ws in model.layers for w in ws.values() if w.dim() == 2)
     attention = 4 * s.n_heads * s.head_dim * n_tokens * (n_tokens + 1) / 2 * len(s.attention_layers)
     return 2 * params * n_tokens + attention
-
-
-def set_prefill_kernel(runner: Any, cudnn: bool) -> bool:
-    """Route the attention layers' prefill through cuDNN's kernel (where it runs) or flash attention's, dropping the
-    captured graphs; -> whether cuDNN's runs here (else nothing changed)."""
-    layers = [m for _, m, _ in runner.model.layers if hasattr(m, "cudnn")]
-    usable = any(m.flash and cudnn_prefill_usable(runner.model.dtype, m.hd, runner.model.device) for m in layers)
-    if usable:
-        for m in layers:
-            m.cudnn = cudnn
-        runner.drop_graphs()
-    return usable
 
 
 def prefill_speed(runner: Any, n_tokens: int, chunk: int, tflops: float) -> dict[str, float]:
@@ -382,10 +379,11 @@ def main() -> None:
         out[f"attention_{n}"] = attention_rates(spec, n, min(n, args.chunk))
     for n in (int(p) for p in args.prefill.split(",")):
         out[f"prefill_{n}"] = prefill_speed(runner, n, args.chunk, tflops)
-    if set_prefill_kernel(runner, cudnn=False):
+    if model.use_cudnn_prefill(True):  # the same prefills, long forwards' attention through cuDNN, eager
+        runner.drop_graphs()
         for n in (int(p) for p in args.prefill.split(",")):
-            out[f"prefill_{n}_flash"] = prefill_speed(runner, n, args.chunk, tflops)
-        set_prefill_kernel(runner, cudnn=True)
+            out[f"prefill_{n}_cudnn"] = prefill_speed(runner, n, args.chunk, tflops)
+        model.use_cudnn_prefill(False)
     for chunk in (int(c) for c in args.chunks.split(",") if c):
         out[f"prefill_{args.chunk_at}_chunk_{chunk}"] = prefill_speed(runner, args.chunk_at, chunk, tflops)
     if args.profile:

@@ -217,9 +217,8 @@ class Attention:
         if "q_bias" in w:
             fuse(w, ("q_bias", "k_bias", "v_bias"), "qkv_bias")
         self.can_fuse = self.fused = kernels.eligible(w["qkv_fused"].device, self.hd, spec.rotary_dim)
-        dtype, device = w["qkv_fused"].dtype, w["qkv_fused"].device
-        self.flash = flash_varlen_usable(dtype, self.hd, device)  # prefill attention through ``flash_prefill``
-        self.cudnn = self.flash and cudnn_prefill_usable(dtype, self.hd, device)  # and ``cudnn_prefill`` where it pays
+        self.flash = flash_varlen_usable(w["qkv_fused"].dtype, self.hd, w["qkv_fused"].device)  # prefill attention
+        self.cudnn = False  # long eager forwards through ``cudnn_prefill`` (``Model.use_cudnn_prefill``)
 
     def __call__(self, x: torch.Tensor | NormedSum, ctx: StepContext, cache: PagedKV) -> torch.Tensor:
         w = self.w

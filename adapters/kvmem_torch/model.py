@@ -23,6 +23,7 @@ from kvmem_torch.layers import (
     StepContext,
     TorchOpsKeys,
     cudnn_pays,
+    cudnn_prefill_usable,
     interleave_rows,
     mlp,
     rms_norm,
@@ -100,9 +101,20 @@ class Model:
         for _, mixer, _ in self.layers:
             mixer.fused = on and mixer.can_fuse
 
+    def use_cudnn_prefill(self, on: bool) -> bool:
+        """Let eager forwards whose attention ``layers.cudnn_pays`` for go through ``layers.cudnn_prefill`` where it
+        runs here (``layers.cudnn_prefill_usable``), or not: off by default until measured in the engine, shapes
+        changing from forward to forward included (docs/torch.md). Captured graphs are unaffected (they keep flash
+        attention). -> whether it is on"""
+        attention = [m for kind, m, _ in self.layers if kind == ATTENTION]
+        on = on and all(m.flash and cudnn_prefill_usable(self.dtype, m.hd, self.device) for m in attention)
+        for m in attention:
+            m.cudnn = on
+        return on
+
     def cudnn_prefill(self, n_new: int, n_keys: int) -> bool:
         """Whether an eager forward of ``n_new`` tokens over ``n_keys`` view keys (theirs included) attends through
-        cuDNN's kernel (``layers.cudnn_prefill``): where it runs and pays (``layers.cudnn_pays``)."""
+        cuDNN's kernel (``layers.cudnn_prefill``): where it is on and pays (``layers.cudnn_pays``)."""
         return cudnn_pays(n_new, n_keys) and any(m.cudnn for kind, m, _ in self.layers if kind == ATTENTION)
 
     def new_cache(self, num_blocks: int, block_tokens: int, kv_fp8: bool = False) -> PagedKV:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from kvmem_torch.layers import cudnn_prefill, cudnn_prefill_usable, flash_prefill  # noqa: E402
-from kvmem_torch.model import ATTENTION, Model  # noqa: E402
+from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
 
 T, BLOCK = 256, 64
@@ -121,18 +121,17 @@ def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPa
 
 
 def test_long_forwards_attend_through_cudnn_eagerly() -> None:
-    """Forwards whose queries x keys reach ``CUDNN_MIN_PAIRS`` skip the prefill graphs (their padded key buffers)
-    and attend through cuDNN's split where it runs; the hybrid model answers as it does through flash attention."""
+    """With ``Model.use_cudnn_prefill``, forwards whose queries x keys reach ``CUDNN_MIN_PAIRS`` skip the prefill
+    graphs (their padded key buffers) and attend through cuDNN's split; the hybrid model answers as it does through
+    flash attention (the default)."""
     model = hybrid_model()
-    attention = [m for kind, m, _ in model.layers if kind == ATTENTION]
-    if not all(m.cudnn for m in attention):
+    if not model.use_cudnn_prefill(True):
         pytest.skip("cuDNN's attention does not run here")
     n = 3072  # 3,072 new tokens over at least as many keys: 9.4M pairs
     ids = torch.randint(0, model.spec.vocab_size, (3 * n,), generator=torch.Generator().manual_seed(3)).tolist()
 
     def run(cudnn: bool) -> tuple[torch.Tensor, Runner]:
-        for m in attention:
-            m.cudnn = cudnn
+        model.use_cudnn_prefill(cudnn)
         runner = Runner(model, num_blocks=160, block_tokens=BLOCK, cuda_graphs=True)
         logits = [runner.forward(ids[a : a + n], list(range(a, a + n)))[0][-1].float() for a in range(0, 3 * n, n)]
         return torch.stack(logits), runner

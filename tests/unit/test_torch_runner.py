@@ -191,6 +191,29 @@ def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bu
     assert [r._replays_prefill(256) for _ in range(2)] == [False, False]
 
 
+def test_long_forwards_through_cudnn_stay_eager(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's prefill attention is off by default and cannot go on on the CPU; where it is on (set by hand here:
+    no cuDNN on the CPU), a forward whose queries x keys reach ``CUDNN_MIN_PAIRS`` (lowered to this view's size)
+    stays eager and is not remembered for a graph, while shorter ones keep the graph bookkeeping."""
+    from kvmem_torch import layers
+
+    r = Runner(model, 12, B)
+    assert not model.use_cudnn_prefill(True) and not model.cudnn_prefill(1 << 20, 1 << 20)
+    monkeypatch.setattr(layers, "CUDNN_MIN_PAIRS", 128 * 128)
+    attention = [m for m in (mixer for _, mixer, _ in model.layers) if hasattr(m, "cudnn")]
+    r.graph_prefill, r.scratch = True, list(range(B))
+    try:
+        for m in attention:
+            m.cudnn = True
+        assert [r._replays_prefill(128) for _ in range(2)] == [False, False] and not r.prefill_seen
+        assert [r._replays_prefill(100, 0) for _ in range(2)] == [False, False]  # padded, no device limits: eager
+        r.graph_snapshots = True
+        assert [r._replays_prefill(100) for _ in range(2)] == [False, True]  # 100 x 100 pairs: flash, graphs
+    finally:
+        model.use_cudnn_prefill(False)
+    assert not any(m.cudnn for m in attention)
+
+
 def test_flash_prefill_is_for_nvidia_gpus_in_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU, fp32 and ROCm (a stand-in version string: no AMD GPU here) keep ``causal_attention``, and so do the
     prefill graphs, which need flash attention's stop at a device key count."""
