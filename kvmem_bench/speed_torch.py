@@ -298,11 +298,16 @@ def dense_decode(model: Any, n_tokens: int, decode: int, block_tokens: int, kv_t
 def stateless(model: Any, ids: list[int], decode: int, chunk: int, block_tokens: int) -> dict[str, float]:
     """A plain torch engine over ``model`` (``kvmem_torch.plain_engine``, no KVMem): prefill ``ids`` from empty in
     ``chunk``-token chunks (time to first token), then greedy decode over the whole transcript (``decode`` >= 3
-    tokens; the first decode step, which captures the CUDA graph, is not timed)."""
+    tokens; the first decode step, which captures the CUDA graph, is not timed). Two chunks run first, untimed, as
+    a serving engine's earlier requests would have: the first forwards of a shape compile and autotune Triton
+    kernels (``torch_device.prefill_speed`` does the same)."""
     from kvmem_torch import plain_engine
 
     runner = plain_engine(model, len(ids) + decode, block_tokens)
     try:
+        warm = ids[: 2 * chunk]
+        runner.prefill(warm, list(range(len(warm))), chunk=chunk)
+        runner.clear()
         t0 = time.perf_counter()
         logits, _ = runner.prefill(ids, list(range(len(ids))), chunk=chunk)
         token = int(logits[-1].argmax())

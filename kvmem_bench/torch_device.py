@@ -30,12 +30,12 @@ from kvmem_torch import (
     TorchAdapter,
     from_gguf_meta,
     plain_engine,
+    prefill_attention_kernels,
     prefill_chunk_for,
     qwen35_kinds,
     quantize_fp8,
     set_dependent_launch,
 )
-from kvmem_torch.layers import cudnn_prefill, cudnn_prefill_usable, flash_prefill
 
 
 SHAPES = {
@@ -173,24 +173,19 @@ def gemm_tflops(n: int = 8192) -> float:
 
 
 def attention_rates(spec: ModelSpec, n_keys: int, n_queries: int = 4096) -> dict[str, float]:
-    """One layer's prefill attention, ``n_queries`` new tokens after ``n_keys - n_queries`` keys, the shape's heads,
-    through ``layers.flash_prefill`` and, where it runs, ``layers.cudnn_prefill``: TFLOP/s, and the first call's
-    milliseconds at this shape (cuDNN builds a graph per shape)."""
+    """One layer's prefill attention, ``n_queries`` new tokens after ``n_keys - n_queries`` keys of the shape's
+    heads, by kernel (``prefill_attention_kernels``): TFLOP/s, and the first call's ms (cuDNN builds per shape)."""
     q = torch.randn(n_queries, spec.n_heads, spec.head_dim, device="cuda", dtype=torch.bfloat16)
     keys, values = (torch.randn(n_keys, spec.n_kv_heads, spec.head_dim, device="cuda", dtype=q.dtype) for _ in "kv")
-    count = torch.tensor([n_keys], device="cuda")
     flops = 4 * spec.n_heads * spec.head_dim * n_queries * (n_keys - n_queries + (n_queries + 1) / 2)
-    runs = {"flash": lambda: flash_prefill(q, keys, values, count)}
-    if cudnn_prefill_usable(q.dtype, spec.head_dim, q.device):
-        runs["cudnn"] = lambda: cudnn_prefill(q, keys, values)
     rates = {}
-    for name, run in runs.items():
+    for name, kernel in prefill_attention_kernels(q.dtype, spec.head_dim, q.device).items():
         torch.cuda.synchronize()
         t = time.perf_counter()
-        run()
+        kernel(q, keys, values)
         torch.cuda.synchronize()
         rates[f"{name}_first_call_ms"] = (time.perf_counter() - t) * 1e3
-        rates[f"{name}_TFLOPs"] = flops / timed(run, 5) / 1e12
+        rates[f"{name}_TFLOPs"] = flops / timed(lambda: kernel(q, keys, values), 5) / 1e12
     return rates
 
 

@@ -70,6 +70,23 @@ def quantize_fp8(x: Any) -> Any:
     return quantize(x)
 
 
+def prefill_attention_kernels(dtype: Any, head_dim: int, device: Any) -> dict[str, Any]:
+    """The prefill attention kernels that run here, by name (``flash``; ``cudnn`` where cuDNN's runs and agrees),
+    each ``(q [T, heads, hd], keys, values [S, kv, hd]) -> [T, heads, hd]``: q the last T of exactly S keys,
+    causal (``layers.flash_prefill``, ``layers.cudnn_prefill``; docs/torch.md)."""
+    import torch
+
+    from kvmem_torch import layers
+
+    def flash(q: Any, keys: Any, values: Any) -> Any:
+        return layers.flash_prefill(q, keys, values, torch.tensor([keys.shape[0]], device=keys.device))
+
+    kernels = {"flash": flash} if layers.flash_varlen_usable(dtype, head_dim, device) else {}
+    if layers.cudnn_prefill_usable(dtype, head_dim, device):
+        kernels["cudnn"] = layers.cudnn_prefill
+    return kernels
+
+
 _PUBLIC = {
     "TorchAdapter": "adapter",
     "prefill_chunk_for": "adapter",
@@ -90,4 +107,12 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"kvmem_torch.{_PUBLIC[name]}"), name)
 
 
-__all__ = ["create_adapter", "kv_opts", "plain_engine", "quantize_fp8", "set_dependent_launch", *_PUBLIC]
+__all__ = [
+    "create_adapter",
+    "kv_opts",
+    "plain_engine",
+    "prefill_attention_kernels",
+    "quantize_fp8",
+    "set_dependent_launch",
+    *_PUBLIC,
+]
