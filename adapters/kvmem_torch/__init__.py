@@ -79,7 +79,7 @@ def prefill_attention_kernels(dtype: Any, head_dim: int, device: Any) -> dict[st
     from kvmem_torch import layers
 
     def flash(q: Any, keys: Any, values: Any) -> Any:
-        return layers.flash_prefill(q, keys, values, torch.tensor([keys.shape[0]], device=keys.device))
+        return layers.flash_prefill(q, keys, values, torch.full((1,), keys.shape[0], device=keys.device))
 
     kernels = {"flash": flash} if layers.flash_varlen_usable(dtype, head_dim, device) else {}
     if layers.cudnn_prefill_usable(dtype, head_dim, device):
