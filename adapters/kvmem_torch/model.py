@@ -107,7 +107,11 @@ class Model:
         changing from forward to forward included (docs/torch.md). Captured graphs are unaffected (they keep flash
         attention). -> whether it is on"""
         attention = [m for kind, m, _ in self.layers if kind == ATTENTION]
-        on = on and all(m.flash and cudnn_prefill_usable(self.dtype, m.hd, self.device) for m in attention)
+        on = (
+            on
+            and bool(attention)
+            and all(m.flash and cudnn_prefill_usable(self.dtype, m.hd, self.device) for m in attention)
+        )
         for m in attention:
             m.cudnn = on
         return on
