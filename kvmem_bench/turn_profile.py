@@ -65,8 +65,10 @@ def run(
                 pass
             if trace:
                 tokens, ttft = _traced(engine, session, out, size)
+            elif collector:
+                tokens, ttft = _collected(session, out, size, log)
             else:
-                tokens, ttft = (_collected if collector else _profiled)(session, out, size)
+                tokens, ttft = _profiled(session, out, size)
             log(f"profiled a turn at {tokens} tokens: TTFT {ttft:.3f} s")
             done.append((tokens, ttft))
     finally:
@@ -88,9 +90,10 @@ def _profiled(session: Session, out: Path, size: int) -> tuple[int, float]:
     return tokens, ttft
 
 
-def _collected(session: Session, out: Path, size: int) -> tuple[int, float]:
+def _collected(session: Session, out: Path, size: int, log: Any) -> tuple[int, float]:
     """``COLLECTOR_TURNS`` turns with each of the garbage collector's passes timed (``gc.callbacks``); writes
-    ``SIZE.gc.json``: per generation, passes and milliseconds a turn. -> (the last turn's tokens, its TTFT)"""
+    ``SIZE.gc.json`` and logs it: per generation, passes and milliseconds a turn. -> (the last turn's tokens, its
+    TTFT)"""
     passes, ms, started = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
 
     def timed(phase: str, info: dict[str, int]) -> None:
@@ -108,7 +111,7 @@ def _collected(session: Session, out: Path, size: int) -> tuple[int, float]:
         gc.callbacks.remove(timed)
     per_turn = {f"gen{g}": {"passes": passes[g], "ms_a_turn": round(ms[g] / COLLECTOR_TURNS, 2)} for g in range(3)}
     (out / f"{size}.gc.json").write_text(json.dumps({"tokens": tokens, "turns": COLLECTOR_TURNS, **per_turn}))
-    print(f"{tokens} tokens: the collector a turn, by generation: {per_turn}")
+    log(f"{tokens} tokens: the collector a turn, by generation: {per_turn}")
     return tokens, ttft
 
 
