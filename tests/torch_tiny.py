@@ -1,4 +1,5 @@
-"""Small random HF models: oracles for the torch engine's tests (``transformers``; nothing is downloaded).
+"""Small random HF models and float64 causal attention: oracles for the torch engine's tests (``transformers``;
+nothing is downloaded).
 
 Random internal weights for a shape (benchmarks, 27B on a GPU) are ``kvmem_bench.torch_weights``.
 """
@@ -153,3 +154,13 @@ def random_qwen35_adapter(device: str, **opts: Any) -> Any:
     weights = random_weights(spec, dtype, device, 0)
     loaded = (spec, weights, IdTokenizer(spec.vocab_size), "tiny-seed0")
     return TorchAdapter("tiny", device=device, dtype=dtype, progress=False, loaded=loaded, **opts)
+
+
+def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """float64 attention of q [T, heads, hd] as the last T of the keys k/v [S, kv, hd] (GQA) -> [T, heads, hd]"""
+    S, T, group = k.shape[0], q.shape[0], q.shape[1] // k.shape[1]
+    qd, kd, vd = (x.double().transpose(0, 1) for x in (q, k, v))
+    kd, vd = kd.repeat_interleave(group, 0), vd.repeat_interleave(group, 0)
+    scores = qd @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5
+    allowed = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)

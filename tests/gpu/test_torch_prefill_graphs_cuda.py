@@ -15,18 +15,9 @@ if not torch.cuda.is_available():
 from kvmem_torch.layers import cudnn_prefill, cudnn_prefill_usable, flash_prefill  # noqa: E402
 from kvmem_torch.model import Model  # noqa: E402
 from kvmem_torch.runner import Runner  # noqa: E402
+from torch_tiny import causal_reference  # noqa: E402
 
 T, BLOCK = 256, 64
-
-
-def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """float64 attention of q [T, heads, hd] as the last T of the keys k/v [S, kv, hd] -> [T, heads, hd]"""
-    n, new, group = k.shape[0], q.shape[0], q.shape[1] // k.shape[1]
-    qd, kd, vd = q.double().transpose(0, 1), k.double().transpose(0, 1), v.double().transpose(0, 1)
-    kd, vd = kd.repeat_interleave(group, 0), vd.repeat_interleave(group, 0)
-    scores = (qd @ kd.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - new, n, device=q.device)[:, None]
-    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)
 
 
 def test_flash_prefill_stops_at_the_true_key_count() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvmem_torch import layers
+from torch_tiny import causal_reference
 
 
 def cudnn_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
@@ -22,16 +23,6 @@ def cudnn_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         scores = scores.masked_fill(cols > rows, float("-inf"))
     lse = torch.logsumexp(scores, -1, keepdim=True)
     return (torch.exp(scores - lse) @ v).to(q.dtype), lse.float()
-
-
-def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """float64 attention of q [T, heads, hd] as the last T of the keys k/v [S, kv, hd] -> [T, heads, hd]"""
-    S, T, group = k.shape[0], q.shape[0], q.shape[1] // k.shape[1]
-    qd, kd, vd = (x.double().transpose(0, 1) for x in (q, k, v))
-    kd, vd = kd.repeat_interleave(group, 0), vd.repeat_interleave(group, 0)
-    scores = qd @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5
-    allowed = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]
-    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vd).transpose(0, 1)
 
 
 @pytest.mark.parametrize("n_keys", [40, 41, 300])
@@ -48,6 +39,6 @@ def test_the_split_at_the_diagonal_is_causal_attention_to_the_last_key(
     assert torch.allclose(got.double(), causal_reference(q, k, v), atol=1e-5, rtol=0)
 
 
-def test_off_by_default_and_unavailable_on_the_cpu() -> None:
+def test_cudnn_prefill_is_unavailable_on_the_cpu_and_pays_from_its_pair_count() -> None:
     assert not layers.cudnn_prefill_usable(torch.float32, 32, torch.device("cpu"))
     assert not layers.cudnn_pays(64, 1 << 16) and layers.cudnn_pays(128, 1 << 16)
