@@ -108,7 +108,14 @@ def run(
             point,
             phases.for_prompt(point["workspace_tokens"]),
             turn_baselines(
-                model, ids, prev, chunk=chunk, block_tokens=config.block_tokens, view_tokens=config.view_tokens, log=log
+                model,
+                ids,
+                prev,
+                chunk=chunk,
+                plain_chunk=adapter.prefill_chunk,
+                block_tokens=config.block_tokens,
+                view_tokens=config.view_tokens,
+                log=log,
             ),
         )
     out = {

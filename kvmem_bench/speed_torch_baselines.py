@@ -8,7 +8,8 @@ last logits' argmax on the host), the median of ``ROUNDS`` after one untimed war
   prefilled. The resident prefix is synthesized (random KV at its positions, the recurrent state as it
   is): a forward's time does not depend on the values it reads, and prefilling a 1M-token prefix to set
   it up would take minutes. Where the whole transcript's KV, and the suffix's attention over it, does
-  not fit in GPU memory it is not run (``prefix_cache`` says why).
+  not fit in GPU memory it is not run (``prefix_cache`` says why). It and the floor run the plain engine's own
+  forward length (``TorchAdapter.prefill_chunk``: 4,096 tokens on a GPU), not KVMem's (a quarter of its view).
 - ``suffix_floor_s``: the same new tokens prefilled into an empty cache, the engine's plain prefill rate
   at that length (``plain_prefill_tok_s``): no turn that reads its history is faster.
 - ``view_prefill_s``: the same new tokens prefilled after a resident view of KVMem's size (the view less
@@ -38,19 +39,22 @@ def turn_baselines(
     previous: Sequence[int],
     *,
     chunk: int,
+    plain_chunk: int,
     block_tokens: int,
     view_tokens: int,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The three baselines of the turn whose prompt is ``ids`` after the turn whose prompt was ``previous``,
     as a point's keys (see the module docstring), with ``new_tokens`` (the suffix past the common prefix;
-    the last token is always computed, for its logits)."""
+    the last token is always computed, for its logits). The suffix floor and the dense prefix cache prefill in the
+    plain engine's own ``plain_chunk``-token forwards, as a user's engine would; the suffix after a view of KVMem's
+    size in KVMem's ``chunk``-token ones, its forward path."""
     hit = min(common_prefix(previous, ids), len(ids) - 1)
     new = list(ids[hit:])
-    floor = suffix_ttft(model, new, 0, chunk, block_tokens)
+    floor = suffix_ttft(model, new, 0, plain_chunk, block_tokens)
     resident = max(0, min(hit, view_tokens - len(new)))
     view = suffix_ttft(model, new, resident, chunk, block_tokens)
-    prefix = suffix_ttft(model, new, hit, chunk, block_tokens)
+    prefix = suffix_ttft(model, new, hit, plain_chunk, block_tokens)
     out = {
         "new_tokens": len(new),
         "suffix_floor_s": floor,

@@ -83,6 +83,7 @@ class TorchAdapter:
         path = Path(model_path)
         spec, weights, self.tokenizer, self.fingerprint = loaded or _load(path, dtype, device, progress)
         self.model = Model(spec, weights)
+        self.model.use_cudnn_prefill(True)  # long eager forwards' attention, where it runs and agrees
         num_blocks = -(-view_tokens // block_tokens) + 2  # slack for partly filled blocks
         self.runner = Runner(self.model, num_blocks, block_tokens, cuda_graphs, kv_fp8)
         self.stager = BlockStager(self.runner.cache)

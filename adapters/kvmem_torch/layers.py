@@ -127,28 +127,56 @@ def flash_prefill(
     return torch.ops.aten._flash_attention_forward(q, keys, values, cu_q, cu_k, T, S, 0.0, True, False)[0]
 
 
-CUDNN_MIN_PAIRS = 1 << 23  # query-key pairs from which cuDNN's two calls beat flash attention's one (docs/torch.md)
+CUDNN_MIN_PAIRS = 1 << 23  # query-key pairs from which cuDNN's calls beat flash attention's one (docs/torch.md)
+CUDNN_LONG_ROWS = 2048  # a forward this long is GPU-bound: eager costs it nothing against its prefill graph
+CUDNN_MIN_PAIRS_SHORT = 1 << 25  # shorter, host-bound forwards lose their graph too: more pairs must pay for that
+CUDNN_ROW_BUCKET = 256  # cuDNN builds and keeps a plan per shape (for good, per thread): rows padded to a multiple
+CUDNN_KEY_BUCKET = 4096  # and the keys before the causal call taken in whole buckets
 
 
 def cudnn_pays(n_new: int, n_keys: int) -> bool:
-    """Whether ``n_new`` tokens attending over ``n_keys`` keys (theirs included) go faster through
-    ``cudnn_prefill`` than ``flash_prefill``: 2.0-2.3x at 4K queries over 4K-64K keys and 640 over 16K of the 9B
-    shape's heads on an H100, 0.8x at 640 over 3.2K (docs/torch.md)."""
-    return n_new * n_keys >= CUDNN_MIN_PAIRS
+    """Whether an eager forward of ``n_new`` tokens attending over ``n_keys`` keys (theirs included) goes faster
+    through ``cudnn_prefill`` than through ``flash_prefill`` (and, for a short forward, its prefill graph): its
+    attention ran 2.0-2.3x flash's rate at 4K queries over 4K-64K keys and at 640 over 16K, 0.8x at 640 over 3.2K,
+    and forwards of 640 tokens over 17.5K keys lost (their graphs) where 640 over 67.6K won (9B shape, H100;
+    docs/torch.md)."""
+    pairs = n_new * n_keys
+    return pairs >= CUDNN_MIN_PAIRS if n_new >= CUDNN_LONG_ROWS else pairs >= CUDNN_MIN_PAIRS_SHORT
 
 
 def cudnn_prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """q [T, heads, hd] are the last T of exactly S keys/values [S, kv, hd]: causal attention aligned to the last
-    key through cuDNN's attention, GQA in the kernel. cuDNN aligns its causal mask top-left, so the T x T diagonal
-    block runs causally and the keys before it in full, the two merged by their log-sum-exps. -> [T, heads, hd]"""
+    key through cuDNN's attention, GQA in the kernel. cuDNN aligns its causal mask top-left, so the keys before the
+    new tokens' go in whole ``CUDNN_KEY_BUCKET``s through one call without a mask, and the rest (the remainder, r
+    keys, and the T x T diagonal) through one causal call whose first r query rows are zeros, so that the new tokens'
+    rows align with their keys; the two merge by their log-sum-exps. Every call's rows are padded with zeros to a
+    multiple of ``CUDNN_ROW_BUCKET`` (padded rows come last and are dropped; no real row sees a padded key), which
+    bounds the shapes cuDNN keeps a plan for. -> [T, heads, hd]"""
     T, S = q.shape[0], keys.shape[0]
-    q, keys, values = (x.transpose(0, 1)[None] for x in (q, keys, values))  # [1, heads, rows, hd] views
-    out, lse = _cudnn_attention(q, keys[:, :, S - T :], values[:, :, S - T :], causal=True)
-    if S > T:
-        before, lse_before = _cudnn_attention(q, keys[:, :, : S - T], values[:, :, : S - T], causal=False)
+    base = (S - T) // CUDNN_KEY_BUCKET * CUDNN_KEY_BUCKET
+    r = S - T - base
+    tail = _round_up(r + T, CUDNN_ROW_BUCKET) - r - T
+    qc, kc, vc = (
+        _bhsd(F.pad(x, (0, 0, 0, 0, front, tail))) for x, front in ((q, r), (keys[base:], 0), (values[base:], 0))
+    )
+    out, lse = (x[:, :, r : r + T] for x in _cudnn_attention(qc, kc, vc, causal=True))
+    if base:
+        qb = _bhsd(F.pad(q, (0, 0, 0, 0, 0, _round_up(T, CUDNN_ROW_BUCKET) - T)))
+        before, lse_before = (
+            x[:, :, :T] for x in _cudnn_attention(qb, _bhsd(keys[:base]), _bhsd(values[:base]), False)
+        )
         share = torch.sigmoid(lse_before - lse)  # the earlier keys' part of each row's softmax mass
         out = torch.lerp(out.float(), before.float(), share).to(q.dtype)
     return out[0].transpose(0, 1)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    """[rows, heads, hd] -> a [1, heads, rows, hd] view"""
+    return x.transpose(0, 1)[None]
 
 
 def _cudnn_attention(
@@ -162,14 +190,15 @@ def _cudnn_attention(
 @functools.cache
 def cudnn_prefill_usable(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
     """Whether ``cudnn_prefill`` runs here and agrees with ``flash_prefill``: tried once per device, dtype and head
-    size on two small problems (keys before the new tokens, and none), since cuDNN's coverage of GPUs and head sizes
-    varies by version."""
+    size on three small problems (no keys before the new tokens, a remainder of them, a bucket and a remainder),
+    since cuDNN's coverage of GPUs and head sizes varies by version."""
     if not flash_varlen_usable(dtype, head_dim, device):
         return False
     gen = torch.Generator(device).manual_seed(0)
     q = torch.randn(96, 4, head_dim, device=device, generator=gen).to(dtype)
-    keys, values = (torch.randn(224, 2, head_dim, device=device, generator=gen).to(dtype) for _ in range(2))
-    for n in (224, 96):
+    most = CUDNN_KEY_BUCKET + 224
+    keys, values = (torch.randn(most, 2, head_dim, device=device, generator=gen).to(dtype) for _ in range(2))
+    for n in (96, 224, most):
         want = flash_prefill(q, keys[:n], values[:n], torch.tensor([n], device=device))
         try:
             got = cudnn_prefill(q, keys[:n], values[:n])

@@ -103,9 +103,8 @@ class Model:
 
     def use_cudnn_prefill(self, on: bool) -> bool:
         """Let eager forwards whose attention ``layers.cudnn_pays`` for go through ``layers.cudnn_prefill`` where it
-        runs here (``layers.cudnn_prefill_usable``), or not: off by default until measured in the engine, shapes
-        changing from forward to forward included (docs/torch.md). Captured graphs are unaffected (they keep flash
-        attention). -> whether it is on"""
+        runs here (``layers.cudnn_prefill_usable``), or not. Off for a bare ``Model``; ``TorchAdapter`` turns it on
+        (docs/torch.md). Captured graphs are unaffected (they keep flash attention). -> whether it is on"""
         attention = [m for kind, m, _ in self.layers if kind == ATTENTION]
         on = (
             on

@@ -40,7 +40,9 @@ def test_a_synthesized_view_holds_its_tokens_at_their_positions_and_a_suffix_fol
 def test_the_baselines_prefill_only_the_suffix_past_the_previous_prompt(model: Model) -> None:
     transcript = ids(120)
     previous = transcript[:90] + ids(5, seed=1)  # the previous prompt ended in a generation prompt, then differs
-    out = turn_baselines(model, transcript, previous, chunk=32, block_tokens=B, view_tokens=64, log=lambda line: None)
+    out = turn_baselines(
+        model, transcript, previous, chunk=32, plain_chunk=48, block_tokens=B, view_tokens=64, log=lambda line: None
+    )
     assert out["new_tokens"] == 30 and out["view_resident_tokens"] == 64 - 30  # the view less the new tokens
     for key in ("suffix_floor_s", "prefix_ttft_s", "view_prefill_s"):
         assert out[key] > 0
@@ -49,10 +51,42 @@ def test_the_baselines_prefill_only_the_suffix_past_the_previous_prompt(model: M
     assert out["view_prefill_vs_plain"] == pytest.approx(out["suffix_floor_s"] / out["view_prefill_s"])
 
 
+def test_the_floor_and_the_prefix_cache_run_the_plain_engines_forward_length(
+    model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's engine prefills the suffix in its own forwards; KVMem's forward path after a view in KVMem's."""
+    chunks: dict[int, int] = {}
+
+    def timed(m: Model, new: list[int], resident: int, chunk: int, block_tokens: int) -> float:
+        chunks[resident] = chunk
+        return 1.0
+
+    monkeypatch.setattr(baselines, "suffix_ttft", timed)
+    transcript = ids(120)
+    turn_baselines(
+        model,
+        transcript,
+        transcript[:90],
+        chunk=32,
+        plain_chunk=48,
+        block_tokens=B,
+        view_tokens=64,
+        log=lambda line: None,
+    )
+    assert chunks == {0: 48, 64 - 30: 32, 90: 48}  # the floor, the view, the dense prefix cache
+
+
 def test_a_view_larger_than_the_prefix_keeps_only_the_prefix_resident(model: Model) -> None:
     transcript = ids(50)
     out = turn_baselines(
-        model, transcript, transcript[:40], chunk=32, block_tokens=B, view_tokens=512, log=lambda line: None
+        model,
+        transcript,
+        transcript[:40],
+        chunk=32,
+        plain_chunk=48,
+        block_tokens=B,
+        view_tokens=512,
+        log=lambda line: None,
     )
     assert out["new_tokens"] == 10 and out["view_resident_tokens"] == 40
 
@@ -63,7 +97,14 @@ def test_a_prefix_cache_that_does_not_fit_is_reported_not_run(model: Model, monk
     )
     transcript = ids(200)
     out = turn_baselines(
-        model, transcript, transcript[:180], chunk=32, block_tokens=B, view_tokens=64, log=lambda line: None
+        model,
+        transcript,
+        transcript[:180],
+        chunk=32,
+        plain_chunk=48,
+        block_tokens=B,
+        view_tokens=64,
+        log=lambda line: None,
     )
     assert out["prefix_ttft_s"] is None and out["prefix_cache"] == "does not fit: test"
     assert out["suffix_floor_s"] > 0 and out["view_prefill_s"] > 0  # the view (64 tokens) fits

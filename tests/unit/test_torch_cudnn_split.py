@@ -25,12 +25,14 @@ def cudnn_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return (torch.exp(scores - lse) @ v).to(q.dtype), lse.float()
 
 
-@pytest.mark.parametrize("n_keys", [40, 41, 300])
+@pytest.mark.parametrize("n_keys", [40, 41, 300, 2101])
 def test_the_split_at_the_diagonal_is_causal_attention_to_the_last_key(
     n_keys: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """40 new tokens as the whole view, after one key and after 260 (8 query heads over 2 key heads of 32)."""
+    """40 new tokens as the whole view, after one key, after 260 (a remainder alone) and after 2,061 (a bucket of
+    2,048 and a remainder; 8 query heads over 2 key heads of 32)."""
     monkeypatch.setattr(layers, "_cudnn_attention", cudnn_stand_in)
+    monkeypatch.setattr(layers, "CUDNN_KEY_BUCKET", 2048)
     gen = torch.Generator().manual_seed(n_keys)
     q = torch.randn(40, 8, 32, generator=gen)
     k, v = (torch.randn(n_keys, 2, 32, generator=gen) * 2 for _ in range(2))
@@ -39,6 +41,28 @@ def test_the_split_at_the_diagonal_is_causal_attention_to_the_last_key(
     assert torch.allclose(got.double(), causal_reference(q, k, v), atol=1e-5, rtol=0)
 
 
-def test_cudnn_prefill_is_unavailable_on_the_cpu_and_pays_from_its_pair_count() -> None:
+def test_the_shapes_cudnn_plans_for_come_in_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the forward's length and key count, every call's rows are a multiple of the row bucket, a causal
+    call is square, and a call without a mask reads whole key buckets: cuDNN keeps a plan per shape for good."""
+    shapes: list[tuple[int, int, bool]] = []
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
+        shapes.append((q.shape[2], k.shape[2], causal))
+        return cudnn_stand_in(q, k, v, causal)
+
+    monkeypatch.setattr(layers, "_cudnn_attention", recording)
+    monkeypatch.setattr(layers, "CUDNN_ROW_BUCKET", 16)
+    monkeypatch.setattr(layers, "CUDNN_KEY_BUCKET", 64)
+    gen = torch.Generator().manual_seed(0)
+    for n_new, n_keys in [(1, 1), (5, 70), (16, 16), (17, 200), (33, 129), (40, 300)]:
+        q = torch.randn(n_new, 4, 8, generator=gen)
+        k, v = (torch.randn(n_keys, 2, 8, generator=gen) for _ in range(2))
+        assert torch.allclose(layers.cudnn_prefill(q, k, v).double(), causal_reference(q, k, v), atol=1e-5, rtol=0)
+    assert all(rows % 16 == 0 and (keys == rows if causal else keys % 64 == 0) for rows, keys, causal in shapes)
+    assert {(rows, keys) for rows, keys, causal in shapes if not causal} == {(16, 64), (32, 128), (48, 64), (48, 256)}
+
+
+def test_cudnn_prefill_is_unavailable_on_the_cpu_and_pays_from_its_pair_count_and_length() -> None:
     assert not layers.cudnn_prefill_usable(torch.float32, 32, torch.device("cpu"))
-    assert not layers.cudnn_pays(64, 1 << 16) and layers.cudnn_pays(128, 1 << 16)
+    assert not layers.cudnn_pays(2048, 2047) and layers.cudnn_pays(2048, 4096)  # long forwards from 2^23 pairs
+    assert not layers.cudnn_pays(640, 17_536) and layers.cudnn_pays(640, 67_648)  # short ones from 2^25

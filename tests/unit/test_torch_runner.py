@@ -192,14 +192,15 @@ def test_a_prefill_graph_is_asked_for_on_the_second_meeting_of_its_length_and_bu
 
 
 def test_long_forwards_through_cudnn_stay_eager(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN's prefill attention is off by default and cannot go on on the CPU; where it is on (set by hand here:
-    no cuDNN on the CPU), a forward whose queries x keys reach ``CUDNN_MIN_PAIRS`` (lowered to this view's size)
+    """cuDNN's prefill attention is off for a bare ``Model`` and cannot go on on the CPU; where it is on (set by hand
+    here: no cuDNN on the CPU), a forward whose queries x keys reach ``CUDNN_MIN_PAIRS_SHORT`` (lowered to this view's
+    size; these forwards are short)
     stays eager and is not remembered for a graph, while shorter ones keep the graph bookkeeping."""
     from kvmem_torch import layers
 
     r = Runner(model, 12, B)
     assert not model.use_cudnn_prefill(True) and not model.cudnn_prefill(1 << 20, 1 << 20)
-    monkeypatch.setattr(layers, "CUDNN_MIN_PAIRS", 128 * 128)
+    monkeypatch.setattr(layers, "CUDNN_MIN_PAIRS_SHORT", 128 * 128)
     attention = [m for m in (mixer for _, mixer, _ in model.layers) if hasattr(m, "cudnn")]
     r.graph_prefill, r.scratch = True, list(range(B))
     try:
