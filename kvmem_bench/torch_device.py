@@ -4,9 +4,10 @@
 the bandwidths measured in the same run (HBM copy, pinned host->device, staged block
 writes) and decode speed next to the bandwidth floor of the bytes each step reads; prefill
 from empty at several sizes next to its compute floor (its FLOPs at the bf16 GEMM rate
-measured in the same run), and where cuDNN's prefill attention runs, the same prefills with the long forwards'
-attention through it (``prefill_N_cudnn``, ``Model.use_cudnn_prefill``); one layer's attention for a ``--chunk``
-of queries at the end of each prefill size, by kernel (``attention_N``: rate and first call).
+measured in the same run), flash attention alone (``prefill_N``), and where cuDNN's prefill attention runs, the
+same prefills with the long forwards' attention through it as ``TorchAdapter`` runs them (``prefill_N_cudnn``,
+``Model.use_cudnn_prefill``); one layer's attention for a ``--chunk`` of queries at the end of each prefill size, by
+kernel (``attention_N``: rate and first call).
 ``random_adapter`` puts the same random weights behind a ``TorchAdapter`` with a real
 tokenizer and chat template, for ``kvmem bench speed --backend torch`` through ``KVMemEngine``.
 """
