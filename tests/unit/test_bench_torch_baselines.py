@@ -29,6 +29,20 @@ def ids(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, 4000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def baselines_of(model: Model, transcript: list[int], previous: list[int], view_tokens: int = 64) -> dict:
+    """``turn_baselines`` with KVMem's forwards of 32 tokens and the plain engine's of 48."""
+    return turn_baselines(
+        model,
+        transcript,
+        previous,
+        chunk=32,
+        plain_chunk=48,
+        block_tokens=B,
+        view_tokens=view_tokens,
+        log=lambda line: None,
+    )
+
+
 def test_a_synthesized_view_holds_its_tokens_at_their_positions_and_a_suffix_follows_it(model: Model) -> None:
     runner = Runner(model, 8, B)
     synthesize_view(runner, 40)  # two whole blocks and half of one
@@ -40,9 +54,7 @@ def test_a_synthesized_view_holds_its_tokens_at_their_positions_and_a_suffix_fol
 def test_the_baselines_prefill_only_the_suffix_past_the_previous_prompt(model: Model) -> None:
     transcript = ids(120)
     previous = transcript[:90] + ids(5, seed=1)  # the previous prompt ended in a generation prompt, then differs
-    out = turn_baselines(
-        model, transcript, previous, chunk=32, plain_chunk=48, block_tokens=B, view_tokens=64, log=lambda line: None
-    )
+    out = baselines_of(model, transcript, previous)
     assert out["new_tokens"] == 30 and out["view_resident_tokens"] == 64 - 30  # the view less the new tokens
     for key in ("suffix_floor_s", "prefix_ttft_s", "view_prefill_s"):
         assert out[key] > 0
@@ -63,31 +75,13 @@ def test_the_floor_and_the_prefix_cache_run_the_plain_engines_forward_length(
 
     monkeypatch.setattr(baselines, "suffix_ttft", timed)
     transcript = ids(120)
-    turn_baselines(
-        model,
-        transcript,
-        transcript[:90],
-        chunk=32,
-        plain_chunk=48,
-        block_tokens=B,
-        view_tokens=64,
-        log=lambda line: None,
-    )
+    baselines_of(model, transcript, transcript[:90])
     assert chunks == {0: 48, 64 - 30: 32, 90: 48}  # the floor, the view, the dense prefix cache
 
 
 def test_a_view_larger_than_the_prefix_keeps_only_the_prefix_resident(model: Model) -> None:
     transcript = ids(50)
-    out = turn_baselines(
-        model,
-        transcript,
-        transcript[:40],
-        chunk=32,
-        plain_chunk=48,
-        block_tokens=B,
-        view_tokens=512,
-        log=lambda line: None,
-    )
+    out = baselines_of(model, transcript, transcript[:40], view_tokens=512)
     assert out["new_tokens"] == 10 and out["view_resident_tokens"] == 40
 
 
@@ -96,16 +90,7 @@ def test_a_prefix_cache_that_does_not_fit_is_reported_not_run(model: Model, monk
         baselines, "_does_not_fit", lambda m, n_blocks, bt: "does not fit: test" if n_blocks > 6 else None
     )
     transcript = ids(200)
-    out = turn_baselines(
-        model,
-        transcript,
-        transcript[:180],
-        chunk=32,
-        plain_chunk=48,
-        block_tokens=B,
-        view_tokens=64,
-        log=lambda line: None,
-    )
+    out = baselines_of(model, transcript, transcript[:180])
     assert out["prefix_ttft_s"] is None and out["prefix_cache"] == "does not fit: test"
     assert out["suffix_floor_s"] > 0 and out["view_prefill_s"] > 0  # the view (64 tokens) fits
 
