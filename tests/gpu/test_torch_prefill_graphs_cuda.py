@@ -36,8 +36,9 @@ def test_flash_prefill_stops_at_the_true_key_count() -> None:
 
 @pytest.mark.parametrize("n", [640, 2040, 9000])
 def test_cudnn_prefill_against_float64(n: int) -> None:
-    """cuDNN's split (the new tokens' diagonal block causally, the keys before in full, merged) at the 27B shape's
-    heads: 640 new tokens as the whole view, after 1,400 keys and after 8,360."""
+    """cuDNN's split (whole buckets of the keys before without a mask, the remainder and the new tokens' diagonal
+    block causally, merged) at the 27B shape's heads: 640 new tokens as the whole view, after 1,400 keys (a
+    remainder alone) and after 8,360 (two buckets and a remainder)."""
     if not cudnn_prefill_usable(torch.bfloat16, 256, torch.device("cuda")):
         pytest.skip("cuDNN's attention does not run here")
     torch.manual_seed(0)
@@ -114,7 +115,7 @@ def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch: pytest.MonkeyPa
 def test_long_forwards_attend_through_cudnn_eagerly() -> None:
     """With ``Model.use_cudnn_prefill``, forwards whose queries x keys reach ``CUDNN_MIN_PAIRS`` skip the prefill
     graphs (their padded key buffers) and attend through cuDNN's split; the hybrid model answers as it does through
-    flash attention (the default)."""
+    flash attention (a bare ``Model``'s default)."""
     model = hybrid_model()
     if not model.use_cudnn_prefill(True):
         pytest.skip("cuDNN's attention does not run here")
