@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvmem_core.config import KVMemConfig
+from kvmem_core.engine import KVMemEngine
 from kvmem_torch import layers
-from torch_tiny import causal_reference
+from torch_tiny import causal_reference, random_qwen35_adapter
 
 
 def cudnn_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
@@ -66,3 +68,19 @@ def test_cudnn_prefill_is_unavailable_on_the_cpu_and_pays_from_its_pair_count_an
     assert not layers.cudnn_prefill_usable(torch.float32, 32, torch.device("cpu"))
     assert not layers.cudnn_pays(2048, 2047) and layers.cudnn_pays(2048, 4096)  # long forwards from 2^23 pairs
     assert not layers.cudnn_pays(640, 17_536) and layers.cudnn_pays(640, 67_648)  # short ones from 2^25
+
+
+def test_a_turn_at_the_default_knobs_keeps_flash_attention_and_its_graphs() -> None:
+    """A GPU's prefill forwards (4,096 tokens asked) through the default view are a quarter of it, over at most the
+    view's keys: below both of ``cudnn_pays``'s bars, so only the baselines and larger views reach cuDNN."""
+    cfg = KVMemConfig()
+    adapter = random_qwen35_adapter(
+        "cpu", view_tokens=cfg.view_tokens, block_tokens=cfg.block_tokens, prefill_chunk=4096
+    )
+    engine = KVMemEngine(adapter, cfg, heads=((0, 0),))
+    try:
+        chunk, view = engine._prefill_chunk(engine.config), engine.config.view_tokens
+        assert (chunk, view) == (640, 2560) and not layers.cudnn_pays(chunk, view)
+        assert layers.cudnn_pays(4 * chunk, 4 * view)  # a view four times the default
+    finally:
+        engine.close()
