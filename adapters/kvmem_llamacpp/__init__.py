@@ -40,3 +40,13 @@ def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> LlamaCp
 
 
 __all__ = ["create_adapter"]
+
+
+def fill_sequence(ctx: Any, seq: int, n_tokens: int) -> None:
+    """Make sequence ``seq`` of a llama.cpp context (a ``llama_context`` pointer, such as llama-cpp-python's
+    ``Llama._ctx.ctx``) hold ``n_tokens`` cells at positions 0.. whose K and V repeat the cells it holds now (at
+    least one): what a resident prefix of that length costs a forward, whatever its values, without computing it
+    (``kvmem bench speed``'s dense prefix cache past a whole-transcript prefill's reach)."""
+    from kvmem_llamacpp.lowlevel import fill_sequence as fill
+
+    fill(ctx, seq, n_tokens)

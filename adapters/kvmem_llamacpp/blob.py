@@ -100,6 +100,27 @@ def _layers(r: _Reader, n_layer: int, n: int, width: int, transposed: bool) -> n
     return view
 
 
+def dims(buf: memoryview) -> tuple[int, int]:
+    """(layers, K values per cell) of a one-stream blob holding at least one cell: what ``parse`` is told."""
+    r = _Reader(buf)
+    r.off = 12  # magic, sequence id, stream count
+    n_cells = r.scalar("<u4")
+    r.off += n_cells * _CELL.itemsize + 4  # the cells, v_trans
+    n_layer, type_id, row_bytes = r.scalar("<u4"), r.scalar("<i4"), r.scalar("<u8")
+    if type_id == GGML_TYPE_Q8_0:
+        return n_layer, row_bytes // Q8_0_GROUP_BYTES * Q8_0_GROUP
+    return n_layer, row_bytes // _dtype(type_id).itemsize
+
+
+def tiled(seed: SeqKV, n_cells: int) -> list[SeqKV]:
+    """Runs for ``synthesize`` that repeat ``seed``'s rows at positions 0..n_cells-1."""
+    step = seed.positions.size
+    return [
+        SeqKV(np.arange(a, a + n, dtype=np.int32), seed.k[:, :n], seed.v[:, :n])
+        for a, n in ((a, min(step, n_cells - a)) for a in range(0, n_cells, step))
+    ]
+
+
 def blob_size(n_cells: int, n_layer: int, row_bytes: int) -> int:
     """Bytes of a blob holding ``n_cells`` cells of ``row_bytes`` per layer for K and for V (K and V layer headers
     are 12 bytes either way)."""

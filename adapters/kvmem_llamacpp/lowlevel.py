@@ -25,7 +25,7 @@ import numpy as np
 from kvmem_core.errors import ModelNotFoundError, UnsupportedModelError
 from kvmem_core.gguf_file import GGUFFile, gguf_rope_factors
 from kvmem_core.threads import Threads
-from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32
+from kvmem_llamacpp.blob import GGML_TYPE_F16, GGML_TYPE_F32, blob_size, dims, parse, synthesize, tiled
 from kvmem_llamacpp.gate import EvalGate
 
 _ROPE_MULTI = {8, 24, 40}  # M-RoPE, vision, interleaved M-RoPE: cells carry extra position data
@@ -261,24 +261,43 @@ class LlamaContext:
 
     def get_state(self, seq: int) -> memoryview:
         """The sequence's state blob, in a buffer reused across calls (valid until the next call)."""
-        size = L.llama_state_seq_get_size(self.ptr, seq)
-        if self._state.size < size:
-            self._state = np.empty(max(size, 2 * self._state.size), dtype=np.uint8)
-        ptr = self._state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        n = L.llama_state_seq_get_data(self.ptr, ptr, size, seq)
-        assert n == size, (n, size)
-        return memoryview(self._state)[:n]
+        state, self._state = read_state(self.ptr, seq, self._state)
+        return state
 
     def set_state(self, seq: int, blob: np.ndarray, n_bytes: int) -> None:
-        """Replace ``seq`` with the first ``n_bytes`` of ``blob``, an empty sequence's blob included (llama.cpp
-        restores that by leaving the sequence's cells in place, hence the removal first)."""
-        self.seq_rm(seq)
-        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        if L.llama_state_seq_set_data(self.ptr, ptr, n_bytes, seq) != n_bytes:
-            raise RuntimeError("llama_state_seq_set_data failed: the view has no room for these blocks")
+        """Replace ``seq`` with the first ``n_bytes`` of ``blob`` (``write_state``)."""
+        write_state(self.ptr, seq, blob, n_bytes)
 
     def close(self) -> None:
         if self.ptr:
             L.llama_batch_free(self._batch)
             L.llama_free(self.ptr)
             self.ptr = None
+
+
+def read_state(ctx: ctypes.c_void_p, seq: int, buffer: np.ndarray) -> tuple[memoryview, np.ndarray]:
+    """Sequence ``seq``'s state blob of the llama.cpp context ``ctx``, read into ``buffer`` or, where that is too
+    small, a larger one. -> (the blob, the buffer now holding it)"""
+    size = L.llama_state_seq_get_size(ctx, seq)
+    if buffer.size < size:
+        buffer = np.empty(max(size, 2 * buffer.size), dtype=np.uint8)
+    n = L.llama_state_seq_get_data(ctx, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq)
+    assert n == size, (n, size)
+    return memoryview(buffer)[:n], buffer
+
+
+def write_state(ctx: ctypes.c_void_p, seq: int, blob: np.ndarray, n_bytes: int) -> None:
+    """Replace ``seq`` with the first ``n_bytes`` of ``blob``, an empty sequence's blob included (llama.cpp
+    restores that by leaving the sequence's cells in place, hence the removal first)."""
+    L.llama_memory_seq_rm(L.llama_get_memory(ctx), seq, -1, -1)
+    if L.llama_state_seq_set_data(ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n_bytes, seq) != n_bytes:
+        raise RuntimeError("llama_state_seq_set_data failed: the view has no room for these blocks")
+
+
+def fill_sequence(ctx: ctypes.c_void_p, seq: int, n_tokens: int) -> None:
+    """``kvmem_llamacpp.fill_sequence``: ``seq`` of ``ctx`` holds ``n_tokens`` cells repeating the ones it holds."""
+    state, _ = read_state(ctx, seq, np.empty(0, dtype=np.uint8))
+    n_layer, width = dims(state)
+    seed, v_trans = parse(state, n_layer, width)
+    out = np.empty(blob_size(n_tokens, n_layer, seed.k.shape[2] * seed.k.itemsize), dtype=np.uint8)
+    write_state(ctx, seq, out, synthesize(out, seq, tiled(seed, n_tokens), v_trans))

@@ -134,19 +134,65 @@ def test_prefix_cache_baseline_prefills_only_the_suffix_and_answers_as_a_full_pr
 
 
 @pytest.mark.llamacpp
-def test_past_the_dense_limit_only_the_suffix_floor_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A transcript longer than ``DENSE_MAX`` gets no re-prefill and no prefix cache (their CPU prefill grows with
-    the square of its length), and its context holds only the suffix."""
+def test_past_the_dense_limit_the_prefix_cache_runs_over_a_synthesized_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transcript longer than ``DENSE_MAX`` gets no re-prefill (its CPU prefill grows with the square of its
+    length); its dense prefix cache holds the previous prompt's length of synthesized KV. Where that context cannot
+    be made, only the floor runs, over a context of the suffix."""
     pytest.importorskip("llama_cpp")
     from kvmem_bench import speed_llamacpp
 
     path = str(small_model())
     previous = list(range(1000, 1100))
     ids = previous + list(range(2000, 2030))
+    opts = {"n_threads": 1, "n_threads_batch": 1}
     monkeypatch.setattr(speed_llamacpp, "DENSE_MAX", len(ids) - 1)
-    out = speed_llamacpp.baselines(path, ids, previous, 4, {"n_threads": 1, "n_threads_batch": 1}, rounds=1)
-    assert out["reprefill_ttft_s"] is out["prefix_ttft_s"] is out["full_tok_s"] is None
-    assert out["new_tokens"] == 30 and out["suffix_floor_s"] > 0
+    monkeypatch.setattr(speed_llamacpp, "SEED_TOKENS", 16)
+    out = speed_llamacpp.baselines(path, ids, previous, 4, opts, rounds=1)
+    assert out["reprefill_ttft_s"] is out["full_tok_s"] is None and out["prefix_cache"] == "resident, synthesized"
+    assert out["new_tokens"] == 30 and out["suffix_floor_s"] > 0 and out["prefix_ttft_s"] > 0
+    made = speed_llamacpp._context
+
+    def small_only(model_path: str, n_ctx: int, opts: dict) -> object:
+        if n_ctx > len(ids) - len(previous) + 68:  # the suffix, the answer and the margin fit; the whole does not
+            raise ValueError("Failed to create llama_context")
+        return made(model_path, n_ctx, opts)
+
+    monkeypatch.setattr(speed_llamacpp, "_context", small_only)
+    out = speed_llamacpp.baselines(path, ids, previous, 4, opts, rounds=1)
+    assert out["prefix_ttft_s"] is None and out["prefix_cache"].startswith("does not fit")
+    assert out["suffix_floor_s"] > 0
+
+
+@pytest.mark.llamacpp
+def test_a_synthesized_history_repeats_the_computed_cells_at_every_position() -> None:
+    """``fill_sequence`` to the seed's own length restores the same cells (the next token's logits as after the
+    real prefill); to a longer one it holds a cell at every position up to it, and a suffix decodes after them."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from kvmem_bench.speed_llamacpp import _argmax, prefill_from, synthesize_prefix
+
+    llm = llama_cpp.Llama(str(small_model()), n_ctx=512, n_batch=512, verbose=False, n_threads=1, n_threads_batch=1)
+    try:
+        ids = llm.tokenize(b"The survey team logged soil samples at each camp. " * 8)
+        mem, n = llama_cpp.llama_get_memory(llm._ctx.ctx), len(ids) - 1
+        prefill_from(llm, ids, 0)
+        want = (
+            _argmax(llm),
+            np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy(),
+        )
+        synthesize_prefix(llm, ids, n)  # the seed is all of them: the same cells written back
+        prefill_from(llm, ids, n)
+        got = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
+        assert _argmax(llm) == want[0] and np.allclose(got, want[1], atol=1e-3)
+        llm.eval(ids[:16])  # a 16-cell seed repeated to 400 positions
+        from kvmem_llamacpp import fill_sequence
+
+        fill_sequence(llm._ctx.ctx, 0, 400)
+        assert (llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0)) == (0, 399)
+        llm.n_tokens = 400
+        llm.eval(ids[:20])
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 419
+    finally:
+        llm.close()
 
 
 def test_default_knobs_and_sizes_pick_the_full_plan_s_view_and_replace_its_sizes() -> None:
