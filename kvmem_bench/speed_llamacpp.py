@@ -139,19 +139,20 @@ def baselines(
     ``DENSE_MAX`` tokens it is not run (None)."""
     hit = min(common_prefix(previous, ids), len(ids) - 1)  # the last token is always computed (its logits)
     out: dict[str, Any] = {"reprefill_ttft_s": None, "full_tok_s": None, "prefix_ttft_s": None}
+    dense = len(ids) <= DENSE_MAX
     try:
-        llm = _context(model_path, len(ids) + decode_tokens + 64, opts)
-        out["prefix_cache"] = "resident" if len(ids) <= DENSE_MAX else "resident, synthesized"
+        llm, fits = _context(model_path, len(ids) + decode_tokens + 64, opts), True
+        out["prefix_cache"] = "resident" if dense else "resident, synthesized"
     except ValueError as e:  # llama-cpp-python's answer when llama.cpp cannot allocate the context
-        llm = _context(model_path, len(ids) - hit + decode_tokens + 64, opts)
+        llm, fits = _context(model_path, len(ids) - hit + decode_tokens + 64, opts), False
         out["prefix_cache"] = f"does not fit: a {len(ids)}-token context ({e})"
     try:
         llm.eval(ids[:8])  # warm-up: the first decode of a context allocates its graph; KVMem's is warm as well
-        if out["prefix_cache"] == "resident":
-            out.update(reprefill(llm, ids, decode_tokens))
-        elif out["prefix_cache"] == "resident, synthesized":
-            synthesize_prefix(llm, ids, hit)
-        if out["prefix_cache"].startswith("resident"):
+        if fits:
+            if dense:
+                out.update(reprefill(llm, ids, decode_tokens))
+            else:
+                synthesize_prefix(llm, ids, hit)
             out["prefix_ttft_s"] = float(np.median([prefill_from(llm, ids, hit) for _ in range(rounds)]))
         floor = [prefill_from(llm, ids[hit:], 0) for _ in range(rounds)]
         out.update(suffix_floor_s=float(np.median(floor)), new_tokens=len(ids) - hit)
