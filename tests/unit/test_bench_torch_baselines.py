@@ -55,7 +55,7 @@ def test_the_baselines_prefill_only_the_suffix_past_the_previous_prompt(model: M
     transcript = ids(120)
     previous = transcript[:90] + ids(5, seed=1)  # the previous prompt ended in a generation prompt, then differs
     out = baselines_of(model, transcript, previous)
-    assert out["new_tokens"] == 30 and out["view_resident_tokens"] == 64 - 30  # the view less the new tokens
+    assert out["new_tokens"] == 30 and out["view_resident_tokens"] == 64 - 32  # the view less one of KVMem's forwards
     for key in ("suffix_floor_s", "prefix_ttft_s", "view_prefill_s"):
         assert out[key] > 0
     assert out["prefix_cache"] == "resident on the device"
@@ -70,14 +70,14 @@ def test_the_floor_and_the_prefix_cache_run_the_plain_engines_forward_length(
     chunks: dict[int, int] = {}
     real = baselines.suffix_ttft
 
-    def timed(m: Model, new: list[int], resident: int, chunk: int, block_tokens: int) -> float | str:
+    def timed(m: Model, new: list[int], resident: int, chunk: int, block_tokens: int, **kw: int) -> float | str:
         chunks[resident] = chunk
-        return real(m, new, resident, chunk, block_tokens, rounds=1)
+        return real(m, new, resident, chunk, block_tokens, rounds=1, **kw)
 
     monkeypatch.setattr(baselines, "suffix_ttft", timed)
     transcript = ids(120)
     baselines_of(model, transcript, transcript[:90])
-    assert chunks == {0: 48, 64 - 30: 32, 90: 48}  # the floor, the view, the dense prefix cache
+    assert chunks == {0: 48, 64 - 32: 32, 90: 48}  # the floor, the view, the dense prefix cache
 
 
 def test_a_view_larger_than_the_prefix_keeps_only_the_prefix_resident(model: Model) -> None:
@@ -98,6 +98,31 @@ def test_a_prefix_cache_that_does_not_fit_is_reported_not_run(model: Model, monk
 
 def test_the_suffix_timing_leaves_the_view_and_state_as_it_found_them(model: Model) -> None:
     assert isinstance(suffix_ttft(model, ids(24), 32, chunk=8, block_tokens=B, rounds=2), float)
+
+
+def test_a_streaming_view_stays_within_its_size_keeps_its_sink_and_starts_each_round_full(
+    model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVMem's forwards over its streaming view: room made before each forward by dropping the oldest blocks after
+    the sink, as the engine's ``_make_room`` does; every round starts from the same resident view."""
+    monkeypatch.setattr(baselines, "SINK_TOKENS", B)
+    runner = Runner(model, 64 // B + 2, B)
+    seen: list[tuple[int, int, list[int]]] = []
+    forward = runner.forward
+
+    def spied(tokens: list[int], positions: list[int], *a: object, **kw: object) -> object:
+        seen.append((runner.length, len(tokens), runner.positions[:B]))
+        return forward(tokens, positions, *a, **kw)
+
+    monkeypatch.setattr(runner, "forward", spied)
+    synthesize_view(runner, 32)
+    start = runner.state.snapshot()
+    for _ in range(2):
+        assert baselines._prefill_s(runner, ids(100), 32, 32, start, view_tokens=64) > 0
+        assert runner.positions == list(range(32))  # the view it started from
+    assert len(seen) == 2 * 4 and all(length + n <= 64 for length, n, _ in seen)
+    assert all(sink == list(range(B)) for _, _, sink in seen)
+    assert [length for length, _, _ in seen[:4]] == [32, 32, 32, 48]  # before each forward: full less its length
 
 
 def point(**kw: float | None) -> dict:
