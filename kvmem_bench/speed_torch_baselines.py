@@ -105,7 +105,7 @@ def suffix_ttft(
         times = [_prefill_s(runner, new, resident, chunk, start, view_tokens) for _ in range(rounds + 1)][1:]
         return statistics.median(times)
     except torch.cuda.OutOfMemoryError:
-        return f"does not fit: {resident + len(new)} tokens of KV and their attention ran out of GPU memory"
+        return f"does not fit: {cells} tokens of KV and their attention ran out of GPU memory"
     finally:
         del runner
         if torch.cuda.is_available():
