@@ -39,9 +39,6 @@ def create_adapter(model_path: str, config: KVMemConfig, **opts: Any) -> LlamaCp
     )
 
 
-__all__ = ["create_adapter"]
-
-
 def fill_sequence(ctx: Any, seq: int, n_tokens: int) -> None:
     """Make sequence ``seq`` of a llama.cpp context (a ``llama_context`` pointer, such as llama-cpp-python's
     ``Llama._ctx.ctx``) hold ``n_tokens`` cells at positions 0.. whose K and V repeat the cells it holds now (at
@@ -50,3 +47,6 @@ def fill_sequence(ctx: Any, seq: int, n_tokens: int) -> None:
     from kvmem_llamacpp.lowlevel import fill_sequence as fill
 
     fill(ctx, seq, n_tokens)
+
+
+__all__ = ["create_adapter", "fill_sequence"]

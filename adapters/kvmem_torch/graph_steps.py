@@ -76,7 +76,7 @@ class GraphSteps:
             return False
         if (snapshots or _padded(n) != n) and not self.graph_snapshots:
             return False
-        key = (_padded(n), self._bucket(len(self.cells) + n), snapshots, capture)
+        key = self.prefill_key(n, snapshots, capture)
         if key in self.prefill_graphs:
             return self.prefill_graphs[key] is not None
         if len(self.prefill_graphs) >= PREFILL_GRAPHS:
@@ -87,6 +87,10 @@ class GraphSteps:
             self.prefill_seen.clear()
         self.prefill_seen.add(key)
         return False
+
+    def prefill_key(self, n: int, snapshots: int, capture: bool) -> tuple[int, int, int, bool]:
+        """The graph key of a prefill forward of ``n`` tokens appended to the view as it is now (module docstring)."""
+        return _padded(n), self._bucket(len(self.cells) + n), snapshots, capture
 
     def _graph_step(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Append and run ``tokens`` (1 or ``VERIFY_ROWS``) through the graph of their row count and the view's size
@@ -111,9 +115,8 @@ class GraphSteps:
         """``forward`` of a prefill through the graph of its key (``_replays_prefill``), capturing it the first time;
         one whose capture failed runs the same forward eagerly. -> (logits [1, vocab], the captured queries by
         layer, or None), rewritten by the graph's next replay."""
-        n, rows = len(tokens), _padded(len(tokens))
-        s = self._send(tokens, positions, rows, [n, *(offset for offset, _ in snapshots)])
-        key = (rows, self._bucket(len(self.cells)), len(snapshots), capture)
+        n, key = len(tokens), self.prefill_key(len(tokens), len(snapshots), capture)
+        s = self._send(tokens, positions, key[0], [n, *(offset for offset, _ in snapshots)])
         if key not in self.prefill_graphs:
             self.prefill_graphs[key] = self._capture_prefill(key, s)
         captured, states = self.prefill_graphs[key], [state for _, state in snapshots]

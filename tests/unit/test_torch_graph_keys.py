@@ -20,7 +20,7 @@ from kvmem_bench.speed_torch import index_heads
 from kvmem_bench.torch_device import random_adapter
 from kvmem_core.config import KVMemConfig
 from kvmem_core.engine import KVMemEngine
-from kvmem_torch.graph_steps import PREFILL_GRAPHS, _padded
+from kvmem_torch.graph_steps import PREFILL_GRAPHS
 from kvmem_torch.runner import Runner
 
 TURNS = 6
@@ -43,7 +43,7 @@ def turns() -> list[list[tuple[tuple[int, int, int, bool], bool]]]:
     ) -> Any:
         if len(tokens) > 1 and last_only:
             runner.graph_prefill = runner.graph_snapshots = True  # as on CUDA with fla's recurrent kernels
-            key = (_padded(len(tokens)), runner._bucket(len(runner.cells) + len(tokens)), len(snapshots), capture)
+            key = runner.prefill_key(len(tokens), len(snapshots), capture)
             replays = runner._replays_prefill(len(tokens), len(snapshots), capture)
             if replays:
                 runner.prefill_graphs.setdefault(key, object())  # what a capture would keep
