@@ -2,9 +2,10 @@
 
 ``cProfile`` (``turn_profile``) sees the host only: on a GPU the host waits at a few sync points and the kernels'
 time lands on whatever waits. Here each phase of the engine's step (prompt building, prefill, selection and its
-scoring, materialization, the query's replay, decoding, archiving) is a ``record_function`` range, so the profiler
-adds up the host time spent inside it and the device time of the kernels it launched. Written per size:
-``SIZE.trace.txt`` (the phases, then the kernels by device time) and ``SIZE.trace.json.gz`` (the timeline).
+scoring, materialization, the query's replay, decoding, archiving, making room), and each of the adapter's forwards
+and drops and each recurrent-state checkpoint, is a ``record_function`` range, so the profiler adds up the host time
+spent inside it and the device time of the kernels it launched. Written per size: ``SIZE.trace.txt`` (the phases, how
+long the device sat idle inside each, then the kernels by device time) and ``SIZE.trace.json.gz`` (the timeline).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,7 +24,19 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import kvmem_core.engine as engine_module
 from kvmem_core.engine import KVMemEngine
 
-PHASES = ("_prefill", "_select", "_index", "_spans", "_materialize", "_replay", "_decode", "_archive", "_stage")
+PHASES = (
+    "_prefill",
+    "_select",
+    "_index",
+    "_spans",
+    "_materialize",
+    "_replay",
+    "_decode",
+    "_archive",
+    "_stage",
+    "_make_room",
+)
+ADAPTER_CALLS = ("forward", "drop")
 PREFIX = "kvmem."
 
 
@@ -58,18 +72,23 @@ class _LabelledScorer:
 
 @contextlib.contextmanager
 def labelled(engine: KVMemEngine) -> Iterator[None]:
-    """Label ``engine``'s phases (and the prompt's admission) for the duration; the engine is unchanged after."""
+    """Label ``engine``'s phases, its adapter's forwards and drops, its checkpoints and the prompt's admission for
+    the duration; the engine is unchanged after."""
     admit = engine_module.admit
-    for name in PHASES:
-        setattr(engine, name, _labelled(name, getattr(engine, name)))
+    targets = [(engine, name, name) for name in PHASES]
+    targets += [(engine.adapter, name, f"adapter.{name}") for name in ADAPTER_CALLS]
+    targets += [(engine.checkpoints, "take", "checkpoints.take")] if engine.checkpoints is not None else []
+    for owner, name, label in targets:
+        setattr(owner, name, _labelled(label, getattr(owner, name)))
     engine._scorer = _label_scorer(engine._scorer)  # type: ignore[method-assign]
     engine_module.admit = _labelled("admit", admit)
     try:
         yield
     finally:
         engine_module.admit = admit
-        for name in (*PHASES, "_scorer"):
-            delattr(engine, name)
+        delattr(engine, "_scorer")
+        for owner, name, _ in targets:
+            delattr(owner, name)
 
 
 def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path, size: int) -> tuple[int, float]:
@@ -84,12 +103,58 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
     phases = sorted((e for e in events if e.key.startswith(PREFIX)), key=lambda e: -e.cpu_time_total)
     lines = [f"workspace {tokens} tokens, TTFT {ttft:.3f} s", "", "phase  calls  host_ms  device_ms"]
     lines += [f"{e.key}  {e.count}  {e.cpu_time_total / 1e3:.2f}  {e.device_time_total / 1e3:.2f}" for e in phases]
+    raw = out / f"{size}.trace.json"
+    prof.export_chrome_trace(str(raw))
+    lines += ["", *idle_table(json.loads(raw.read_text())["traceEvents"])]
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     lines += ["", events.table(sort_by=sort, row_limit=50, max_name_column_width=90)]
     (out / f"{size}.trace.txt").write_text("\n".join(lines))
-    raw = out / f"{size}.trace.json"
-    prof.export_chrome_trace(str(raw))
     with raw.open("rb") as src, gzip.open(out / f"{size}.trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
     return tokens, ttft
+
+
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _busy(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+def idle_table(events: list[dict[str, Any]]) -> list[str]:
+    """How busy the device was under each labelled range of a Chrome trace's ``events``: per label, the ranges'
+    host time, the device time of the work they launched (overlaps counted once), the span from that work's first
+    start to its last end, and the idle time inside that span. A span longer than its busy time is a device that
+    waited on the host (launches, synchronizations, Python between forwards). -> the table's lines"""
+    ranges = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation" and PREFIX in e["name"]]
+    launched_at = {
+        e["args"]["correlation"]: e["ts"]
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    work = [
+        (launched_at[e["args"]["correlation"]], e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK and e.get("args", {}).get("correlation") in launched_at
+    ]
+    totals: dict[str, list[float]] = {}
+    for r in ranges:
+        spans = [(start, end) for launch, start, end in work if r["ts"] <= launch <= r["ts"] + r["dur"]]
+        span = max((e for _, e in spans), default=0.0) - min((s for s, _ in spans), default=0.0)
+        row = totals.setdefault(r["name"], [0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += r["dur"]
+        row[2] += _busy(spans)
+        row[3] += span
+    lines = ["range  calls  host_ms  device_busy_ms  device_span_ms  device_idle_ms"]
+    for name, (calls, host, busy, span) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        lines.append(
+            f"{name}  {calls:.0f}  {host / 1e3:.2f}  {busy / 1e3:.2f}  {span / 1e3:.2f}  {(span - busy) / 1e3:.2f}"
+        )
+    return lines

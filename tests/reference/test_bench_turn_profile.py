@@ -41,12 +41,15 @@ def test_a_traced_turn_charges_its_time_to_the_engine_phases_and_leaves_the_engi
             pass
         tokens, ttft = traced(engine, session.step, tmp_path, 900)
         assert not set(PHASES) & set(vars(engine)) and "_scorer" not in vars(engine)
+        assert not {"forward", "drop"} & set(vars(engine.adapter)) and "take" not in vars(engine.checkpoints)
     finally:
         engine.close()
     lines = (tmp_path / "900.trace.txt").read_text().splitlines()
     assert lines[0] == f"workspace {tokens} tokens, TTFT {ttft:.3f} s"
     host = {line.split()[0]: float(line.split()[2]) for line in lines if line.startswith("kvmem.")}
-    assert {"kvmem._prefill", "kvmem._select", "kvmem.score", "kvmem.admit", "kvmem._decode"} <= host.keys()
+    labels = {"kvmem._prefill", "kvmem._select", "kvmem.score", "kvmem.admit", "kvmem._decode", "kvmem.adapter.forward"}
+    assert labels <= host.keys()
+    assert "range  calls  host_ms  device_busy_ms  device_span_ms  device_idle_ms" in lines  # no device work here
     assert 0 < host["kvmem.score"] <= host["kvmem._select"] and host["kvmem._prefill"] <= ttft * 1000
     assert (tmp_path / "900.trace.json.gz").stat().st_size > 0
 
