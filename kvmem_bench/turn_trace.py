@@ -4,8 +4,9 @@
 time lands on whatever waits. Here each phase of the engine's step (prompt building, prefill, selection and its
 scoring, materialization, the query's replay, decoding, archiving, making room), and each of the adapter's forwards
 and drops and each recurrent-state checkpoint, is a ``record_function`` range, so the profiler adds up the host time
-spent inside it and the device time of the kernels it launched. Written per size: ``SIZE.trace.txt`` (the phases, how
-long the device sat idle inside each, then the kernels by device time) and ``SIZE.trace.json.gz`` (the timeline).
+spent inside it and the device time of the kernels it launched. Written per size: ``SIZE.trace.txt``
+(the phases, how long the device sat idle inside each and its idle gaps, then the kernels by device time) and
+``SIZE.trace.json.gz`` (the timeline).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import functools
 import gzip
 import json
 import shutil
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -105,7 +108,8 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
     lines += [f"{e.key}  {e.count}  {e.cpu_time_total / 1e3:.2f}  {e.device_time_total / 1e3:.2f}" for e in phases]
     raw = out / f"{size}.trace.json"
     prof.export_chrome_trace(str(raw))
-    lines += ["", *idle_table(json.loads(raw.read_text())["traceEvents"])]
+    trace_events = json.loads(raw.read_text())["traceEvents"]
+    lines += ["", *idle_table(trace_events), "", *gap_lines(trace_events)]
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     lines += ["", events.table(sort_by=sort, row_limit=50, max_name_column_width=90)]
     (out / f"{size}.trace.txt").write_text("\n".join(lines))
@@ -116,6 +120,34 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
 
 
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CALLS = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
+LONG_CALL_US = 100.0  # a runtime call this long inside a gap is the host waiting (a synchronization)
+
+
+@dataclass
+class _Trace:
+    """A Chrome trace's labelled host ranges, runtime calls and device work (launch time, start, end, name)."""
+
+    ranges: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+    work: list[tuple[float, float, float, str]]
+
+    @classmethod
+    def of(cls, events: list[dict[str, Any]]) -> "_Trace":
+        spans = [e for e in events if e.get("ph") == "X"]
+        ranges = sorted((e for e in spans if e.get("cat") == "user_annotation" and PREFIX in e["name"]), key=_ts)
+        calls = [e for e in spans if e.get("cat") in HOST_CALLS]
+        launched_at = {e["args"]["correlation"]: e["ts"] for e in calls if "correlation" in e.get("args", {})}
+        work = [
+            (launched_at[e["args"]["correlation"]], e["ts"], e["ts"] + e["dur"], e["name"])
+            for e in spans
+            if e.get("cat") in DEVICE_WORK and e.get("args", {}).get("correlation") in launched_at
+        ]
+        return cls(ranges, calls, sorted(work, key=lambda w: w[1]))
+
+
+def _ts(e: dict[str, Any]) -> float:
+    return e["ts"]
 
 
 def _busy(spans: list[tuple[float, float]]) -> float:
@@ -132,20 +164,10 @@ def idle_table(events: list[dict[str, Any]]) -> list[str]:
     host time, the device time of the work they launched (overlaps counted once), the span from that work's first
     start to its last end, and the idle time inside that span. A span longer than its busy time is a device that
     waited on the host (launches, synchronizations, Python between forwards). -> the table's lines"""
-    ranges = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation" and PREFIX in e["name"]]
-    launched_at = {
-        e["args"]["correlation"]: e["ts"]
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
-    }
-    work = [
-        (launched_at[e["args"]["correlation"]], e["ts"], e["ts"] + e["dur"])
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK and e.get("args", {}).get("correlation") in launched_at
-    ]
+    trace = _Trace.of(events)
     totals: dict[str, list[float]] = {}
-    for r in ranges:
-        spans = [(start, end) for launch, start, end in work if r["ts"] <= launch <= r["ts"] + r["dur"]]
+    for r in trace.ranges:
+        spans = [(start, end) for launch, start, end, _ in trace.work if r["ts"] <= launch <= r["ts"] + r["dur"]]
         span = max((e for _, e in spans), default=0.0) - min((s for s, _ in spans), default=0.0)
         row = totals.setdefault(r["name"], [0, 0.0, 0.0, 0.0])
         row[0] += 1
@@ -154,7 +176,38 @@ def idle_table(events: list[dict[str, Any]]) -> list[str]:
         row[3] += span
     lines = ["range  calls  host_ms  device_busy_ms  device_span_ms  device_idle_ms"]
     for name, (calls, host, busy, span) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-        lines.append(
-            f"{name}  {calls:.0f}  {host / 1e3:.2f}  {busy / 1e3:.2f}  {span / 1e3:.2f}  {(span - busy) / 1e3:.2f}"
-        )
+        lines.append(f"{name}  {calls:.0f}  {_ms(host, busy, span, span - busy)}")
     return lines
+
+
+def gap_lines(events: list[dict[str, Any]], min_us: float = 300.0) -> list[str]:
+    """The device's idle gaps of at least ``min_us`` between the first and the last labelled range of a Chrome
+    trace's ``events``, in order: when (ms after the first range began), how long, the work that ended it, the
+    labelled ranges open on the host when that work was launched, and the long runtime calls (waits) inside it;
+    then the idle time summed by those open ranges. -> the lines"""
+    trace = _Trace.of(events)
+    if not trace.ranges:
+        return []
+    t0, t1 = trace.ranges[0]["ts"], max(r["ts"] + r["dur"] for r in trace.ranges)
+    gaps, reach = [], t0
+    for launch, start, end, name in (w for w in trace.work if t0 <= w[1] <= t1):
+        if start - reach >= min_us:
+            gaps.append((reach, start, launch, name))
+        reach = max(reach, end)
+    lines, by_open = [f"device idle gaps of {min_us:.0f} us or more (ms from the turn's start)"], Counter[str]()
+    for a, b, launch, name in gaps:
+        open_ranges = "/".join(
+            r["name"][len(PREFIX) :] for r in trace.ranges if r["ts"] <= launch <= r["ts"] + r["dur"]
+        )
+        waits = [
+            f"{c['name']} {c['dur'] / 1e3:.2f}" for c in trace.calls if a <= c["ts"] <= b and c["dur"] >= LONG_CALL_US
+        ]
+        by_open[open_ranges or "-"] += b - a
+        lines.append(f"+{_ms(a - t0)}  {_ms(b - a)}  {name[:60]}  [{open_ranges}]  {'; '.join(waits)}")
+    lines += ["", "idle ms by the ranges open at the next launch"]
+    lines += [f"{_ms(us)}  {where}" for where, us in by_open.most_common()]
+    return lines
+
+
+def _ms(*us: float) -> str:
+    return "  ".join(f"{x / 1e3:.2f}" for x in us)
