@@ -86,9 +86,11 @@ class PrefillOps:
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Prefill ``ids[cached:]`` in chunks, archiving completed blocks; return last logits and query q. With a
         ``probe``, its window is probed (no logits) and the blocks it completes are held, not archived. Captured
-        queries are read once the last chunk is issued (an adapter may still be copying them)."""
+        queries and the states forwards hand out at checkpoint marks are read once the last chunk is issued (an
+        adapter may still be copying them: a read between forwards would wait for the device there)."""
         ids, q0 = prompt.tokens, prompt.scored_from
         captured: list[ForwardOut] = []
+        snapshots: list[tuple[list[int], ForwardOut]] = []  # marks inside a forward, and the forward's states
         out = None
         marks = self._checkpoint_marks(cfg, prompt)
         cuts = self._prefill_cuts(cfg, cached, len(ids), marks)
@@ -118,13 +120,16 @@ class PrefillOps:
             if probing:
                 self._hold(probing, done)
             staged = {} if probing else self._stage(ws, done, prompt.mandatory)
-            for m, state in zip(inside, out.states or ()):
-                self.checkpoints.take(prompt.tokens[:m], ws.id, state)
+            if inside:
+                snapshots.append((inside, out))
             if e in marks:
                 self.checkpoints.take(prompt.tokens[:e], ws.id)
             if self.prefill_progress is not None:
                 self.prefill_progress(e - cached, len(ids) - cached)
         self._archive(ws, sorted(staged), prompt.mandatory, staged)
+        for inside, forward in snapshots:
+            for m, state in zip(inside, forward.states or ()):
+                self.checkpoints.take(prompt.tokens[:m], ws.id, state)
         if len(self.view.tokens) == len(ids):  # the computed tokens are the prompt's: its array serves as theirs, so
             self.view.assign(self.view.tokens, ids)  # the step's checkpoint keys see one array (``PrefixKeys``)
         assert out is not None and (probe is not None or out.logits is not None)
