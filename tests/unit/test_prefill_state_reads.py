@@ -10,17 +10,10 @@ inside forwards before the last. The reads are recorded where the adapter hands 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
-import torch
-from model_support import small_model
-
-from kvmem_bench.speed_ab import LINES, Session
-from kvmem_bench.speed_torch import index_heads
-from kvmem_bench.torch_device import random_adapter
-from kvmem_core.config import KVMemConfig
-from kvmem_core.engine import KVMemEngine
+from model_support import gpu_length_session
 
 TURNS = 3
 
@@ -29,14 +22,14 @@ TURNS = 3
 def events() -> list[list[tuple[str, int]]]:
     """Per turn, in order: ("forward", tokens) for each prefill forward and ("states", n) for each read of a
     forward's snapshot states."""
-    torch.set_num_threads(1)
-    config = KVMemConfig()
-    adapter = random_adapter(
-        "tiny", small_model(), device="cpu", view_tokens=config.view_tokens, block_tokens=64, prefill_chunk=4096
-    )
-    engine = KVMemEngine(adapter, config, heads=index_heads(adapter))
+    return gpu_length_session(TURNS, _record_state_reads)
+
+
+def _record_state_reads(engine: Any) -> Callable[[], list]:
+    """Hook ``engine``'s prefill forwards and the reads of their states. -> a call handing out what was recorded"""
     log: list[tuple[str, int]] = []
     in_prefill = [False]
+    adapter = engine.adapter
     forward, prefill = adapter.forward, engine._prefill
 
     def logged_forward(tokens: Any, positions: Any, **kwargs: Any) -> Any:
@@ -55,16 +48,13 @@ def events() -> list[list[tuple[str, int]]]:
         finally:
             in_prefill[0] = False
 
+    def taken() -> list:
+        out = list(log)
+        log.clear()
+        return out
+
     adapter.forward, engine._prefill = logged_forward, logged_prefill
-    session, out = Session(engine, LINES), []
-    try:
-        for _ in range(TURNS):
-            log.clear()
-            session.step()
-            out.append(list(log))
-    finally:
-        engine.close()
-    return out
+    return taken
 
 
 def test_snapshot_states_are_read_after_the_turns_last_prefill_forward(events: list) -> None:

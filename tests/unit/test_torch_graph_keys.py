@@ -12,14 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
-from model_support import small_model
+from model_support import gpu_length_session
 
-from kvmem_bench.speed_ab import LINES, Session
-from kvmem_bench.speed_torch import index_heads
-from kvmem_bench.torch_device import random_adapter
-from kvmem_core.config import KVMemConfig
-from kvmem_core.engine import KVMemEngine
 from kvmem_torch.graph_steps import PREFILL_GRAPHS
 from kvmem_torch.runner import Runner
 
@@ -29,12 +23,6 @@ TURNS = 6
 @pytest.fixture(scope="module")
 def turns() -> list[list[tuple[tuple[int, int, int, bool], bool]]]:
     """Per turn of a default-knob session (each adds ~2.8K tokens), its prefill forwards' (key, replays)."""
-    torch.set_num_threads(1)
-    config = KVMemConfig()
-    adapter = random_adapter(
-        "tiny", small_model(), device="cpu", view_tokens=config.view_tokens, block_tokens=64, prefill_chunk=4096
-    )
-    engine = KVMemEngine(adapter, config, heads=index_heads(adapter))
     seen: list[tuple[tuple[int, int, int, bool], bool]] = []
     eager = Runner.forward
 
@@ -51,18 +39,17 @@ def turns() -> list[list[tuple[tuple[int, int, int, bool], bool]]]:
             seen.append((key, replays))
         return eager(runner, tokens, positions, last_only, capture, snapshots)
 
+    def taken() -> list:
+        out = list(seen)
+        seen.clear()
+        return out
+
     patch = pytest.MonkeyPatch()
     patch.setattr(Runner, "forward", keyed)
-    session, out = Session(engine, LINES), []
     try:
-        for _ in range(TURNS):
-            seen.clear()
-            session.step()
-            out.append(list(seen))
+        return gpu_length_session(TURNS, lambda engine: taken)
     finally:
         patch.undo()
-        engine.close()
-    return out
 
 
 def test_after_the_first_turns_a_turns_full_length_forwards_and_replay_run_as_graphs(turns: list) -> None:
