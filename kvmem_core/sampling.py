@@ -55,7 +55,8 @@ class Constraint(Protocol):
 
 
 class Sampler:
-    """Greedy at temperature 0; otherwise temperature, top-k, top-p over float64 probabilities.
+    """Greedy at temperature 0; otherwise temperature, top-k, top-p over float64 probabilities, drawn among the
+    tokens the filters keep (``kept_probs``): a vocabulary-wide sort and draw would cost a decode step several ms.
 
     A given ``seed`` reproduces the same draws from the same logits.
     """
@@ -74,30 +75,59 @@ class Sampler:
         if p.temperature <= 0:
             return int(np.argmax(logits))
         with np.errstate(over="ignore"):
-            z = logits.astype(np.float64) / p.temperature
-        if np.isposinf(z.max()):  # a temperature so small the logits overflow: its limit, greedy
+            top = np.float64(logits.max()) / p.temperature
+        if np.isposinf(top):  # a temperature so small the logits overflow: its limit, greedy
             return int(np.argmax(logits))
-        probs = filter_probs(z, p.top_k, p.top_p)
-        return int(self.rng.choice(probs.size, p=probs))
+        tokens, probs = kept_probs(logits, p.top_k, p.top_p, p.temperature)
+        return int(tokens[self.rng.choice(tokens.size, p=probs)])
 
 
 def filter_probs(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     """Probabilities of scaled logits ``z`` restricted to the ``top_k`` best tokens (0: all), then to the
-    smallest set of them whose mass reaches ``top_p`` (the token that crosses it is kept)."""
-    z = z.copy()
-    if 0 < top_k < z.size:
-        kth = np.partition(z, -top_k)[-top_k]
-        z[z < kth] = -np.inf
+    smallest set of them whose mass reaches ``top_p`` (the token that crosses it is kept): ``kept_probs`` as a
+    vector over the whole vocabulary, zero for the tokens left out."""
+    tokens, probs = kept_probs(z, top_k, top_p)
+    out = np.zeros(z.size, dtype=np.float64)
+    out[tokens] = probs
+    return out
+
+
+def kept_probs(logits: np.ndarray, top_k: int, top_p: float, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens ``filter_probs`` keeps of ``logits`` / ``temperature`` (> 0), ascending, and their probabilities
+    (summing to 1). Top-k keeps every token tied with the k-th best, chosen on the logits as given (a positive
+    temperature keeps their order and ties), so only the kept ones are scaled in float64; top-p keeps the tokens
+    ranked by probability (ties by id) until the mass before a token reaches ``top_p``, looking only as deep as
+    that cut (``_top_p_cut``)."""
+    if 0 < top_k < logits.size:
+        tokens = np.flatnonzero(logits >= np.partition(logits, -top_k)[-top_k])
+        chosen = logits[tokens]
+    else:
+        tokens, chosen = np.arange(logits.size), logits
+    with np.errstate(over="ignore"):
+        z = chosen.astype(np.float64) / temperature
     probs = np.exp(z - z.max())
     probs /= probs.sum()
     if top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
+        kept = _top_p_cut(probs, top_p)
+        tokens, probs = tokens[kept], probs[kept] / probs[kept].sum()
+    return tokens, probs
+
+
+def _top_p_cut(probs: np.ndarray, top_p: float, first: int = 64) -> np.ndarray:
+    """Positions (ascending) of the highest ``probs``, ties by position, until the mass before one reaches
+    ``top_p``: the best ``first`` and every one tied with the last of them, sorted and summed; four times as many
+    while all of those fall short."""
+    n = first
+    while True:
+        if n >= probs.size:
+            deep = np.arange(probs.size)
+        else:
+            deep = np.flatnonzero(probs >= np.partition(probs, probs.size - n)[probs.size - n])
+        order = deep[np.argsort(-probs[deep], kind="stable")]
         keep = np.cumsum(probs[order]) - probs[order] < top_p
-        mask = np.zeros_like(probs, dtype=bool)
-        mask[order[keep]] = True
-        probs = np.where(mask, probs, 0.0)
-        probs /= probs.sum()
-    return probs
+        if not keep[-1] or deep.size == probs.size:
+            return np.sort(order[keep])
+        n *= 4
 
 
 class TextStream:
