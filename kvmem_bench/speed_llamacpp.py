@@ -23,6 +23,7 @@ from kvmem_bench.speed_overhead import decode_overhead, plain_opts
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_kv_dtype import LLAMACPP_DTYPES, sizes
 from kvmem_bench.speed_speculative import speed_row
+from kvmem_bench.speed_sampling import engine_vocab, sampling_cost, sampling_line, step_ms
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.prompt import measure as measure_prompt
 from kvmem_core.config import KVMemConfig
@@ -72,6 +73,7 @@ def run(
         transfer = transfers(engine)
         prompt_row = measure_prompt(engine.adapter)
         structured = structured_cost(engine)
+        sampling = sampling_cost(engine_vocab(engine), step_ms(points))
         speculative = speed_row(engine)
         kv_dtype = sizes(engine.adapter.layout, LLAMACPP_DTYPES)
         model = engine.model_id
@@ -95,6 +97,7 @@ def run(
         overhead=overhead,
         prompt_building=prompt_row,
         structured=structured,
+        sampling=sampling,
         speculative=speculative,
         kv_dtype=kv_dtype,
     )
@@ -102,6 +105,7 @@ def run(
         f"structured output: the grammar mask takes {structured['mask_ms_per_token']} ms a token "
         f"({structured.get('mask_share')} of a decode step)"
     )
+    log(sampling_line(sampling))
     log(f"prompt building at {prompt_row['messages']} messages: {prompt_row['ratio']:.2f}x one render + tokenize")
     out.update(
         placement=placement,

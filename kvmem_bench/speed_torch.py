@@ -28,6 +28,7 @@ from kvmem_bench.speed_kv_dtype import speed_row as kv_dtype_row
 from kvmem_bench.speed_session import baseline_ratios, session, transfers
 from kvmem_bench.speed_phases import PhaseClock, phase_figures
 from kvmem_bench.speed_speculative import SPEED_ROW_TOKENS, speed_row
+from kvmem_bench.speed_sampling import engine_vocab, sampling_cost, sampling_line, step_ms
 from kvmem_bench.speed_structured import structured_cost
 from kvmem_bench.speed_torch_baselines import point_goals, turn_baselines
 from kvmem_core.config import GIB, KVMemConfig
@@ -92,6 +93,8 @@ def run(
         points, transcripts, previous = session(engine, plan["sizes"], plan["decode"], plan["lines"], log)
         transfer = transfers(engine)
         structured = structured_cost(engine)
+        sampling = sampling_cost(engine_vocab(engine), step_ms(points))
+        log(sampling_line(sampling))
         speculative = speed_row(engine, plan.get("speculative_tokens", SPEED_ROW_TOKENS))
     finally:
         engine.close()
@@ -143,6 +146,7 @@ def run(
         "transfer": transfer,
         "capacity": capacity(weights, kv_token, points),
         "structured": structured,
+        "sampling": sampling,
         "speculative": speculative,
         "kv_dtype": kv_dtype,
     }
