@@ -108,8 +108,8 @@ def traced(engine: KVMemEngine, turn: Callable[[], tuple[int, float]], out: Path
     lines += [f"{e.key}  {e.count}  {e.cpu_time_total / 1e3:.2f}  {e.device_time_total / 1e3:.2f}" for e in phases]
     raw = out / f"{size}.trace.json"
     prof.export_chrome_trace(str(raw))
-    trace_events = json.loads(raw.read_text())["traceEvents"]
-    lines += ["", *idle_table(trace_events), "", *gap_lines(trace_events)]
+    trace = Trace.of(json.loads(raw.read_text())["traceEvents"])
+    lines += ["", *idle_table(trace), "", *gap_lines(trace)]
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     lines += ["", events.table(sort_by=sort, row_limit=50, max_name_column_width=90)]
     (out / f"{size}.trace.txt").write_text("\n".join(lines))
@@ -125,7 +125,7 @@ LONG_CALL_US = 100.0  # a runtime call this long inside a gap is the host waitin
 
 
 @dataclass
-class _Trace:
+class Trace:
     """A Chrome trace's labelled host ranges, runtime calls and device work (launch time, start, end, name)."""
 
     ranges: list[dict[str, Any]]
@@ -133,7 +133,7 @@ class _Trace:
     work: list[tuple[float, float, float, str]]
 
     @classmethod
-    def of(cls, events: list[dict[str, Any]]) -> "_Trace":
+    def of(cls, events: list[dict[str, Any]]) -> "Trace":
         spans = [e for e in events if e.get("ph") == "X"]
         ranges = sorted((e for e in spans if e.get("cat") == "user_annotation" and PREFIX in e["name"]), key=_ts)
         calls = [e for e in spans if e.get("cat") in HOST_CALLS]
@@ -159,12 +159,11 @@ def _busy(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def idle_table(events: list[dict[str, Any]]) -> list[str]:
-    """How busy the device was under each labelled range of a Chrome trace's ``events``: per label, the ranges'
+def idle_table(trace: Trace) -> list[str]:
+    """How busy the device was under each labelled range of ``trace``: per label, the ranges'
     host time, the device time of the work they launched (overlaps counted once), the span from that work's first
     start to its last end, and the idle time inside that span. A span longer than its busy time is a device that
     waited on the host (launches, synchronizations, Python between forwards). -> the table's lines"""
-    trace = _Trace.of(events)
     totals: dict[str, list[float]] = {}
     for r in trace.ranges:
         spans = [(start, end) for launch, start, end, _ in trace.work if r["ts"] <= launch <= r["ts"] + r["dur"]]
@@ -180,12 +179,11 @@ def idle_table(events: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def gap_lines(events: list[dict[str, Any]], min_us: float = 300.0) -> list[str]:
-    """The device's idle gaps of at least ``min_us`` between the first and the last labelled range of a Chrome
-    trace's ``events``, in order: when (ms after the first range began), how long, the work that ended it, the
+def gap_lines(trace: Trace, min_us: float = 300.0) -> list[str]:
+    """The device's idle gaps of at least ``min_us`` between the first and the last labelled range of ``trace``,
+    in order: when (ms after the first range began), how long, the work that ended it, the
     labelled ranges open on the host when that work was launched, and the long runtime calls (waits) inside it;
     then the idle time summed by those open ranges. -> the lines"""
-    trace = _Trace.of(events)
     if not trace.ranges:
         return []
     t0, t1 = trace.ranges[0]["ts"], max(r["ts"] + r["dur"] for r in trace.ranges)

@@ -82,24 +82,14 @@ class Sampler:
         return int(tokens[self.rng.choice(tokens.size, p=probs)])
 
 
-def filter_probs(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
-    """Probabilities of scaled logits ``z`` restricted to the ``top_k`` best tokens (0: all), then to the
-    smallest set of them whose mass reaches ``top_p`` (the token that crosses it is kept): ``kept_probs`` as a
-    vector over the whole vocabulary, zero for the tokens left out."""
-    tokens, probs = kept_probs(z, top_k, top_p)
-    out = np.zeros(z.size, dtype=np.float64)
-    out[tokens] = probs
-    return out
-
-
 def kept_probs(logits: np.ndarray, top_k: int, top_p: float, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens ``filter_probs`` keeps of ``logits`` / ``temperature`` (> 0), ascending, and their probabilities
-    (summing to 1). Top-k keeps every token tied with the k-th best, chosen on the logits as given (a positive
-    temperature keeps their order and ties), so only the kept ones are scaled in float64; top-p keeps the tokens
-    ranked by probability (ties by id) until the mass before a token reaches ``top_p``, looking only as deep as
-    that cut (``_top_p_cut``)."""
+    """The tokens of ``logits`` / ``temperature`` (> 0) that top-k (0: all) and then top-p keep, ascending, and
+    their probabilities (summing to 1). Top-k keeps every token tied with the k-th best, chosen on the logits as
+    given (a positive temperature keeps their order and ties), so only the kept ones are scaled in float64; top-p
+    keeps the tokens ranked by probability (ties by id) until the mass before a token reaches ``top_p`` (the token
+    that crosses it is kept), looking only as deep as that cut (``_top_p_cut``)."""
     if 0 < top_k < logits.size:
-        tokens = np.flatnonzero(logits >= np.partition(logits, -top_k)[-top_k])
+        tokens = _best(logits, top_k)
         chosen = logits[tokens]
     else:
         tokens, chosen = np.arange(logits.size), logits
@@ -119,15 +109,17 @@ def _top_p_cut(probs: np.ndarray, top_p: float, first: int = 64) -> np.ndarray:
     while all of those fall short."""
     n = first
     while True:
-        if n >= probs.size:
-            deep = np.arange(probs.size)
-        else:
-            deep = np.flatnonzero(probs >= np.partition(probs, probs.size - n)[probs.size - n])
+        deep = np.arange(probs.size) if n >= probs.size else _best(probs, n)
         order = deep[np.argsort(-probs[deep], kind="stable")]
         keep = np.cumsum(probs[order]) - probs[order] < top_p
         if not keep[-1] or deep.size == probs.size:
             return np.sort(order[keep])
         n *= 4
+
+
+def _best(values: np.ndarray, n: int) -> np.ndarray:
+    """Positions (ascending) of the ``n`` largest ``values`` (0 < n < size) and of every value tied with the n-th."""
+    return np.flatnonzero(values >= np.partition(values, values.size - n)[values.size - n])
 
 
 class TextStream:

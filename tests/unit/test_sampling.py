@@ -8,7 +8,15 @@ from typing import Callable
 import numpy as np
 
 from kvmem_core.contract import SamplingParams
-from kvmem_core.sampling import Sampler, TextStream, decode, filter_probs, held_back, stop_cut, within
+from kvmem_core.sampling import Sampler, TextStream, decode, held_back, kept_probs, stop_cut, within
+
+
+def filter_probs(z: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """``kept_probs`` as a vector over the whole vocabulary, zero for the tokens left out."""
+    tokens, probs = kept_probs(z, top_k, top_p)
+    out = np.zeros(z.size)
+    out[tokens] = probs
+    return out
 
 
 def test_greedy_takes_the_argmax() -> None:

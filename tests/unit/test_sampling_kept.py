@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from kvmem_core.contract import SamplingParams
-from kvmem_core.sampling import Sampler, filter_probs, kept_probs
+from kvmem_core.sampling import Sampler, kept_probs
+from test_sampling import filter_probs
 
 
 def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:

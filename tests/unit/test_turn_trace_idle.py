@@ -4,7 +4,7 @@ open when the work after each was launched, checked against sums done by hand.""
 
 from __future__ import annotations
 
-from kvmem_bench.turn_trace import gap_lines, idle_table
+from kvmem_bench.turn_trace import Trace, gap_lines, idle_table
 
 
 def _range(name: str, ts: float, dur: float) -> dict:
@@ -27,7 +27,7 @@ def _kernel(corr: int, ts: float, dur: float, cat: str = "kernel") -> dict:
 
 
 def _rows(events: list[dict]) -> dict[str, list[float]]:
-    lines = idle_table(events)
+    lines = idle_table(Trace.of(events))
     assert lines[0].split() == ["range", "calls", "host_ms", "device_busy_ms", "device_span_ms", "device_idle_ms"]
     return {line.split()[0]: [float(x) for x in line.split()[1:]] for line in lines[1:]}
 
@@ -62,7 +62,7 @@ def test_a_range_that_launched_nothing_is_all_host_time():
 
 def test_each_gap_names_the_ranges_that_launched_the_work_after_it_and_the_waits_inside_it():
     events = [*_events(), {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 4_500, "dur": 900}]
-    lines = gap_lines(events, min_us=500)
+    lines = gap_lines(Trace.of(events), min_us=500)
     assert lines[0] == "device idle gaps of 500 us or more (ms from the turn's start)"
     # 0-1 ms before the first kernel (launched inside both ranges), 4-7 ms between kernels 1 and 3; the turn ends
     # with the last range at 10 ms, so kernel 4 (12.5 ms) and the gap before it are outside it
@@ -72,4 +72,4 @@ def test_each_gap_names_the_ranges_that_launched_the_work_after_it_and_the_waits
 
 
 def test_a_trace_without_labelled_ranges_has_no_gaps():
-    assert gap_lines([_launch(1, 0), _kernel(1, 10, 10)]) == []
+    assert gap_lines(Trace.of([_launch(1, 0), _kernel(1, 10, 10)])) == []
